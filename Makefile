@@ -1,0 +1,30 @@
+# Two commands set everything up on a fresh machine with only Python: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/training_checkpoint.py demo-out/checkpoint.pt
+	$(BIN)/slimtorch inspect demo-out/checkpoint.pt
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/inspect_speed.py
+
+clean:
+	rm -rf $(VENV) demo-out build dist

@@ -1,0 +1,64 @@
+"""slimtorch: make PyTorch models physically smaller, faster to load and lighter on memory.
+
+The public API:
+
+- :func:`open`: a lazy, read-only view of any checkpoint (torch.save, safetensors, TorchScript, Hugging Face).
+- :func:`inspect`: where a checkpoint's bytes go, and what could be saved.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from slimtorch.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    FormatError,
+    SlimtorchError,
+    UnsafeCheckpointError,
+)
+from slimtorch.inspection import InspectReport, inspect
+from slimtorch.io.readers import open_checkpoint
+from slimtorch.io.source import ObjectInfo, TensorInfo, TensorSource
+
+__version__ = "0.1.0"
+
+
+def open(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> TensorSource:
+    """Open a checkpoint lazily: names, dtypes, shapes and storages now, tensor data only when asked.
+
+    Reads torch.save files (zip and legacy, nested training checkpoints included), safetensors files,
+    TorchScript archives and Hugging Face model folders (single file or sharded). The format is told by
+    content, not by extension. No code from the file ever runs: pickles go through torch's ``weights_only``
+    unpickler, and a file that needs any other global raises :class:`UnsafeCheckpointError` naming it.
+
+    Args:
+        path: a file or a Hugging Face model folder.
+        allow_globals: dotted names (``"mypkg.Config"``) you trust the file to use beyond torch's safe list.
+
+    Example:
+        >>> import slimtorch
+        >>> source = slimtorch.open("checkpoint.pt")  # doctest: +SKIP
+        >>> source.names()[:2]  # doctest: +SKIP
+        ['model.embed.weight', 'model.blocks.0.attn.qkv.weight']
+        >>> source.get("model.embed.weight").shape  # doctest: +SKIP
+        torch.Size([8000, 256])
+    """
+    return open_checkpoint(path, allow_globals=allow_globals)
+
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "FormatError",
+    "InspectReport",
+    "ObjectInfo",
+    "SlimtorchError",
+    "TensorInfo",
+    "TensorSource",
+    "UnsafeCheckpointError",
+    "__version__",
+    "inspect",
+    "open",
+]

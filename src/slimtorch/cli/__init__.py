@@ -1,0 +1,1 @@
+"""The `slimtorch` command: one module per subcommand, each thin (parse, call the API, render)."""

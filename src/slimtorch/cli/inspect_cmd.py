@@ -1,0 +1,96 @@
+"""`slimtorch inspect PATH`: where a checkpoint's bytes go, and what could be saved."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+from slimtorch.inspection import inspect
+from slimtorch.report.inspect_view import render_inspect
+
+HELP = "where a checkpoint's bytes go, and what could be saved"
+DESCRIPTION = """\
+Reads any checkpoint (torch.save .pt/.pth/.bin/.ckpt incl. legacy and nested training checkpoints,
+.safetensors, TorchScript, Hugging Face folders) without running code from it, and shows:
+bytes by category (parameters, buffers, optimizer state, pruning leftovers, duplicates, ...),
+by dtype and by module, the largest tensors with their fraction of exact zeros, and an estimate
+of the size after each shrinking action.
+
+examples:
+  slimtorch inspect checkpoint.pt
+  slimtorch inspect ./my-hf-model --depth 2 --top 20
+  slimtorch inspect model.safetensors --json > report.json
+"""
+
+
+def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser(
+        "inspect",
+        help=HELP,
+        description=DESCRIPTION,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("path", metavar="PATH", help="checkpoint file or Hugging Face model folder")
+    parser.add_argument(
+        "--depth", type=_positive, default=3, metavar="N", help="module tree depth (default 3)"
+    )
+    parser.add_argument(
+        "--top", type=_positive, default=10, metavar="K", help="largest tensors to list (default 10)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the report as JSON (schema slimtorch.inspect/1)"
+    )
+    parser.add_argument(
+        "--no-scan",
+        dest="scan",
+        action="store_false",
+        help="do not read tensor data (no zero counts, no duplicate search): instant on any size",
+    )
+    parser.add_argument(
+        "--allow-global",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="trust one more pickle global, e.g. mypkg.Config (repeatable; only for files you trust)",
+    )
+    parser.set_defaults(run=run)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    errors = Console(stderr=True)
+    with Progress(
+        TextColumn("scanning"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=errors,
+        transient=True,
+        disable=not errors.is_terminal,
+    ) as bar:
+        task = bar.add_task("scan", total=None)
+        report = inspect(
+            args.path,
+            depth=args.depth,
+            top=args.top,
+            scan=args.scan,
+            allow_globals=args.allow_global,
+            progress=lambda n: bar.advance(task, n),
+        )
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        render_inspect(report, Console())
+    return 0

@@ -1,0 +1,1 @@
+"""Reading and (later) writing checkpoints: the reader layer every command stands on."""

@@ -1,0 +1,77 @@
+"""Format detection: one entry point, :func:`open_checkpoint`, that picks the reader by content, not name."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from slimtorch.errors import CheckpointNotFoundError, FormatError
+from slimtorch.io.readers.hf_folder import open_hf_folder
+from slimtorch.io.readers.pickled import resolve_globals, unpickle
+from slimtorch.io.readers.safetensors_file import looks_like_safetensors, open_safetensors
+from slimtorch.io.readers.torch_legacy import SIGNATURE as LEGACY_SIGNATURE
+from slimtorch.io.readers.torch_legacy import open_torch_legacy
+from slimtorch.io.readers.torch_zip import open_torch_zip
+from slimtorch.io.source import TensorSource
+
+FORMATS = ("torch-zip", "torch-legacy", "torchscript", "safetensors", "hf-folder")
+
+# Formats we recognise but do not read, so the error can say what the file is.
+_OTHER_SIGNATURES = {b"GGUF": "a GGUF file (llama.cpp)", b"\x93NUMPY": "a NumPy .npy file"}
+
+
+def open_checkpoint(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> TensorSource:
+    """Open any supported checkpoint lazily; see :func:`slimtorch.open`."""
+    path = Path(path)
+    trusted = resolve_globals(allow_globals)
+    if not path.exists():
+        raise CheckpointNotFoundError(path, "no such file or folder")
+    try:
+        if path.is_dir():
+            return open_hf_folder(path, lambda f: _open_file(f, trusted))
+        return _open_file(path, trusted)
+    except PermissionError as exc:
+        raise CheckpointNotFoundError(exc.filename or path, "permission denied") from exc
+    except IsADirectoryError as exc:
+        raise FormatError(exc.filename or path, "expected a file, found a folder") from exc
+
+
+def _open_file(path: Path, trusted: list) -> TensorSource:
+    size = path.stat().st_size
+    if size == 0:
+        raise FormatError(path, "the file is empty")
+    with open(path, "rb") as stream:
+        head = stream.read(64)
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        return open_torch_zip(path, trusted)
+    if head.startswith(LEGACY_SIGNATURE):
+        return open_torch_legacy(path, trusted)
+    if looks_like_safetensors(head):
+        return open_safetensors(path)
+    if head.startswith(b"\x80"):
+        # Some other pickle: run it through the safe unpickler so a hostile one is named and refused.
+        with open(path, "rb") as stream:
+            unpickle(path, stream)
+        raise FormatError(path, "a plain Python pickle, not a torch.save file; slimtorch does not read it")
+    for signature, what in _OTHER_SIGNATURES.items():
+        if head.startswith(signature):
+            raise FormatError(path, f"{what}, not a PyTorch checkpoint")
+    if _is_tar(path):
+        raise FormatError(path, "a tar archive (torch.save from PyTorch < 0.4?), which is not supported")
+    if zipfile.is_zipfile(path):
+        return open_torch_zip(path, trusted)
+    raise FormatError(
+        path,
+        "not a recognised checkpoint (expected a torch.save file, safetensors, a TorchScript archive or a "
+        f"Hugging Face folder); it starts with {head[:8]!r}",
+    )
+
+
+def _is_tar(path: Path) -> bool:
+    try:
+        return tarfile.is_tarfile(path)
+    except (OSError, tarfile.TarError):
+        return False

@@ -1,0 +1,115 @@
+"""Hugging Face model folders: one weights file or shards listed by ``*.index.json``, safetensors or .bin.
+
+Like transformers, we prefer safetensors when a folder holds both. The shards are read by the file readers and
+merged into one source; the index is checked against them (every listed tensor must be where it says).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from slimtorch.errors import CheckpointNotFoundError, FormatError
+from slimtorch.io.source import ObjectInfo, TensorSource
+
+# In order of preference: an index names the shards; otherwise single files, safetensors first.
+INDEX_PATTERNS = ("*.safetensors.index.json", "*.bin.index.json", "*.pt.index.json")
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt")
+CONFIG_KEYS = (
+    "model_type",
+    "architectures",
+    "torch_dtype",
+    "dtype",
+    "hidden_size",
+    "num_hidden_layers",
+    "vocab_size",
+    "tie_word_embeddings",
+)
+
+
+def weight_files(folder: Path) -> tuple[Path | None, list[Path]]:
+    """The index file (if any) and the weight files a folder's model is made of."""
+    for pattern in INDEX_PATTERNS:
+        indexes = sorted(folder.glob(pattern))
+        if indexes:
+            return indexes[0], _shards_of(indexes[0], folder)
+    for pattern in WEIGHT_PATTERNS:
+        files = sorted(p for p in folder.glob(pattern) if p.is_file())
+        if files:
+            return None, files
+    raise CheckpointNotFoundError(
+        folder,
+        "a folder without weights (looked for *.safetensors, *.index.json, pytorch_model*.bin, *.pt, *.pth)",
+    )
+
+
+def _shards_of(index: Path, folder: Path) -> list[Path]:
+    weight_map = _weight_map(index)
+    shards = []
+    for shard in dict.fromkeys(weight_map.values()):
+        candidate = (folder / shard).resolve()
+        if candidate.parent != folder.resolve():
+            raise FormatError(index, f"shard {shard!r} is outside the folder")
+        if not candidate.is_file():
+            raise FormatError(index, f"shard {shard!r} listed in the index is missing")
+        shards.append(folder / shard)
+    return shards
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    if index.stat().st_size > 100_000_000:
+        raise FormatError(index, "index file is implausibly large")
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise FormatError(index, f"not a valid shard index ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise FormatError(index, "weight_map must map tensor names to shard file names")
+    return weight_map
+
+
+def open_hf_folder(folder: Path, open_file: Callable[[Path], TensorSource]) -> TensorSource:
+    """Read a model folder as one source whose files are its shards (plus index and config)."""
+    index, files = weight_files(folder)
+    parts = [open_file(f) for f in files]
+    infos, locations, objects = [], {}, _config_objects(folder / "config.json")
+    for part in parts:
+        prefix = f"{part.path.name}:" if len(parts) > 1 else ""
+        for info in part.tensors:
+            infos.append(replace(info, storage=prefix + info.storage))
+        locations.update({prefix + key: loc for key, loc in part.locations.items()})
+        objects += [replace(o, name=f"{prefix}{o.name}") for o in part.objects]
+    merged = TensorSource(
+        folder,
+        f"hf-folder ({parts[0].format}{', sharded' if len(parts) > 1 else ''})",
+        infos,
+        locations,
+        objects,
+        files=[*files, *(p for p in (index, folder / "config.json") if p and p.is_file())],
+        structure_bytes=sum(p.structure_bytes for p in parts),
+    )
+    if index is not None:
+        for name, shard in _weight_map(index).items():
+            if name not in merged:
+                raise FormatError(
+                    index, f"tensor {name!r} is listed in {shard} but that shard does not hold it"
+                )
+    return merged
+
+
+def _config_objects(config: Path) -> list[ObjectInfo]:
+    if not config.is_file() or config.stat().st_size > 10_000_000:
+        return []
+    try:
+        values = json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise FormatError(config, "config.json is not valid JSON") from None
+    if not isinstance(values, dict):
+        return []
+    return [
+        ObjectInfo(f"config.{k}", type(values[k]).__name__, str(values[k])[:80])
+        for k in CONFIG_KEYS
+        if k in values
+    ]

@@ -1,0 +1,118 @@
+"""safetensors files: an 8-byte header length, a JSON header, then the tensors' bytes back to back.
+
+We parse and check the header ourselves (it is small and it is where a hostile file lies), then map each
+tensor's byte range from the file like every other format.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+from slimtorch.errors import FormatError
+from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
+
+# The safetensors reference implementation refuses headers above 100 MB; so do we.
+MAX_HEADER_BYTES = 100_000_000
+
+DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I32": torch.int32,
+    "U32": torch.uint32,
+    "F32": torch.float32,
+    "I64": torch.int64,
+    "U64": torch.uint64,
+    "F64": torch.float64,
+    "C64": torch.complex64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu,
+}
+
+
+def looks_like_safetensors(head: bytes) -> bool:
+    """True when the first bytes look like a header length followed by a JSON object.
+
+    The length itself is checked by :func:`open_safetensors`, so a truncated file gets a precise error.
+    """
+    return len(head) >= 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] >= 2
+
+
+def open_safetensors(path: Path) -> TensorSource:
+    """Read a .safetensors file lazily, checking every offset against the file."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as stream:
+        prefix = stream.read(8)
+        if len(prefix) != 8:
+            raise FormatError(path, "too short to be a safetensors file")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > MAX_HEADER_BYTES:
+            raise FormatError(path, f"header claims {length} bytes, over the {MAX_HEADER_BYTES} byte limit")
+        if length > size - 8:
+            raise FormatError(path, f"header claims {length} bytes but the file has {size} (truncated file)")
+        raw = stream.read(length)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(path, f"the header is not valid JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise FormatError(path, "the header is not a JSON object")
+    data_start = 8 + length
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise FormatError(path, "__metadata__ is not a JSON object")
+    objects = [ObjectInfo(f"__metadata__.{k}", type(v).__name__, str(v)[:80]) for k, v in metadata.items()]
+    infos, locations = [], {}
+    for name, entry in header.items():
+        info, location = _describe(path, name, entry, data_start, size)
+        infos.append(info)
+        locations[info.storage] = location
+    infos.sort(key=lambda info: locations[info.storage].offset)
+    return TensorSource(path, "safetensors", infos, locations, objects, [path], structure_bytes=data_start)
+
+
+def _describe(
+    path: Path, name: str, entry: object, data_start: int, size: int
+) -> tuple[TensorInfo, StorageLocation]:
+    if not isinstance(entry, dict):
+        raise FormatError(path, f"tensor {name!r}: header entry is not an object")
+    dtype = DTYPES.get(entry.get("dtype"))  # type: ignore[arg-type]
+    if dtype is None:
+        raise FormatError(path, f"tensor {name!r}: unknown dtype {entry.get('dtype')!r}")
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not _ints(shape) or not _ints(offsets) or len(offsets) != 2:
+        raise FormatError(
+            path, f"tensor {name!r}: shape and data_offsets must be lists of non-negative integers"
+        )
+    begin, end = offsets
+    nbytes = math.prod(shape) * dtype.itemsize
+    if end < begin or end - begin != nbytes:
+        raise FormatError(
+            path, f"tensor {name!r}: {list(shape)} {dtype} needs {nbytes} bytes, offsets give {end - begin}"
+        )
+    if data_start + end > size:
+        raise FormatError(
+            path, f"tensor {name!r} ends at byte {data_start + end} but the file has {size} (truncated file)"
+        )
+    stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+    info = TensorInfo(
+        name, dtype, tuple(shape), stride, storage=name, storage_offset=0, storage_nbytes=nbytes
+    )
+    return info, StorageLocation(path, data_start + begin, nbytes)
+
+
+def _ints(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    )

@@ -1,0 +1,1 @@
+"""Terminal rendering shared by commands: byte formatting and rich tables."""

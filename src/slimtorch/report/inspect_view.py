@@ -1,0 +1,110 @@
+"""Rendering of an :class:`~slimtorch.inspection.InspectReport` as rich tables."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from slimtorch.inspection import InspectReport
+from slimtorch.report.units import format_bytes, format_share
+
+CATEGORY_LABELS = {
+    "parameters": "parameters",
+    "buffers": "buffers",
+    "optimizer_state": "optimizer state",
+    "training_state": "other training state",
+    "pruning_leftovers": "pruning leftovers (*_mask)",
+    "duplicates": "duplicated storage",
+    "unreferenced_storage": "storage no tensor uses",
+    "non_tensor": "non-tensor objects (pickle / header)",
+    "format_overhead": "format overhead",
+}
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold", header_style="dim")
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right", overflow="fold")
+    return table
+
+
+def render_inspect(report: InspectReport, console: Console, *, show_objects: int = 8) -> None:
+    """Print the report: summary, categories, dtypes, module tree, largest tensors, savings."""
+    whole = report.file_bytes
+    console.print(
+        Text.assemble(
+            (report.path, "bold"),
+            f"  {report.format}  ",
+            f"{format_bytes(whole)} on disk, {len(report.tensors)} tensors, ",
+            f"{format_bytes(report.tensor_bytes)} of tensor data",
+        )
+    )
+    categories = _table("Where the bytes go", "category", "tensors", "bytes", "of file")
+    for bucket in report.categories:
+        categories.add_row(
+            CATEGORY_LABELS[bucket.name],
+            str(bucket.tensors or ""),
+            format_bytes(bucket.bytes),
+            format_share(bucket.bytes, whole),
+        )
+    if report.tied.tensors:
+        categories.add_row(
+            "[dim]tied / shared (stored once)[/]",
+            str(report.tied.tensors),
+            f"[dim]({format_bytes(report.tied.bytes)})[/]",
+            "[dim]0%[/]",
+        )
+    dtypes = _table("By dtype", "dtype", "tensors", "bytes", "of file")
+    for bucket in report.by_dtype:
+        dtypes.add_row(
+            bucket.name, str(bucket.tensors), format_bytes(bucket.bytes), format_share(bucket.bytes, whole)
+        )
+    console.print(Group(categories, dtypes))
+
+    tree = _table("By module", "prefix", "tensors", "bytes", "of file")
+    for node in report.tree:
+        label = node.prefix.rsplit(".", 1)[-1] if node.depth > 1 else node.prefix
+        tree.add_row(
+            "  " * (node.depth - 1) + label,
+            str(node.tensors),
+            format_bytes(node.bytes),
+            format_share(node.bytes, whole),
+        )
+    console.print(tree)
+
+    largest = _table(
+        f"Largest {len(report.largest)} tensors", "name", "dtype", "shape", "bytes", "zeros", "category"
+    )
+    for stat in report.largest:
+        zeros = "-" if stat.sparsity is None else f"{100 * stat.sparsity:.1f}%"
+        category = CATEGORY_LABELS[stat.category] + (f" = {stat.shares_with}" if stat.shares_with else "")
+        largest.add_row(
+            stat.name,
+            stat.dtype,
+            "x".join(map(str, stat.shape)) or "scalar",
+            format_bytes(stat.nbytes),
+            zeros,
+            category,
+        )
+    console.print(largest)
+
+    if report.objects:
+        shown = report.objects[:show_objects]
+        more = len(report.objects) - len(shown)
+        text = ", ".join(f"{o.name}={o.summary}" for o in shown) + (f" (+{more} more)" if more else "")
+        console.print(Text.assemble(("Non-tensor objects: ", "bold"), text))
+
+    savings = _table("What you could save (estimates)", "action", "size after", "of file", "saves")
+    savings.add_row("as it is", format_bytes(whole), "100%", "")
+    for saving in report.savings:
+        style = "" if saving.lossless else "dim"
+        savings.add_row(
+            Text(saving.action, style=style),
+            format_bytes(saving.bytes_after),
+            format_share(saving.bytes_after, whole),
+            format_bytes(saving.saved),
+        )
+    console.print(savings)
+    for note in report.notes:
+        console.print(Text(f"- {note}", style="dim"))
