@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from slimtorch.inspection import inspect
-from slimtorch.report.inspect_view import render_inspect
+from slimtorch.report.inspect_view import output_console, render_inspect
 
 HELP = "where a checkpoint's bytes go, and what could be saved"
 DESCRIPTION = """\
@@ -92,5 +92,5 @@ def run(args: argparse.Namespace) -> int:
         json.dump(report.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        render_inspect(report, Console())
+        render_inspect(report, output_console())
     return 0

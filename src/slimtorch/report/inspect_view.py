@@ -9,6 +9,9 @@ from rich.text import Text
 from slimtorch.inspection import InspectReport
 from slimtorch.report.units import format_bytes, format_share
 
+# Piped output has no terminal width to follow; rich's fallback of 80 columns folds tensor names.
+PIPED_WIDTH = 140
+
 CATEGORY_LABELS = {
     "parameters": "parameters",
     "buffers": "buffers",
@@ -27,6 +30,12 @@ def _table(title: str, *columns: str) -> Table:
     for i, column in enumerate(columns):
         table.add_column(column, justify="left" if i == 0 else "right", overflow="fold")
     return table
+
+
+def output_console() -> Console:
+    """A console for reports: the terminal's width, or a wide page when piped to a file."""
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPED_WIDTH)
 
 
 def render_inspect(report: InspectReport, console: Console, *, show_objects: int = 8) -> None:
@@ -78,7 +87,10 @@ def render_inspect(report: InspectReport, console: Console, *, show_objects: int
     )
     for stat in report.largest:
         zeros = "-" if stat.sparsity is None else f"{100 * stat.sparsity:.1f}%"
-        category = CATEGORY_LABELS[stat.category] + (f" = {stat.shares_with}" if stat.shares_with else "")
+        category = CATEGORY_LABELS[stat.category]
+        if stat.shares_with:
+            relation = "copy of" if stat.category == "duplicates" else "tied to"
+            category += f" ({relation} {stat.shares_with})"
         largest.add_row(
             stat.name,
             stat.dtype,
@@ -90,7 +102,8 @@ def render_inspect(report: InspectReport, console: Console, *, show_objects: int
     console.print(largest)
 
     if report.objects:
-        shown = report.objects[:show_objects]
+        # Shallow names first: `epoch` tells more than `optimizer.param_groups.0.eps`.
+        shown = sorted(report.objects, key=lambda o: o.name.count("."))[:show_objects]
         more = len(report.objects) - len(shown)
         text = ", ".join(f"{o.name}={o.summary}" for o in shown) + (f" (+{more} more)" if more else "")
         console.print(Text.assemble(("Non-tensor objects: ", "bold"), text))

@@ -1,0 +1,78 @@
+"""Small models with what checkpoints have in the wild: BatchNorm buffers, tied embeddings, Adam state."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, sizes: tuple[int, ...] = (64, 128, 128, 10)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for n_in, n_out in itertools.pairwise(sizes):
+            layers += [nn.Linear(n_in, n_out), nn.ReLU()]
+        self.layers = nn.Sequential(*layers[:-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class SmallCNN(nn.Module):
+    """Conv-BN-ReLU twice, then a linear head: has running statistics (buffers) and num_batches_tracked."""
+
+    def __init__(self, channels: int = 16, classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, channels, 3, padding=1),
+            nn.BatchNorm2d(channels),
+            nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1),
+            nn.BatchNorm2d(2 * channels),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = nn.Linear(2 * channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+class TinyGPT(nn.Module):
+    """A two-block decoder whose output head shares its weight with the token embedding (a tie)."""
+
+    def __init__(self, vocab: int = 512, dim: int = 64, blocks: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=4 * dim, batch_first=True)
+            for _ in range(blocks)
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def trained_checkpoint(model: nn.Module, example: torch.Tensor, steps: int = 2) -> dict:
+    """A training checkpoint as people save them: model, AdamW state, scheduler, epoch."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(example).float().pow(2).mean().backward()
+        optimizer.step()
+        scheduler.step()
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "lr_scheduler": scheduler.state_dict(),
+        "epoch": 3,
+    }
