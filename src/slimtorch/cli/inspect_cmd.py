@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from slimtorch.inspection import inspect
+from slimtorch.io.readers import open_checkpoint
 from slimtorch.report.inspect_view import output_console, render_inspect
 
 HELP = "where a checkpoint's bytes go, and what could be saved"
@@ -70,23 +71,21 @@ def _positive(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     errors = Console(stderr=True)
-    with Progress(
-        TextColumn("scanning"),
-        BarColumn(),
-        DownloadColumn(),
-        TimeRemainingColumn(),
-        console=errors,
-        transient=True,
-        disable=not errors.is_terminal,
-    ) as bar:
-        task = bar.add_task("scan", total=None)
+    with (
+        open_checkpoint(args.path, allow_globals=args.allow_global) as source,
+        Progress(
+            TextColumn("scanning"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TimeRemainingColumn(),
+            console=errors,
+            transient=True,
+            disable=not (args.scan and errors.is_terminal),
+        ) as bar,
+    ):
+        task = bar.add_task("scan", total=sum(info.nbytes for info in source.tensors))
         report = inspect(
-            args.path,
-            depth=args.depth,
-            top=args.top,
-            scan=args.scan,
-            allow_globals=args.allow_global,
-            progress=lambda n: bar.advance(task, n),
+            source, depth=args.depth, top=args.top, scan=args.scan, progress=lambda n: bar.advance(task, n)
         )
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
