@@ -15,6 +15,8 @@ from slimtorch.io.readers.safetensors_file import looks_like_safetensors, open_s
 from slimtorch.io.readers.torch_legacy import SIGNATURE as LEGACY_SIGNATURE
 from slimtorch.io.readers.torch_legacy import open_torch_legacy
 from slimtorch.io.readers.torch_zip import open_torch_zip
+from slimtorch.io.readers.torchscript import open_script
+from slimtorch.io.readers.zip_archive import is_torchscript, open_archive
 from slimtorch.io.source import TensorSource
 
 FORMATS = ("torch-zip", "torch-legacy", "torchscript", "safetensors", "hf-folder")
@@ -46,7 +48,7 @@ def _open_file(path: Path, trusted: list) -> TensorSource:
     with open(path, "rb") as stream:
         head = stream.read(64)
     if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
-        return open_torch_zip(path, trusted)
+        return _open_zip(path, trusted)
     if head.startswith(LEGACY_SIGNATURE):
         return open_torch_legacy(path, trusted)
     if looks_like_safetensors(head):
@@ -62,12 +64,19 @@ def _open_file(path: Path, trusted: list) -> TensorSource:
     if _is_tar(path):
         raise FormatError(path, "a tar archive (torch.save from PyTorch < 0.4?), which is not supported")
     if zipfile.is_zipfile(path):
-        return open_torch_zip(path, trusted)
+        return _open_zip(path, trusted)
     raise FormatError(
         path,
         "not a recognised checkpoint (expected a torch.save file, safetensors, a TorchScript archive or a "
         f"Hugging Face folder); it starts with {head[:8]!r}",
     )
+
+
+def _open_zip(path: Path, trusted: list) -> TensorSource:
+    with open_archive(path) as (archive, root):
+        if is_torchscript(archive.namelist(), root):
+            return open_script(path, archive, root, trusted)
+        return open_torch_zip(path, archive, root, trusted)
 
 
 def _is_tar(path: Path) -> bool:

@@ -14,9 +14,21 @@ from pathlib import Path
 from slimtorch.errors import CheckpointNotFoundError, FormatError
 from slimtorch.io.source import ObjectInfo, TensorSource
 
-# In order of preference: an index names the shards; otherwise single files, safetensors first.
-INDEX_PATTERNS = ("*.safetensors.index.json", "*.bin.index.json", "*.pt.index.json")
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt")
+# In order of preference, as transformers loads them: its safetensors names (sharded by an index, or single)
+# before its .bin names, whatever else the folder holds; within a format, an index before single files. Files
+# not named the transformers way come last.
+CANDIDATES = (
+    ("index", "*.safetensors.index.json"),
+    ("files", "model*.safetensors"),
+    ("index", "*.bin.index.json"),
+    ("files", "pytorch_model*.bin"),
+    ("index", "*.pt.index.json"),
+    ("files", "*.safetensors"),
+    ("files", "*.bin"),
+    ("files", "*.pt"),
+    ("files", "*.pth"),
+    ("files", "*.ckpt"),
+)
 CONFIG_KEYS = (
     "model_type",
     "architectures",
@@ -31,14 +43,12 @@ CONFIG_KEYS = (
 
 def weight_files(folder: Path) -> tuple[Path | None, list[Path]]:
     """The index file (if any) and the weight files a folder's model is made of."""
-    for pattern in INDEX_PATTERNS:
-        indexes = sorted(folder.glob(pattern))
-        if indexes:
-            return indexes[0], _shards_of(indexes[0], folder)
-    for pattern in WEIGHT_PATTERNS:
-        files = sorted(p for p in folder.glob(pattern) if p.is_file())
-        if files:
-            return None, files
+    for kind, pattern in CANDIDATES:
+        found = sorted(p for p in folder.glob(pattern) if p.is_file())
+        if found and kind == "index":
+            return found[0], _shards_of(found[0], folder)
+        if found:
+            return None, found
     raise CheckpointNotFoundError(
         folder,
         "a folder without weights (looked for *.safetensors, *.index.json, pytorch_model*.bin, *.pt, *.pth)",
@@ -49,10 +59,11 @@ def _shards_of(index: Path, folder: Path) -> list[Path]:
     weight_map = _weight_map(index)
     shards = []
     for shard in dict.fromkeys(weight_map.values()):
-        candidate = (folder / shard).resolve()
-        if candidate.parent != folder.resolve():
+        # The index may only name files of this folder. Judge the name, not where it resolves to: in the
+        # Hugging Face cache every file of a snapshot folder is a symlink into ../../blobs/.
+        if shard in ("", ".", "..") or Path(shard).name != shard or "\\" in shard or "\0" in shard:
             raise FormatError(index, f"shard {shard!r} is outside the folder")
-        if not candidate.is_file():
+        if not (folder / shard).is_file():
             raise FormatError(index, f"shard {shard!r} listed in the index is missing")
         shards.append(folder / shard)
     return shards

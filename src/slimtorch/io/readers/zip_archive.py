@@ -1,0 +1,112 @@
+"""The zip container shared by torch.save files (PyTorch >= 1.6) and TorchScript archives.
+
+Both are zip archives of one folder: a pickle (``data.pkl``, tensors as persistent ids) and one uncompressed
+entry per storage (``data/<key>``). Here: opening the archive, reading its small entries, and finding the byte
+range of each storage inside the file, so tensors can be mapped from it without reading anything else.
+"""
+
+from __future__ import annotations
+
+import struct
+import zipfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from slimtorch.errors import FormatError
+from slimtorch.io.readers.pickled import MetaStorages, StorageClaim
+from slimtorch.io.source import StorageLocation, check_storage_fits
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then filename and extra-field lengths
+_LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
+
+
+def archive_root(path: Path, names: list[str]) -> str:
+    """The folder every entry of a torch archive lives in (torch names it after the file)."""
+    pickles = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
+    if not pickles:
+        raise FormatError(path, "a zip archive, but not a PyTorch checkpoint (no data.pkl inside)")
+    return pickles[0].split("/", 1)[0]
+
+
+def is_torchscript(names: Iterable[str], root: str) -> bool:
+    return any(n.startswith(f"{root}/code/") or n == f"{root}/constants.pkl" for n in names)
+
+
+@contextmanager
+def open_archive(path: Path) -> Iterator[tuple[zipfile.ZipFile, str]]:
+    """The open archive and its root folder, after checking it is a little-endian torch archive."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as exc:
+        raise FormatError(path, f"truncated or corrupt zip archive ({exc})") from exc
+    with archive:
+        root = archive_root(path, archive.namelist())
+        byteorder = _read_small(archive, f"{root}/byteorder", path) or b"little"
+        if byteorder.strip() != b"little":
+            raise FormatError(
+                path,
+                f"written on a {byteorder.decode(errors='replace')}-endian machine; "
+                "only little-endian checkpoints are supported",
+            )
+        yield archive, root
+
+
+def persistent_load(path: Path, storages: MetaStorages):
+    def load(saved_id: Any) -> Any:
+        if not isinstance(saved_id, tuple) or len(saved_id) < 5 or saved_id[0] != "storage":
+            raise FormatError(path, f"unexpected persistent id in data.pkl: {saved_id!r:.80}")
+        _, storage_type, key, _location, numel = saved_id[:5]
+        return storages.storage(str(key), storage_type, numel)
+
+    return load
+
+
+def locate_storage(path: Path, archive: zipfile.ZipFile, folder: str, claim: StorageClaim) -> StorageLocation:
+    """Byte range of storage ``claim.key`` in the zip file, checked against the entry and the file."""
+    entry = f"{folder}/{claim.key}"
+    try:
+        info = archive.getinfo(entry)
+    except KeyError:
+        raise FormatError(path, f"storage {claim.key!r} is missing from the archive ({entry})") from None
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise FormatError(path, f"storage {entry} is compressed; torch.save never compresses storages")
+    if claim.nbytes > info.file_size:
+        raise FormatError(
+            path,
+            f"storage {claim.key!r} claims {claim.nbytes} bytes but its zip entry holds {info.file_size}",
+        )
+    location = StorageLocation(path, _data_offset(path, archive, info), claim.nbytes)
+    check_storage_fits(path, f"storage {claim.key!r}", location)
+    return location
+
+
+def _data_offset(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
+    # The local header's extra field (torch pads it for alignment) can differ from the central directory's,
+    # so read the real lengths from the local header itself.
+    archive.fp.seek(info.header_offset)
+    header = archive.fp.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size:
+        raise FormatError(path, f"zip entry {info.filename} is cut off (truncated file)")
+    signature, name_length, extra_length = _LOCAL_HEADER.unpack(header)
+    if signature != _LOCAL_HEADER_SIGNATURE:
+        raise FormatError(path, f"zip entry {info.filename} has a corrupt header")
+    return info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+
+
+def read_entry(archive: zipfile.ZipFile, entry: str, path: Path) -> bytes:
+    try:
+        return archive.read(entry)
+    except KeyError:
+        raise FormatError(path, f"{entry} is missing from the archive") from None
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        raise FormatError(path, f"cannot read {entry}: {exc} (truncated or corrupt)") from exc
+
+
+def _read_small(archive: zipfile.ZipFile, entry: str, path: Path) -> bytes | None:
+    if entry not in archive.namelist():
+        return None
+    if archive.getinfo(entry).file_size > 64:
+        raise FormatError(path, f"{entry} is implausibly large")
+    return read_entry(archive, entry, path)
