@@ -39,12 +39,17 @@ def legacy_with_pickle(path: Path, main_pickle: bytes) -> Path:
     return path
 
 
-def rewrite_zip_entry(source: Path, target: Path, entry_suffix: str, transform) -> Path:
-    """Copy a zip, passing the entry ending in ``entry_suffix`` through ``transform(bytes) -> bytes``."""
+def rewrite_zip_entry(source: Path, target: Path, entry_name: str, transform) -> Path:
+    """Copy a zip, passing its top-level-folder entry ``entry_name`` through ``transform(bytes) -> bytes``."""
+    replaced = 0
     with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as new:
         for info in old.infolist():
             data = old.read(info.filename)
-            new.writestr(info.filename, transform(data) if info.filename.endswith(entry_suffix) else data)
+            if info.filename.endswith(f"/{entry_name}") and info.filename.count("/") == 1:
+                data = transform(data)
+                replaced += 1
+            new.writestr(info, data)
+    assert replaced == 1, f"{source} has no single */{entry_name}"
     return target
 
 

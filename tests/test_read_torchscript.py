@@ -7,9 +7,6 @@ ones are real archives whose pickle is swapped for hand-assembled opcodes.
 from __future__ import annotations
 
 import pickletools
-import shlex
-import struct
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from torch import nn
 
 import slimtorch
 from slimtorch.cli.main import main
+from tests.hostile import os_system_pickle, rewrite_zip_entry, touch_command
 
 # Recent torch deprecates torch.jit; the archives it writes are what users have, and what we read.
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning")
@@ -203,44 +201,15 @@ def test_torchscript_setstate_is_not_run_the_saved_tensor_is_read_as_written(tmp
     assert slimtorch.inspect(path).tensor_bytes == 8
 
 
-def os_system_pickle(command: str) -> bytes:
-    """``os.system(command)`` as a protocol 2 pickle, assembled opcode by opcode."""
-    encoded = command.encode()
-    return (
-        b"\x80\x02"  # PROTO 2
-        + b"cos\nsystem\n"  # GLOBAL 'os system'
-        + b"X"  # BINUNICODE: the command
-        + struct.pack("<I", len(encoded))
-        + encoded
-        + b"\x85"  # TUPLE1
-        + b"R"  # REDUCE: call os.system(command)
-        + b"."  # STOP
-    )
-
-
-def replace_entry(archive: Path, entry_suffix: str, payload: bytes, out: Path) -> Path:
-    """A copy of a zip archive with one entry's content swapped, every other entry kept byte for byte."""
-    with zipfile.ZipFile(archive) as source, zipfile.ZipFile(out, "w") as target:
-        replaced = 0
-        for info in source.infolist():
-            if info.filename.endswith(entry_suffix) and info.filename.count("/") == 1:
-                target.writestr(info, payload)
-                replaced += 1
-            else:
-                target.writestr(info, source.read(info))
-    assert replaced == 1
-    return out
-
-
 @pytest.mark.parametrize("entry", ["data.pkl", "constants.pkl"])
 def test_torchscript_archive_whose_pickle_calls_os_system_is_refused_and_nothing_runs(
     traced_archive: Path, tmp_path: Path, entry: str
 ):
     marker = tmp_path / "pwned"
-    payload = os_system_pickle(f"touch {shlex.quote(str(marker))}")
+    payload = os_system_pickle(touch_command(marker))
     ops = [(op.name, arg) for op, arg, _ in pickletools.genops(payload)]
     assert ("GLOBAL", "os system") in ops and ("REDUCE", None) in ops
-    hostile = replace_entry(traced_archive, f"/{entry}", payload, tmp_path / "hostile.pt")
+    hostile = rewrite_zip_entry(traced_archive, tmp_path / "hostile.pt", entry, lambda _: payload)
 
     with pytest.raises(slimtorch.UnsafeCheckpointError) as raised:
         slimtorch.open(hostile)
@@ -254,8 +223,8 @@ def test_hostile_torchscript_archive_through_the_cli_exits_2_naming_the_global(
     scripted_archive: Path, tmp_path: Path, capsys
 ):
     marker = tmp_path / "pwned"
-    payload = os_system_pickle(f"touch {shlex.quote(str(marker))}")
-    hostile = replace_entry(scripted_archive, "/data.pkl", payload, tmp_path / "hostile.pt")
+    payload = os_system_pickle(touch_command(marker))
+    hostile = rewrite_zip_entry(scripted_archive, tmp_path / "hostile.pt", "data.pkl", lambda _: payload)
     assert main(["inspect", str(hostile)]) == 2
     out, err = capsys.readouterr()
     assert out == ""
