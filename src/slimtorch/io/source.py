@@ -20,10 +20,6 @@ import torch
 
 from slimtorch.errors import FormatError
 
-# Tensors of these roles are told apart by the file itself where it records it (TorchScript, nn.Parameter);
-# None means the file does not say and the caller may guess from the name.
-ROLES = ("parameter", "buffer")
-
 
 @dataclass(frozen=True)
 class StorageLocation:
@@ -40,7 +36,8 @@ class TensorInfo:
 
     ``storage`` names the physical storage the tensor lives in: tensors with the same ``storage`` share
     memory (tied weights, views). ``storage_offset`` is the byte offset of the tensor's first element in
-    that storage.
+    that storage. ``role`` is "parameter" or "buffer" where the file records it (TorchScript, a pickled
+    nn.Parameter), None where it does not say.
     """
 
     name: str

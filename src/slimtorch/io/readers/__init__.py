@@ -19,8 +19,6 @@ from slimtorch.io.readers.torchscript import open_script
 from slimtorch.io.readers.zip_archive import is_torchscript, open_archive
 from slimtorch.io.source import TensorSource
 
-FORMATS = ("torch-zip", "torch-legacy", "torchscript", "safetensors", "hf-folder")
-
 # Formats we recognise but do not read, so the error can say what the file is.
 _OTHER_SIGNATURES = {b"GGUF": "a GGUF file (llama.cpp)", b"\x93NUMPY": "a NumPy .npy file"}
 
