@@ -288,14 +288,14 @@ def _covered_length(start: int, end: int, spans: Iterable[tuple[int, int, str]])
 
 def _scan_zeros(source: TensorSource, infos: list[TensorInfo], progress: Progress | None) -> dict[str, int]:
     names = {info.name for info in infos}
-    zeros = {}
+    zeros: dict[str, int] = {}
     for info in infos:
-        tensor = source.get(info.name)
         mask = info.name[: -len("_orig")] + "_mask" if info.name.endswith("_orig") else None
         if mask in names:
-            zeros[info.name] = count_masked_zeros(tensor, source.get(mask))  # the weight prune would give
-        else:
-            zeros[info.name] = count_zeros(tensor)
+            # The zeros of the weight prune would give (orig * mask), and the mask's own, in one pass.
+            zeros[info.name], zeros[mask] = count_masked_zeros(source.get(info.name), source.get(mask))
+        elif info.name not in zeros:  # a mask is counted with its weight_orig
+            zeros[info.name] = count_zeros(source.get(info.name))
         if progress:
             progress(info.nbytes)
     return zeros

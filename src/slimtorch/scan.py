@@ -50,14 +50,19 @@ def count_zeros(tensor: torch.Tensor) -> int:
     return tensor.numel() - sum(_nonzero(chunk) for chunk in _chunks(tensor))
 
 
-def count_masked_zeros(values: torch.Tensor, mask: torch.Tensor) -> int:
-    """Zeros of ``values * mask`` (a pruned weight) without building the product."""
+def count_masked_zeros(values: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:
+    """Zeros of ``values * mask`` (a pruned weight) and zeros of ``mask``, in one pass over both.
+
+    The product is never built: a chunk of each is compared with zero at a time.
+    """
     if values.shape != mask.shape:
-        return count_zeros(values)
-    kept = 0
+        return count_zeros(values), count_zeros(mask)
+    kept = mask_kept = 0
     for part, keep in zip(_chunks(values.contiguous()), _chunks(mask.contiguous()), strict=True):
-        kept += int(torch.count_nonzero((part != 0) & (keep != 0)))
-    return values.numel() - kept
+        keeps = keep != 0
+        mask_kept += int(torch.count_nonzero(keeps))
+        kept += int(torch.count_nonzero((part != 0) & keeps))
+    return values.numel() - kept, mask.numel() - mask_kept
 
 
 def find_duplicates(
