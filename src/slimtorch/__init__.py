@@ -4,6 +4,8 @@ The public API:
 
 - :func:`open`: a lazy, read-only view of any checkpoint (torch.save, safetensors, TorchScript, Hugging Face).
 - :func:`inspect`: where a checkpoint's bytes go, and what could be saved.
+- :func:`save` / :func:`load`: the slim format (safetensors with codecs and checksums), tensors in and out.
+- :func:`shrink`: any checkpoint to a slim one, dropping what only training needs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from slimtorch.io.readers import open_checkpoint
 from slimtorch.io.source import ObjectInfo, TensorInfo, TensorSource
 
 __version__ = "0.1.0"
+
+from slimtorch.io.loader import load
+from slimtorch.policy import ShrinkOptions
+from slimtorch.shrinking import ShrinkReport, save, shrink
 
 
 def open(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> TensorSource:
@@ -54,11 +60,16 @@ __all__ = [
     "FormatError",
     "InspectReport",
     "ObjectInfo",
+    "ShrinkOptions",
+    "ShrinkReport",
     "SlimtorchError",
     "TensorInfo",
     "TensorSource",
     "UnsafeCheckpointError",
     "__version__",
     "inspect",
+    "load",
     "open",
+    "save",
+    "shrink",
 ]

@@ -49,6 +49,8 @@ class TensorInfo:
     storage_nbytes: int
     role: str | None = None
     codec: str = "raw"
+    stored_nbytes: int | None = None
+    """Bytes the tensor takes in the file when a codec stores it in another form (None: ``nbytes``)."""
 
     @property
     def numel(self) -> int:
@@ -66,6 +68,8 @@ class TensorInfo:
     @property
     def span(self) -> tuple[int, int]:
         """Byte range ``[start, end)`` of the storage that the tensor's elements touch."""
+        if self.stored_nbytes is not None:
+            return (self.storage_offset, self.storage_offset + self.stored_nbytes)
         if self.numel == 0:
             return (self.storage_offset, self.storage_offset)
         last = sum((size - 1) * step for size, step in zip(self.shape, self.stride, strict=True))
@@ -218,7 +222,9 @@ class TensorSource:
 
         Writing into the result never changes the file.
         """
-        info = self.info(name)
+        return self._map(self.info(name))
+
+    def _map(self, info: TensorInfo) -> torch.Tensor:
         raw = self.storage_bytes(info.storage)
         if raw.data_ptr() % max(info.itemsize, 1):
             raw = raw.clone()  # a legacy file can place a storage at an odd offset; kernels want alignment

@@ -18,3 +18,33 @@ def format_bytes(n: float) -> str:
 def format_share(part: float, whole: float) -> str:
     """``part`` as a percentage of ``whole``: ``"12.5%"``."""
     return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_size(text: str) -> int:
+    """``"2GB"`` -> ``2_000_000_000``, ``"512MiB"`` -> ``536870912``, ``"1e6"`` -> ``1000000``."""
+    cleaned = text.strip().lower().replace(" ", "")
+    number = cleaned.rstrip("kmgtib")
+    unit = cleaned[len(number) :]
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"unknown size unit in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
+    try:
+        value = float(number) * _SIZE_UNITS[unit]
+    except ValueError:
+        raise ValueError(f"not a size: {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return int(value)

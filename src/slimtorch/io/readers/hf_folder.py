@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from slimtorch.errors import CheckpointNotFoundError, FormatError
+from slimtorch.io.readers.slim import SlimSource, merge_shards
 from slimtorch.io.source import ObjectInfo, TensorSource
 
 # In order of preference, as transformers loads them: its safetensors names (sharded by an index, or single)
@@ -85,7 +86,13 @@ def open_hf_folder(folder: Path, open_file: Callable[[Path], TensorSource]) -> T
     """Read a model folder as one source whose files are its shards (plus index and config)."""
     index, files = weight_files(folder)
     parts = [open_file(f) for f in files]
-    infos, locations, objects = [], {}, _config_objects(folder / "config.json")
+    objects = _config_objects(folder / "config.json")
+    extra = [p for p in (index, folder / "config.json") if p and p.is_file()]
+    if any(isinstance(p, SlimSource) for p in parts):
+        if not all(isinstance(p, SlimSource) for p in parts):
+            raise FormatError(folder, "some shards are slim checkpoints and others are not")
+        return merge_shards(folder, parts, [*files, *extra], objects)
+    infos, locations = [], {}
     for part in parts:
         prefix = f"{part.path.name}:" if len(parts) > 1 else ""
         for info in part.tensors:
@@ -98,7 +105,7 @@ def open_hf_folder(folder: Path, open_file: Callable[[Path], TensorSource]) -> T
         infos,
         locations,
         objects,
-        files=[*files, *(p for p in (index, folder / "config.json") if p and p.is_file())],
+        files=[*files, *extra],
         structure_bytes=sum(p.structure_bytes for p in parts),
     )
     if index is not None:

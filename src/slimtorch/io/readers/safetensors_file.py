@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from slimtorch.errors import FormatError
+from slimtorch.io.format import Layout, is_slim
+from slimtorch.io.readers.slim import slim_source
 from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
 
 # The safetensors reference implementation refuses headers above 100 MB; so do we.
@@ -50,7 +52,43 @@ def looks_like_safetensors(head: bytes) -> bool:
 
 
 def open_safetensors(path: Path) -> TensorSource:
-    """Read a .safetensors file lazily, checking every offset against the file."""
+    """Read a .safetensors file lazily, checking every offset against the file.
+
+    A slim checkpoint (``__metadata__`` holds slimtorch's layout) opens as a :class:`SlimSource` of its
+    logical tensors; any other file as its tensors.
+    """
+    header, data_start, size = _read_header(path)
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise FormatError(path, "__metadata__ is not a JSON object")
+    infos, locations = [], {}
+    for name, entry in header.items():
+        info, location = _describe(path, name, entry, data_start, size)
+        infos.append(info)
+        locations[info.storage] = location
+    infos.sort(key=lambda info: locations[info.storage].offset)
+    if is_slim(metadata):
+        return slim_source(
+            path,
+            Layout.from_metadata(path, metadata),
+            {info.name: info for info in infos},
+            locations,
+            objects=[],
+            files=[path],
+            structure_bytes=data_start,
+        )
+    objects = [ObjectInfo(f"__metadata__.{k}", type(v).__name__, str(v)[:80]) for k, v in metadata.items()]
+    return TensorSource(path, "safetensors", infos, locations, objects, [path], structure_bytes=data_start)
+
+
+def read_metadata(path: Path) -> dict:
+    """The ``__metadata__`` of a safetensors file ({} when it has none)."""
+    header, _, _ = _read_header(path)
+    metadata = header.get("__metadata__") or {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _read_header(path: Path) -> tuple[dict, int, int]:
     size = os.path.getsize(path)
     with open(path, "rb") as stream:
         prefix = stream.read(8)
@@ -68,18 +106,7 @@ def open_safetensors(path: Path) -> TensorSource:
         raise FormatError(path, f"the header is not valid JSON ({exc})") from exc
     if not isinstance(header, dict):
         raise FormatError(path, "the header is not a JSON object")
-    data_start = 8 + length
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict):
-        raise FormatError(path, "__metadata__ is not a JSON object")
-    objects = [ObjectInfo(f"__metadata__.{k}", type(v).__name__, str(v)[:80]) for k, v in metadata.items()]
-    infos, locations = [], {}
-    for name, entry in header.items():
-        info, location = _describe(path, name, entry, data_start, size)
-        infos.append(info)
-        locations[info.storage] = location
-    infos.sort(key=lambda info: locations[info.storage].offset)
-    return TensorSource(path, "safetensors", infos, locations, objects, [path], structure_bytes=data_start)
+    return header, 8 + length, size
 
 
 def _describe(

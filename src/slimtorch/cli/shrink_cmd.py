@@ -1,0 +1,141 @@
+"""`slimtorch shrink IN -o OUT`: a smaller, safe copy of any checkpoint in the slim format."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+from slimtorch.io.readers import open_checkpoint
+from slimtorch.policy import ShrinkOptions
+from slimtorch.report.inspect_view import output_console
+from slimtorch.report.shrink_view import render_shrink
+from slimtorch.report.units import parse_size
+from slimtorch.shrinking import shrink
+
+HELP = "write a smaller, safe copy of a checkpoint (slim format on safetensors)"
+DESCRIPTION = """\
+Reads any checkpoint slimtorch reads and writes only what carries information, as safetensors files
+any safetensors reader opens (codecs are described in the file's metadata; nothing is pickled):
+
+  - drops optimizer and training state (--keep-optimizer keeps them)
+  - folds torch.nn.utils.prune masks into their weights (weight = weight_orig * weight_mask)
+  - stores tied and duplicated tensors once (ties come back tied on load)
+  - stores zeros sparsely (bitmask + non-zeros) where that is smaller (--sparse off disables)
+  - optionally converts floats (--dtype) and quantizes weights (--quantize): norms, biases and small
+    tensors keep their precision; embeddings are quantized per row unless --keep-embeddings
+
+The write is atomic (temp file, fsync, rename) and every part carries a CRC-32.
+OUT ending in .safetensors is one file; any other OUT is a folder (shards + index, Hugging Face style;
+config and tokenizer files of a model folder are copied along).
+
+examples:
+  slimtorch shrink checkpoint.pt -o model.safetensors
+  slimtorch shrink ./bert -o ./bert-int8 --quantize int8
+  slimtorch shrink pruned.pt -o small.safetensors --quantize int4 --group-size 64
+  slimtorch shrink big.pt -o out/ --dtype bf16 --shard-size 5GB --skip 'lm_head.*'
+"""
+
+
+def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser(
+        "shrink",
+        help=HELP,
+        description=DESCRIPTION,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("source", metavar="IN", help="checkpoint file or Hugging Face model folder")
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="OUT", help="output .safetensors file or folder"
+    )
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), help="convert floating-point tensors (lossy)")
+    parser.add_argument("--quantize", choices=("int8", "int4"), help="quantize weights (lossy)")
+    parser.add_argument(
+        "--group-size", type=int, default=128, metavar="G", help="int4 group size, 32 to 256 (default 128)"
+    )
+    parser.add_argument(
+        "--sparse",
+        choices=("auto", "off"),
+        default="auto",
+        help="store zeros sparsely where smaller (default auto)",
+    )
+    parser.add_argument(
+        "--entropy",
+        action="store_true",
+        help="zstandard over the stored parts where it saves >= 5%% (slower load)",
+    )
+    parser.add_argument("--keep-optimizer", action="store_true", help="keep optimizer and training state")
+    parser.add_argument("--keep-embeddings", action="store_true", help="do not quantize embeddings")
+    parser.add_argument(
+        "--keep-names", action="store_true", help="keep a training wrapper prefix such as 'model.'"
+    )
+    parser.add_argument(
+        "--shard-size",
+        type=parse_size,
+        metavar="SIZE",
+        help="largest shard of a folder output, e.g. 2GB or 500MiB (default 2GB)",
+    )
+    parser.add_argument(
+        "--skip",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="tensor names (glob patterns) kept exact: no conversion, no quantization",
+    )
+    parser.add_argument(
+        "--top", type=int, default=15, metavar="K", help="largest tensors to list (default 15)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--allow-global",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="trust one more pickle global, e.g. mypkg.Config (only for files you trust)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = ShrinkOptions(
+        dtype=args.dtype,
+        quantize=args.quantize,
+        group_size=args.group_size,
+        sparse=args.sparse,
+        entropy=args.entropy,
+        quantize_embeddings=not args.keep_embeddings,
+        skip=args.skip,
+    )
+    errors = Console(stderr=True)
+    with open_checkpoint(args.source, allow_globals=args.allow_global) as source:
+        total = sum(info.nbytes for info in source.tensors)
+    with Progress(
+        TextColumn("shrinking"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TimeRemainingColumn(),
+        console=errors,
+        transient=True,
+        disable=not errors.is_terminal,
+    ) as bar:
+        task = bar.add_task("shrink", total=total)
+        report = shrink(
+            args.source,
+            args.output,
+            options=options,
+            keep_optimizer=args.keep_optimizer,
+            keep_names=args.keep_names,
+            shard_bytes=args.shard_size,
+            allow_globals=args.allow_global,
+            progress=lambda n: bar.advance(task, n),
+        )
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        render_shrink(report, output_console(), top=args.top)
+    return 0

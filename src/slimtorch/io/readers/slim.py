@@ -1,0 +1,180 @@
+"""Slim checkpoints: safetensors files whose ``__metadata__["slimtorch"]`` describes coded tensors.
+
+:class:`SlimSource` shows the *logical* tensors (what ``slimtorch.save`` was given) with their codec chain,
+and decodes a tensor when asked, after checking the CRC-32 of every part it reads. Tensors stored as is
+are mapped from the file without a copy, like any safetensors tensor. The physical parts stay visible in
+:attr:`SlimSource.physical`.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from slimtorch.errors import FormatError
+from slimtorch.io.codecs import CodecError, decode
+from slimtorch.io.format import CHECKSUM_CHUNK, Entry, Layout
+from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
+
+
+@dataclass
+class SlimSource(TensorSource):
+    """A slim checkpoint (one file or a sharded folder); ``get`` decodes and verifies checksums."""
+
+    layout: Layout = field(default_factory=Layout)
+    physical: dict[str, TensorInfo] = field(default_factory=dict)
+    """Physical parts by key, as a plain safetensors reader sees them (storage keys as in ``locations``)."""
+    verify: bool = True
+
+    def entry(self, name: str) -> Entry:
+        """How tensor ``name`` is stored (for a tie or copy, the entry of the tensor it shares)."""
+        name = self.layout.ties.get(name, self.layout.copies.get(name, name))
+        try:
+            return self.layout.tensors[name]
+        except KeyError:
+            raise KeyError(f"{self.path}: no tensor named {name!r}") from None
+
+    def parts(self, name: str) -> dict[str, torch.Tensor]:
+        """The stored parts of tensor ``name`` by role, mapped from the file and checksum-verified."""
+        entry = self.entry(name)
+        parts = {}
+        for role, key in entry.parts.items():
+            tensor = self._map(self.physical[key])
+            if self.verify:
+                _check_crc(self.path, entry, role, tensor)
+            parts[role] = tensor
+        return parts
+
+    def get(self, name: str) -> torch.Tensor:
+        """Tensor ``name``, decoded (zero-copy for a tensor stored as is)."""
+        self.info(name)  # a clear KeyError for unknown names
+        entry = self.entry(name)
+        parts = self.parts(name)
+        if not entry.stages and set(parts) == {""}:
+            tensor = parts[""]
+            if tensor.dtype == entry.dtype and tuple(tensor.shape) == entry.shape:
+                return tensor
+        try:
+            return decode(parts, entry.stages, entry.dtype, entry.shape)
+        except CodecError as exc:
+            raise FormatError(self.path, f"tensor {entry.name!r} does not decode: {exc}") from None
+
+
+def _check_crc(path: Path, entry: Entry, role: str, tensor: torch.Tensor) -> None:
+    data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
+    expected = entry.crc32[role]
+    chunks = max(1, math.ceil(len(data) / CHECKSUM_CHUNK))
+    if len(expected) != chunks:
+        raise FormatError(path, f"tensor {entry.name!r}: checksum list does not fit part {role!r}")
+    for i, crc in enumerate(expected):
+        if zlib.crc32(data[i * CHECKSUM_CHUNK : (i + 1) * CHECKSUM_CHUNK]) != crc:
+            raise FormatError(
+                path,
+                f"tensor {entry.name!r}: checksum mismatch in part {entry.parts[role]!r} "
+                f"(bytes {i * CHECKSUM_CHUNK}..): the file is corrupt",
+            )
+
+
+def slim_source(
+    path: Path,
+    layout: Layout,
+    physical: dict[str, TensorInfo],
+    locations: dict[str, StorageLocation],
+    *,
+    objects: list[ObjectInfo],
+    files: list[Path],
+    structure_bytes: int,
+    format: str = "slim",
+) -> SlimSource:
+    """Check that the layout and the physical parts agree, and build the source of logical tensors."""
+    owner: dict[str, str] = {}
+    infos: dict[str, TensorInfo] = {}
+    for name, entry in layout.tensors.items():
+        for key in entry.parts.values():
+            if key not in physical:
+                raise FormatError(path, f"tensor {name!r}: part {key!r} is missing from the file")
+            if key in owner:
+                raise FormatError(path, f"tensor {name!r}: part {key!r} also belongs to {owner[key]!r}")
+            owner[key] = name
+        infos[name] = _logical_info(entry, physical)
+    stray = [key for key in physical if key not in owner]
+    if stray:
+        raise FormatError(path, f"tensor {stray[0]!r} is in the file but not in the slimtorch metadata")
+    for kind, links in (("tie", layout.ties), ("copy", layout.copies)):
+        for name, target in links.items():
+            if target not in infos:
+                raise FormatError(path, f"tensor {name!r} is a {kind} of {target!r}, which the file lacks")
+            if name in infos:
+                raise FormatError(path, f"tensor {name!r} is stored and also listed as a {kind}")
+    order = sorted(infos.values(), key=lambda i: (locations[i.storage].file, locations[i.storage].offset))
+    tensors = [*order, *(replace(infos[t], name=n) for n, t in {**layout.ties, **layout.copies}.items())]
+    return SlimSource(
+        path,
+        format,
+        tensors,
+        locations,
+        objects,
+        files,
+        structure_bytes=structure_bytes,
+        layout=layout,
+        physical=physical,
+    )
+
+
+def _logical_info(entry: Entry, physical: dict[str, TensorInfo]) -> TensorInfo:
+    parts = [physical[key] for key in entry.parts.values()]
+    stored = sum(p.nbytes for p in parts)
+    shape = entry.shape
+    stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+    if not entry.stages:
+        return TensorInfo(
+            entry.name, entry.dtype, shape, stride, parts[0].storage, 0, parts[0].storage_nbytes
+        )
+    primary = physical[entry.parts.get("", next(iter(entry.parts.values())))]
+    return TensorInfo(
+        entry.name,
+        entry.dtype,
+        shape,
+        stride,
+        storage=primary.storage,
+        storage_offset=0,
+        storage_nbytes=stored,
+        codec=entry.chain,
+        stored_nbytes=stored,
+    )
+
+
+def merge_shards(
+    folder: Path, shards: list[SlimSource], files: list[Path], objects: list[ObjectInfo]
+) -> SlimSource:
+    """One source over the shards of a sharded slim checkpoint, checked to come from one save."""
+    first = shards[0].layout
+    layout = Layout(provenance=first.provenance, delta=first.delta, checkpoint=first.checkpoint)
+    physical: dict[str, TensorInfo] = {}
+    locations: dict[str, StorageLocation] = {}
+    for shard in shards:
+        if shard.layout.checkpoint != first.checkpoint:
+            raise FormatError(shard.path, "this shard comes from a different save than the others")
+        for name, entry in shard.layout.tensors.items():
+            if name in layout.tensors:
+                raise FormatError(shard.path, f"tensor {name!r} is stored in two shards")
+            layout.tensors[name] = entry
+        layout.ties.update(shard.layout.ties)
+        layout.copies.update(shard.layout.copies)
+        prefix = f"{shard.path.name}:"
+        physical.update({k: replace(i, storage=prefix + i.storage) for k, i in shard.physical.items()})
+        locations.update({prefix + k: loc for k, loc in shard.locations.items()})
+    return slim_source(
+        folder,
+        layout,
+        physical,
+        locations,
+        objects=objects,
+        files=files,
+        structure_bytes=sum(s.structure_bytes for s in shards),
+        format=f"slim ({len(shards)} shards)" if len(shards) > 1 else "slim",
+    )

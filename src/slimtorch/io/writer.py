@@ -1,0 +1,271 @@
+"""Atomic, sharded, checksummed writes of slim checkpoints.
+
+A checkpoint is written where nothing reads it (a temporary file beside the target, or a temporary folder
+beside the target folder), flushed to disk with fsync, and only then moved into place with one rename, or,
+for a folder that already exists, one atomic exchange (Linux ``renameat2``). An interrupted run leaves the
+previous checkpoint untouched and, at worst, a ``.slimtorch-tmp-*`` leftover.
+
+Shards are flushed as they fill up, so memory holds at most one shard of encoded parts; parts stored as is
+are written straight from the source's memory map.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+import struct
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slimtorch.errors import SlimtorchError
+from slimtorch.io.codecs.chain import Encoded
+from slimtorch.io.format import INDEX_NAME, SINGLE_NAME, Entry, Layout, crc32_chunks, is_slim, part_key
+from slimtorch.io.readers.safetensors_file import DTYPES, read_metadata
+
+SAFETENSORS_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+TEMP_PREFIX = ".slimtorch-tmp-"
+
+
+class SlimWriter:
+    """Collect encoded tensors and write them as one slim file or a sharded folder, atomically.
+
+    ``out`` ending in ``.safetensors`` is one file; anything else is a folder holding ``model.safetensors``
+    or ``model-0000i-of-0000N.safetensors`` shards plus ``model.safetensors.index.json``.
+
+    Example:
+        >>> from slimtorch.io.codecs import encode
+        >>> with SlimWriter(Path("w.safetensors")) as writer:  # doctest: +SKIP
+        ...     writer.add("fc.weight", encode(torch.randn(4, 4), ["int8"]), torch.float32, (4, 4))
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        *,
+        shard_bytes: int | None = None,
+        ties: Mapping[str, str] | None = None,
+        copies: Mapping[str, str] | None = None,
+        provenance: Mapping[str, Any] | None = None,
+        delta: Any = None,
+        extra_files: Mapping[str, Path] | None = None,
+    ) -> None:
+        self.out = Path(out)
+        self.single = self.out.suffix == ".safetensors"
+        if self.single and shard_bytes:
+            raise SlimtorchError(
+                f"{self.out}: sharding writes a folder; give a folder name, not a .safetensors"
+            )
+        if self.single and extra_files:
+            raise SlimtorchError(f"{self.out}: config and tokenizer files need a folder output")
+        self.shard_bytes = shard_bytes
+        self.checkpoint = uuid.uuid4().hex
+        self.ties, self.copies = dict(ties or {}), dict(copies or {})
+        self.provenance, self.delta = dict(provenance or {}), delta
+        self.extra_files = dict(extra_files or {})
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self._staging = self.out.parent / f"{TEMP_PREFIX}{self.out.name}-{self.checkpoint[:8]}"
+        if not self.single:
+            self._staging.mkdir()
+        self._pending: list[tuple[Entry, dict[str, torch.Tensor]]] = []
+        self._pending_bytes = 0
+        self._shards: list[tuple[Path, list[str]]] = []  # staged file, physical keys
+        self.bytes_written = 0
+
+    # -- collecting ------------------------------------------------------------------------------------
+    def add(self, name: str, encoded: Encoded, dtype: torch.dtype, shape: tuple[int, ...]) -> Entry:
+        """Queue one logical tensor; flushes a shard first when it would overflow ``shard_bytes``."""
+        parts = {role: _storable(tensor) for role, tensor in encoded.parts.items()}
+        keys = {role: part_key(name, role) for role in parts}
+        entry = Entry(
+            name, dtype, tuple(shape), encoded.stages, keys, {r: crc32_chunks(t) for r, t in parts.items()}
+        )
+        nbytes = encoded.nbytes
+        if self.shard_bytes and self._pending and self._pending_bytes + nbytes > self.shard_bytes:
+            self._flush()
+        self._pending.append((entry, {keys[role]: tensor for role, tensor in parts.items()}))
+        self._pending_bytes += nbytes
+        return entry
+
+    def _flush(self) -> None:
+        number = len(self._shards) + 1
+        here = {entry.name for entry, _ in self._pending}
+        layout = Layout(
+            tensors={entry.name: entry for entry, _ in self._pending},
+            # Each shard lists the ties to its own tensors, so that it stays readable on its own.
+            ties={name: target for name, target in self.ties.items() if target in here},
+            copies={name: target for name, target in self.copies.items() if target in here},
+            provenance=self.provenance,
+            delta=self.delta,
+            checkpoint=self.checkpoint,
+            shard=number,
+        )
+        tensors = {key: t for _, parts in self._pending for key, t in parts.items()}
+        target = self._staging if self.single else self._staging / f"shard-{number}.tmp"
+        self.bytes_written += write_safetensors(target, tensors, layout.to_metadata())
+        self._shards.append((target, list(tensors)))
+        self._pending, self._pending_bytes = [], 0
+
+    # -- finishing -------------------------------------------------------------------------------------
+    def commit(self) -> list[Path]:
+        """Write what is queued and move the checkpoint into place; returns the files written."""
+        if self._pending or not self._shards:
+            self._flush()
+        if self.single:
+            os.replace(self._staging, self.out)
+            _fsync_dir(self.out.parent)
+            return [self.out]
+        files = self._name_shards()
+        for name, source in self.extra_files.items():
+            shutil.copyfile(source, self._staging / name)
+            files.append(self.out / name)
+        _fsync_dir(self._staging)
+        _swap_into_place(self._staging, self.out)
+        return files
+
+    def _name_shards(self) -> list[Path]:
+        count = len(self._shards)
+        names = (
+            [SINGLE_NAME]
+            if count == 1
+            else [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+        )
+        weight_map = {}
+        for (staged, keys), name in zip(self._shards, names, strict=True):
+            staged.rename(self._staging / name)
+            weight_map.update(dict.fromkeys(keys, name))
+        if count > 1:
+            index = {
+                "metadata": {
+                    "total_size": self.bytes_written,
+                    "format": "slimtorch",
+                    "checkpoint": self.checkpoint,
+                },
+                "weight_map": weight_map,
+            }
+            write_atomic_text(self._staging / INDEX_NAME, json.dumps(index, indent=2))
+            names.append(INDEX_NAME)
+        return [self.out / name for name in names]
+
+    def abort(self) -> None:
+        """Remove everything staged; the previous checkpoint, if any, is untouched."""
+        if self._staging.is_dir():
+            shutil.rmtree(self._staging, ignore_errors=True)
+        else:
+            self._staging.unlink(missing_ok=True)
+
+    def __enter__(self) -> SlimWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def _storable(tensor: torch.Tensor) -> torch.Tensor:
+    """A part as safetensors can hold it: contiguous, on the CPU, in a dtype safetensors names."""
+    tensor = tensor.detach().to("cpu").contiguous()
+    if tensor.dtype not in SAFETENSORS_NAMES:
+        raise SlimtorchError(f"a part has dtype {tensor.dtype}, which safetensors cannot store")
+    return tensor
+
+
+def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> int:
+    """Write a safetensors file, streaming each tensor's bytes; fsyncs before returning the byte count.
+
+    Tensors are laid out by decreasing item size so every tensor is aligned to its dtype without padding
+    (safetensors forbids holes between tensors).
+    """
+    order = sorted(tensors, key=lambda key: -tensors[key].element_size())
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for key in order:
+        t = tensors[key]
+        nbytes = t.numel() * t.element_size()
+        header[key] = {
+            "dtype": SAFETENSORS_NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as stream:
+        stream.write(struct.pack("<Q", len(raw)))
+        stream.write(raw)
+        for key in order:
+            t = tensors[key]
+            if t.numel():
+                stream.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        stream.flush()
+        os.fsync(stream.fileno())
+    return 8 + len(raw) + offset
+
+
+def write_atomic_text(path: Path, text: str) -> None:
+    """Write a small text file through a temporary file, fsync and rename."""
+    staged = path.with_name(f"{TEMP_PREFIX}{path.name}")
+    with open(staged, "w") as stream:
+        stream.write(text)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(staged, path)
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # not every platform lets a folder be opened
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _swap_into_place(staged: Path, target: Path) -> None:
+    """Make ``staged`` become ``target``: a rename, or an atomic exchange when ``target`` exists."""
+    if not target.exists():
+        os.rename(staged, target)
+    elif not target.is_dir():
+        raise SlimtorchError(f"{target}: exists and is not a folder")
+    else:
+        _check_replaceable(target)
+        if not _exchange(staged, target):
+            # No atomic exchange here: move the old folder aside first, so it survives an interruption.
+            aside = target.with_name(f"{TEMP_PREFIX}{target.name}-old-{uuid.uuid4().hex[:8]}")
+            os.rename(target, aside)
+            os.rename(staged, target)
+            staged = aside
+        shutil.rmtree(staged, ignore_errors=True)
+    _fsync_dir(target.parent)
+
+
+def _check_replaceable(target: Path) -> None:
+    """Refuse to replace a folder that holds anything but a slim checkpoint (it may be the user's work)."""
+    entries = [p for p in target.iterdir()]
+    weights = [p for p in entries if p.suffix == ".safetensors"]
+    if entries and not (weights and all(is_slim(read_metadata(p)) for p in weights)):
+        raise SlimtorchError(
+            f"{target}: exists and is not a slimtorch checkpoint; refusing to replace it (pick another -o)"
+        )
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths with renameat2(RENAME_EXCHANGE); False where that is not available."""
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0

@@ -1,0 +1,131 @@
+"""Which codec chain each tensor gets: the rules ``slimtorch.save`` and ``slimtorch shrink`` share.
+
+- Integers, booleans and anything matched by ``skip`` stay exact (sparse where that is smaller).
+- ``dtype`` converts floating-point tensors (the loaded model is then in that dtype).
+- ``quantize`` applies to weights only: floating-point parameters with at least two dimensions and
+  :data:`QUANTIZE_MIN_ELEMENTS` elements. Norms, biases and small tensors keep their precision. Embeddings
+  are quantized per row like any weight (int8's output channels are their rows) unless
+  ``quantize_embeddings=False``.
+- ``sparse="auto"`` stores a tensor as bitmask + non-zeros only when that is smaller than dense: after
+  int8, on the codes (values that round to zero are zeros); before int4, on the weights.
+- ``entropy=True`` adds zstandard where it saves at least 5%.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from slimtorch.io.codecs import Encoded, encode
+from slimtorch.io.codecs.chain import extend
+from slimtorch.io.readers.safetensors_file import DTYPES
+from slimtorch.scan import count_zeros
+
+QUANTIZE_MIN_ELEMENTS = 4096
+EMBEDDING = re.compile(r"(^|\.)(\w*embed\w*|wte|wpe|shared)(\.|$)", re.IGNORECASE)
+_STORABLE = set(DTYPES.values())
+_CASTS = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ShrinkOptions:
+    """What to do to each tensor; the defaults are lossless (drop nothing, convert nothing)."""
+
+    dtype: torch.dtype | None = None
+    quantize: str | None = None
+    group_size: int = 128
+    sparse: str = "auto"
+    entropy: bool = False
+    quantize_embeddings: bool = True
+    skip: Sequence[str] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dtype, str):
+            if self.dtype not in _CASTS:
+                raise ValueError(f"dtype must be fp16 or bf16, not {self.dtype!r}")
+            object.__setattr__(self, "dtype", _CASTS[self.dtype])
+        if self.quantize not in (None, "int8", "int4"):
+            raise ValueError(f"quantize must be int8 or int4, not {self.quantize!r}")
+        if self.sparse not in ("auto", "off"):
+            raise ValueError(f"sparse must be auto or off, not {self.sparse!r}")
+        if not (32 <= self.group_size <= 256 and self.group_size % 2 == 0):
+            raise ValueError(f"group size must be even, 32 to 256, not {self.group_size}")
+        object.__setattr__(self, "skip", tuple(self.skip))
+
+    @property
+    def lossless(self) -> bool:
+        return self.dtype is None and self.quantize is None
+
+    def skipped(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.skip)
+
+
+def quantizable(name: str, x: torch.Tensor, category: str, options: ShrinkOptions) -> bool:
+    return (
+        options.quantize is not None
+        and category == "parameters"
+        and x.dtype.is_floating_point
+        and x.dim() >= 2
+        and x.numel() >= QUANTIZE_MIN_ELEMENTS
+        and not options.skipped(name)
+        and (options.quantize_embeddings or not EMBEDDING.search(name))
+        and bool(torch.isfinite(x).all())
+    )
+
+
+def convert(name: str, x: torch.Tensor, options: ShrinkOptions) -> torch.Tensor:
+    """The tensor in the dtype it will load as (``dtype`` applies to floats wider than it, not skipped)."""
+    target = options.dtype
+    if target is None or not x.dtype.is_floating_point or options.skipped(name):
+        return x
+    if x.dtype.itemsize <= target.itemsize or x.dtype not in (torch.float32, torch.float64, torch.float16):
+        return x
+    converted = x.to(target)
+    if target == torch.float16 and bool(torch.isinf(converted).any() & torch.isfinite(x).all()):
+        return x  # beyond float16's range: keep it exact rather than store infinities
+    return converted
+
+
+def encode_tensor(name: str, x: torch.Tensor, category: str, options: ShrinkOptions) -> Encoded:
+    """Encode one tensor (already converted by :func:`convert`) by the rules above."""
+    x = x.detach().contiguous()
+    if x.dtype not in _STORABLE:
+        return encode(x, ["bytes"])
+    sparse = options.sparse == "auto"
+    if quantizable(name, x, category, options) and options.quantize == "int8":
+        encoded = encode(x, ["int8"])
+        codes = encoded.parts["q"]
+        if sparse and _sparse_pays(codes.numel(), count_zeros(codes), 1):
+            encoded = extend(encoded, "sparse")
+    elif quantizable(name, x, category, options):
+        group = options.group_size
+        # Groups follow rows (what int4 matmul kernels want) unless rows would pad groups out.
+        flat = (x.numel() // x.shape[0]) % group != 0
+        zeros = count_zeros(x) if sparse else 0
+        if sparse and math.ceil(x.numel() / 8) + _int4_bytes(x.numel() - zeros, group) < _int4_bytes(
+            x.numel(), group
+        ):
+            encoded = encode(x, ["sparse", ("int4", {"group_size": group})])
+        else:
+            encoded = encode(x, [("int4", {"group_size": group, "flat": flat})])
+    else:
+        encoded = Encoded({"": x}, [])
+        if sparse and x.numel() >= 64 and _sparse_pays(x.numel(), count_zeros(x), x.element_size()):
+            encoded = extend(encoded, "sparse")
+    if options.entropy:
+        encoded = extend(encoded, "zstd")
+    return encoded
+
+
+def _sparse_pays(numel: int, zeros: int, itemsize: int) -> bool:
+    return math.ceil(numel / 8) + (numel - zeros) * itemsize < numel * itemsize
+
+
+def _int4_bytes(numel: int, group_size: int) -> int:
+    """int4 size without row padding (float16 scales): codes, plus a scale and a zero point per group."""
+    return math.ceil(numel / group_size) * (group_size // 2 + 4)
