@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/python examples/training_checkpoint.py demo-out/checkpoint.pt
 	$(BIN)/slimtorch inspect demo-out/checkpoint.pt
+	$(BIN)/slimtorch shrink demo-out/checkpoint.pt -o demo-out/model-int8.safetensors --quantize int8
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -25,6 +26,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/inspect_speed.py
+	$(BIN)/python benchmarks/shrink.py
 
 clean:
 	rm -rf $(VENV) demo-out build dist

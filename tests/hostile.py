@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import shlex
+import struct
 import zipfile
 from pathlib import Path
 
@@ -89,3 +91,53 @@ def torch_zip_with_claims(path: Path, claimed_numel: int, shape: tuple[int, ...]
     with zipfile.ZipFile(path, "a", zipfile.ZIP_STORED) as archive:
         archive.writestr("archive/data/0", b"\x00" * stored_bytes)
     return path
+
+
+# -- safetensors headers ---------------------------------------------------------------------------------
+def read_safetensors(path: Path) -> tuple[dict, bytes]:
+    """(header as a dict, the data bytes after it) of a safetensors file."""
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + length]), raw[8 + length :]
+
+
+def write_safetensors_raw(path: Path, header: dict, data: bytes) -> Path:
+    """Write ``header`` (padded to 8 bytes, as safetensors does) and ``data`` as a safetensors file."""
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def edit_slim_metadata(path: Path, edit) -> Path:
+    """Rewrite the JSON in ``__metadata__["slimtorch"]`` in place via ``edit(body)``; data stays valid."""
+    header, data = read_safetensors(path)
+    body = json.loads(header["__metadata__"]["slimtorch"])
+    edit(body)
+    header["__metadata__"]["slimtorch"] = json.dumps(body)
+    return write_safetensors_raw(path, header, data)
+
+
+def data_range(path: Path, key: str) -> tuple[int, int]:
+    """Absolute byte range ``[begin, end)`` of physical tensor ``key`` in a safetensors file."""
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    begin, end = json.loads(raw[8 : 8 + length])[key]["data_offsets"]
+    return 8 + length + begin, 8 + length + end
+
+
+def remove_safetensors_entry(path: Path, key: str) -> Path:
+    """Drop physical tensor ``key``: its header entry and its bytes, moving later tensors' offsets down."""
+    header, data = read_safetensors(path)
+    begin, end = header.pop(key)["data_offsets"]
+    for name, entry in header.items():
+        if name != "__metadata__" and entry["data_offsets"][0] >= end:
+            entry["data_offsets"] = [offset - (end - begin) for offset in entry["data_offsets"]]
+    return write_safetensors_raw(path, header, data[:begin] + data[end:])
+
+
+def add_safetensors_entry(path: Path, key: str, dtype: str, shape: list[int], payload: bytes) -> Path:
+    """Append a physical tensor ``key`` holding ``payload`` after the existing data."""
+    header, data = read_safetensors(path)
+    header[key] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(payload)]}
+    return write_safetensors_raw(path, header, data + payload)

@@ -197,8 +197,9 @@ def test_json_output_follows_the_documented_schema(tmp_path, capsys):
         "category",
         "sparsity",
         "shares_with",
+        "codec",
     }
-    assert data["savings"]["estimates"] is True
+    assert data["savings"]["estimates"] is False
     assert sum(c["bytes"] for c in data["categories"].values()) == data["file_bytes"]
 
 
@@ -213,7 +214,48 @@ def test_human_report_shows_each_section(tmp_path, capsys):
         "By dtype",
         "By module",
         "Largest",
-        "What you could save (estimates)",
+        "What you could save (slimtorch shrink)",
     ):
         assert heading in out
     assert "optimizer state" in out and "epoch=3" in out
+
+
+@pytest.mark.parametrize(
+    ("action", "options"),
+    [
+        ("store zeros sparsely", slimtorch.ShrinkOptions()),
+        ("+ int8", slimtorch.ShrinkOptions(quantize="int8")),
+        ("+ int4", slimtorch.ShrinkOptions(quantize="int4")),
+        ("+ fp16", slimtorch.ShrinkOptions(dtype="fp16")),
+    ],
+)
+def test_what_you_could_save_is_what_shrink_writes(tmp_path, action, options):
+    model = TinyGPT()
+    weights = [(m, "weight") for m in model.blocks.modules() if isinstance(m, torch.nn.Linear)]
+    prune.global_unstructured(weights, pruning_method=prune.L1Unstructured, amount=0.8)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randint(0, 100, (2, 8))).sum().backward()
+    optimizer.step()
+    path = _save(tmp_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3})
+
+    report = slimtorch.inspect(path)
+    shrunk = slimtorch.shrink(path, tmp_path / "out.safetensors", options=options)
+
+    header_and_pickle = report.file_bytes - report.stored_bytes
+    predicted_tensor_bytes = _saving(report, action).bytes_after - header_and_pickle
+    assert predicted_tensor_bytes == sum(t.after_bytes for t in shrunk.tensors)
+
+
+def test_inspect_shows_the_codec_of_each_tensor_in_a_slim_file(tmp_path, capsys):
+    model = TinyGPT()
+    slimtorch.save(model.state_dict(), tmp_path / "slim.safetensors", quantize="int8")
+
+    report = slimtorch.inspect(tmp_path / "slim.safetensors")
+
+    codecs = {t.name: t.codec for t in report.tensors}
+    assert codecs["embed.weight"] == "int8"
+    assert not any("int" in codec for name, codec in codecs.items() if name.endswith(".bias"))
+    embed = next(t for t in report.tensors if t.name == "embed.weight")
+    assert embed.stored_bytes < embed.nbytes / 3
+    assert main(["inspect", str(tmp_path / "slim.safetensors")]) == 0
+    assert "int8" in capsys.readouterr().out

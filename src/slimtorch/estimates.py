@@ -1,10 +1,13 @@
-"""What a checkpoint could weigh after each shrinking action: estimates from sizes and zero counts.
+"""What a checkpoint would weigh after each shrinking action, in the slim format's own byte counts.
 
 The actions build on each other in the order a user would apply them: drop what only training needs,
 finalize pruning masks, store each tensor once, store zeros sparsely; then one lossy precision on top
-(fp16/bf16, int8 or int4). The byte costs follow the slim format's codecs: a sparse tensor is a bitmask of
-one bit per element plus its non-zero values, int8 is one byte per weight plus an fp32 scale per output
-channel, int4 is half a byte per weight plus an fp16 scale and zero point per group.
+(fp16/bf16, int8 or int4). Tensor bytes come from the size functions of :mod:`slimtorch.policy`, the same
+ones ``slimtorch shrink`` uses to choose its codecs, so they are what shrink writes: a sparse tensor is a
+bitmask plus its non-zero values, int8 one byte per weight plus an fp32 scale per output channel, int4 half
+a byte per weight plus an fp16 scale and zero point per group. Two things are not exact: values that round
+to zero in fp16 or int8 count as non-zero here (the file comes out slightly smaller), and the file's
+header (pickle or JSON) is kept at its current size.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from slimtorch.policy import int4_bytes, int8_bytes, lossless_bytes, weight_like
+
 TRAINING_ONLY = ("optimizer_state", "training_state")
-QUANTIZE_MIN_ELEMENTS = 4096  # norms, biases and small tensors stay in their precision
 INT4_GROUP = 128
 
 
@@ -41,12 +45,7 @@ class TensorCost:
 
     @property
     def quantizable(self) -> bool:
-        return (
-            self.category == "parameters"
-            and self.dtype.is_floating_point
-            and len(self.shape) >= 2
-            and self.numel >= QUANTIZE_MIN_ELEMENTS
-        )
+        return weight_like(self.category, self.dtype, self.shape)
 
 
 @dataclass(frozen=True)
@@ -62,35 +61,30 @@ class Saving:
         return asdict(self)
 
 
-def _sparse(cost: TensorCost, value_bytes: float) -> float:
-    """Bitmask plus non-zero values; infinite when the zero count is unknown."""
-    if cost.zeros is None or not cost.whole:
-        return math.inf
-    return math.ceil(cost.numel / 8) + (cost.numel - cost.zeros) * value_bytes
-
-
 def _lossless(cost: TensorCost) -> float:
-    return min(cost.stored_bytes, _sparse(cost, cost.dtype.itemsize))
+    if cost.zeros is None or not cost.whole:
+        return cost.stored_bytes
+    return lossless_bytes(cost.numel, cost.zeros, cost.dtype.itemsize)
 
 
 def _half(cost: TensorCost) -> float:
-    if not cost.whole or not cost.dtype.is_floating_point or cost.dtype.itemsize <= 2:
+    if not cost.whole or cost.dtype not in (torch.float32, torch.float64):
         return _lossless(cost)
-    return min(cost.numel * 2, _sparse(cost, 2))
+    if cost.zeros is None:
+        return cost.numel * 2
+    return lossless_bytes(cost.numel, cost.zeros, 2)
 
 
 def _int8(cost: TensorCost) -> float:
     if not cost.whole or not cost.quantizable:
         return _lossless(cost)
-    scales = cost.shape[0] * 4
-    return min(cost.numel + scales, _sparse(cost, 1) + scales)
+    return int8_bytes(cost.shape, cost.zeros or 0, sparse=cost.zeros is not None)
 
 
 def _int4(cost: TensorCost) -> float:
     if not cost.whole or not cost.quantizable:
         return _lossless(cost)
-    groups = math.ceil(cost.numel / INT4_GROUP)
-    return min(math.ceil(cost.numel / 2) + groups * 4, _int8(cost))
+    return int4_bytes(cost.numel, cost.zeros or 0, INT4_GROUP, sparse=cost.zeros is not None)
 
 
 _LOSSLESS_STEPS: tuple[tuple[str, Callable[[TensorCost], bool]], ...] = (
@@ -120,7 +114,7 @@ def estimate_savings(costs: list[TensorCost], file_bytes: int) -> list[Saving]:
         if after < current:
             savings.append(Saving(action, after, current - after, lossless=True))
             current, kept = after, remaining
-    after = other + math.ceil(sum(_lossless(c) for c in kept))
+    after = other + sum(_lossless(c) for c in kept)
     if after < current:
         savings.append(Saving("store zeros sparsely (bitmask + non-zeros)", after, current - after, True))
         current = after

@@ -58,6 +58,7 @@ class TensorStat:
     category: str
     sparsity: float | None
     shares_with: str | None
+    codec: str = "raw"
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "shape": list(self.shape)}
@@ -123,7 +124,7 @@ class InspectReport:
             "largest": [t.to_dict() for t in self.largest],
             "tensors": [t.to_dict() for t in self.tensors],
             "objects": [o.to_dict() for o in self.objects],
-            "savings": {"estimates": True, "actions": [s.to_dict() for s in self.savings]},
+            "savings": {"estimates": False, "actions": [s.to_dict() for s in self.savings]},
             "scanned": self.scanned,
             "notes": list(self.notes),
         }
@@ -221,6 +222,7 @@ def _build(
             category=categories[info.name],
             sparsity=(zeros[info.name] / info.numel) if info.name in zeros and info.numel else None,
             shares_with=shares_with.get(info.name),
+            codec=info.codec,
         )
         for info in infos
     ]
@@ -364,6 +366,7 @@ def _notes(stats: list[TensorStat], unreferenced: int, scanned: bool) -> list[st
     if not scanned:
         notes.append("data not scanned: no sparsity or duplicate figures (run without --no-scan)")
     notes.append(
-        "savings are estimates from sizes and zero counts; the compact slim format will make them real"
+        "savings are the bytes `slimtorch shrink` writes for each action (its codecs' sizes; values that "
+        "round to zero in fp16/int8 make the real file slightly smaller)"
     )
     return notes

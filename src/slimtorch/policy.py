@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from slimtorch.io.codecs import Encoded, encode
+from slimtorch.io.codecs import CodecError, Encoded, encode
 from slimtorch.io.codecs.chain import extend
 from slimtorch.io.readers.safetensors_file import DTYPES
 from slimtorch.scan import count_zeros
 
 QUANTIZE_MIN_ELEMENTS = 4096
+SPARSE_MIN_ELEMENTS = 64  # below this the saving is smaller than the extra header entry
 EMBEDDING = re.compile(r"(^|\.)(\w*embed\w*|wte|wpe|shared)(\.|$)", re.IGNORECASE)
 _STORABLE = set(DTYPES.values())
 _CASTS = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -65,16 +66,22 @@ class ShrinkOptions:
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.skip)
 
 
+def weight_like(category: str, dtype: torch.dtype, shape: Sequence[int]) -> bool:
+    """A tensor quantization applies to: a floating-point parameter, at least 2-d, not small."""
+    return (
+        category == "parameters"
+        and dtype.is_floating_point
+        and len(shape) >= 2
+        and math.prod(shape) >= QUANTIZE_MIN_ELEMENTS
+    )
+
+
 def quantizable(name: str, x: torch.Tensor, category: str, options: ShrinkOptions) -> bool:
     return (
         options.quantize is not None
-        and category == "parameters"
-        and x.dtype.is_floating_point
-        and x.dim() >= 2
-        and x.numel() >= QUANTIZE_MIN_ELEMENTS
+        and weight_like(category, x.dtype, tuple(x.shape))
         and not options.skipped(name)
         and (options.quantize_embeddings or not EMBEDDING.search(name))
-        and bool(torch.isfinite(x).all())
     )
 
 
@@ -97,33 +104,64 @@ def encode_tensor(name: str, x: torch.Tensor, category: str, options: ShrinkOpti
     if x.dtype not in _STORABLE:
         return encode(x, ["bytes"])
     sparse = options.sparse == "auto"
-    if quantizable(name, x, category, options) and options.quantize == "int8":
-        encoded = encode(x, ["int8"])
-        codes = encoded.parts["q"]
-        if sparse and _sparse_pays(codes.numel(), count_zeros(codes), 1):
-            encoded = extend(encoded, "sparse")
-    elif quantizable(name, x, category, options):
-        group = options.group_size
-        # Groups follow rows (what int4 matmul kernels want) unless rows would pad groups out.
-        flat = (x.numel() // x.shape[0]) % group != 0
-        zeros = count_zeros(x) if sparse else 0
-        if sparse and math.ceil(x.numel() / 8) + _int4_bytes(x.numel() - zeros, group) < _int4_bytes(
-            x.numel(), group
-        ):
-            encoded = encode(x, ["sparse", ("int4", {"group_size": group})])
-        else:
-            encoded = encode(x, [("int4", {"group_size": group, "flat": flat})])
-    else:
+    encoded = None
+    if quantizable(name, x, category, options):
+        try:
+            encoded = _quantized(x, options, sparse)
+        except CodecError:
+            encoded = None  # inf or nan in the weight: a scale cannot hold them, store it exactly
+    if encoded is None:
         encoded = Encoded({"": x}, [])
-        if sparse and x.numel() >= 64 and _sparse_pays(x.numel(), count_zeros(x), x.element_size()):
+        if sparse and _sparse_pays(x.numel(), count_zeros(x), x.element_size()):
             encoded = extend(encoded, "sparse")
     if options.entropy:
         encoded = extend(encoded, "zstd")
     return encoded
 
 
+def _quantized(x: torch.Tensor, options: ShrinkOptions, sparse: bool) -> Encoded:
+    if options.quantize == "int8":
+        encoded = encode(x, ["int8"])
+        codes = encoded.parts["q"]
+        if sparse and _sparse_pays(codes.numel(), count_zeros(codes), 1):
+            encoded = extend(encoded, "sparse")
+        return encoded
+    group = options.group_size
+    # Groups follow rows (what int4 matmul kernels want) unless rows would pad groups out.
+    flat = (x.numel() // x.shape[0]) % group != 0
+    zeros = count_zeros(x) if sparse else 0
+    if int4_bytes(x.numel(), zeros, group, sparse) < _int4_bytes(x.numel(), group):
+        return encode(x, ["sparse", ("int4", {"group_size": group})])
+    return encode(x, [("int4", {"group_size": group, "flat": flat})])
+
+
+# -- sizes: what the codecs above store, shared with inspect's "what you could save" -----------------------
+def sparse_bytes(numel: int, zeros: int, itemsize: float) -> int:
+    """Bitmask (one bit per element) plus the non-zero values."""
+    return math.ceil(numel / 8) + math.ceil((numel - zeros) * itemsize)
+
+
 def _sparse_pays(numel: int, zeros: int, itemsize: int) -> bool:
-    return math.ceil(numel / 8) + (numel - zeros) * itemsize < numel * itemsize
+    return numel >= SPARSE_MIN_ELEMENTS and sparse_bytes(numel, zeros, itemsize) < numel * itemsize
+
+
+def lossless_bytes(numel: int, zeros: int, itemsize: int, sparse: bool = True) -> int:
+    """A tensor stored exactly: dense, or sparse where that is smaller."""
+    dense = numel * itemsize
+    return sparse_bytes(numel, zeros, itemsize) if sparse and _sparse_pays(numel, zeros, itemsize) else dense
+
+
+def int8_bytes(shape: Sequence[int], zeros: int, sparse: bool = True) -> int:
+    """int8 codes (sparse where that is smaller) plus a float32 scale per output channel."""
+    rows = shape[0] if len(shape) >= 2 else 1
+    return lossless_bytes(math.prod(shape), zeros, 1, sparse) + 4 * rows
+
+
+def int4_bytes(numel: int, zeros: int, group_size: int, sparse: bool = True) -> int:
+    """int4 (float16 scale and zero point per group), after sparse where that is smaller."""
+    dense = _int4_bytes(numel, group_size)
+    packed = math.ceil(numel / 8) + _int4_bytes(numel - zeros, group_size)
+    return packed if sparse and packed < dense else dense
 
 
 def _int4_bytes(numel: int, group_size: int) -> int:

@@ -23,6 +23,7 @@ from slimtorch.inspection import Bucket, classify, inspect
 from slimtorch.io.codecs import REGISTRY, decode
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.io.readers.hf_folder import weight_files
+from slimtorch.io.readers.slim import SlimSource
 from slimtorch.io.source import TensorInfo, TensorSource, dtype_name
 from slimtorch.io.writer import SlimWriter
 from slimtorch.policy import ShrinkOptions, convert, encode_tensor
@@ -220,6 +221,8 @@ def _plan_source(source: TensorSource, keep_optimizer: bool, keep_names: bool) -
     names = {info.name for info in infos}
     plan = _Plan(items=[])
     duplicates = find_duplicates(source, list(dict.fromkeys(i.storage for i in infos)))
+    # A slim source shows a copy on its original's storage, like a tie; its layout says which it is.
+    slim_copies = source.layout.copies if isinstance(source, SlimSource) else {}
     stored: dict[tuple, str] = {}
     for info in infos:
         category = categories[info.name]
@@ -241,14 +244,28 @@ def _plan_source(source: TensorSource, keep_optimizer: bool, keep_names: bool) -
         else:
             key = _view_key(info, duplicates.get(info.storage, info.storage))
             if key in stored:
-                shares = duplicates.get(info.storage) is None
+                shares = duplicates.get(info.storage) is None and name not in slim_copies
                 (plan.ties if shares else plan.copies)[name] = stored[key]
                 continue
             stored[key] = name
         plan.items.append(_Item(name, category, before, fetch))
     if not keep_names:
-        _strip_wrapper_prefix(plan, had_training_state=bool(plan.dropped) or bool(source.objects))
+        _strip_wrapper_prefix(plan, had_training_state=bool(plan.dropped) or _has_training_values(source))
     return plan
+
+
+def _has_training_values(source: TensorSource) -> bool:
+    """Whether the checkpoint holds non-tensor values that a training loop saves (an epoch, a step).
+
+    A model folder's config.json entries and a safetensors file's ``__metadata__`` strings do not count:
+    every Hugging Face folder has them, and one whose weights all start with ``model.`` (a
+    ``LlamaForCausalLM`` with tied embeddings saves no ``lm_head.weight``) must keep its names to load
+    back into its model.
+    """
+    return any(
+        "__metadata__." not in obj.name and not (source.path.is_dir() and obj.name.startswith("config."))
+        for obj in source.objects
+    )
 
 
 def _view_key(info: TensorInfo, storage: str) -> tuple:

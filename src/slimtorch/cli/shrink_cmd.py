@@ -55,7 +55,11 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("--dtype", choices=("fp16", "bf16"), help="convert floating-point tensors (lossy)")
     parser.add_argument("--quantize", choices=("int8", "int4"), help="quantize weights (lossy)")
     parser.add_argument(
-        "--group-size", type=int, default=128, metavar="G", help="int4 group size, 32 to 256 (default 128)"
+        "--group-size",
+        type=_group_size,
+        default=128,
+        metavar="G",
+        help="int4 group size, 32 to 256 (default 128)",
     )
     parser.add_argument(
         "--sparse",
@@ -98,6 +102,20 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         help="trust one more pickle global, e.g. mypkg.Config (only for files you trust)",
     )
     parser.set_defaults(run=run)
+
+
+def _group_size(text: str) -> int:
+    """``--group-size``, checked by :class:`ShrinkOptions` while parsing: a bad one is a usage error
+    (exit 2), not a ValueError traceback from ``run``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    try:
+        ShrinkOptions(group_size=value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import os
 import shutil
 import struct
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +73,12 @@ class SlimWriter:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self._staging = self.out.parent / f"{TEMP_PREFIX}{self.out.name}-{self.checkpoint[:8]}"
         if not self.single:
+            check_replaceable(self.out, self.extra_files)  # before any work, not only at the end
             self._staging.mkdir()
         self._pending: list[tuple[Entry, dict[str, torch.Tensor]]] = []
         self._pending_bytes = 0
         self._shards: list[tuple[Path, list[str]]] = []  # staged file, physical keys
+        self._owners: dict[str, str] = {}  # physical key -> the tensor it belongs to
         self.bytes_written = 0
 
     # -- collecting ------------------------------------------------------------------------------------
@@ -84,6 +86,15 @@ class SlimWriter:
         """Queue one logical tensor; flushes a shard first when it would overflow ``shard_bytes``."""
         parts = {role: _storable(tensor) for role, tensor in encoded.parts.items()}
         keys = {role: part_key(name, role) for role in parts}
+        for key in keys.values():
+            # A tensor named like another one's part ("fc.weight::scale" beside a quantized "fc.weight")
+            # would overwrite that part in the file, which would then not load.
+            if key in self._owners:
+                raise SlimtorchError(
+                    f"{self.out}: tensor {name!r} would be stored as {key!r}, which already holds "
+                    f"tensor {self._owners[key]!r}; rename one of them"
+                )
+        self._owners.update(dict.fromkeys(keys.values(), name))
         entry = Entry(
             name, dtype, tuple(shape), encoded.stages, keys, {r: crc32_chunks(t) for r, t in parts.items()}
         )
@@ -234,10 +245,8 @@ def _swap_into_place(staged: Path, target: Path) -> None:
     """Make ``staged`` become ``target``: a rename, or an atomic exchange when ``target`` exists."""
     if not target.exists():
         os.rename(staged, target)
-    elif not target.is_dir():
-        raise SlimtorchError(f"{target}: exists and is not a folder")
     else:
-        _check_replaceable(target)
+        check_replaceable(target, (p.name for p in staged.iterdir()))
         if not _exchange(staged, target):
             # No atomic exchange here: move the old folder aside first, so it survives an interruption.
             aside = target.with_name(f"{TEMP_PREFIX}{target.name}-old-{uuid.uuid4().hex[:8]}")
@@ -248,13 +257,26 @@ def _swap_into_place(staged: Path, target: Path) -> None:
     _fsync_dir(target.parent)
 
 
-def _check_replaceable(target: Path) -> None:
-    """Refuse to replace a folder that holds anything but a slim checkpoint (it may be the user's work)."""
-    entries = [p for p in target.iterdir()]
+def check_replaceable(target: Path, companions: Iterable[str] = ()) -> None:
+    """Refuse to replace a folder unless it holds only a slim checkpoint: slim shards, their index and the
+    companion files a new checkpoint brings again. Anything else may be the user's work."""
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise SlimtorchError(f"{target}: exists and is not a folder")
+    entries = list(target.iterdir())
     weights = [p for p in entries if p.suffix == ".safetensors"]
-    if entries and not (weights and all(is_slim(read_metadata(p)) for p in weights)):
+    if entries and not (weights and all(p.is_file() and is_slim(read_metadata(p)) for p in weights)):
         raise SlimtorchError(
             f"{target}: exists and is not a slimtorch checkpoint; refusing to replace it (pick another -o)"
+        )
+    known = set(companions)
+    other = [p.name for p in entries if p.suffix != ".safetensors" and not p.name.endswith(".index.json")]
+    stray = [name for name in other if name not in known]
+    if stray:
+        raise SlimtorchError(
+            f"{target}: holds {stray[0]!r}, which a new checkpoint would not keep; refusing to replace the "
+            "folder (move the file or pick another -o)"
         )
 
 

@@ -82,9 +82,17 @@ def render_inspect(report: InspectReport, console: Console, *, show_objects: int
         )
     console.print(tree)
 
-    largest = _table(
-        f"Largest {len(report.largest)} tensors", "name", "dtype", "shape", "bytes", "zeros", "category"
+    coded = any(stat.codec != "raw" for stat in report.tensors)
+    columns = (
+        "name",
+        "dtype",
+        "shape",
+        "bytes",
+        *(("stored", "codec") if coded else ()),
+        "zeros",
+        "category",
     )
+    largest = _table(f"Largest {len(report.largest)} tensors", *columns)
     for stat in report.largest:
         zeros = "-" if stat.sparsity is None else f"{100 * stat.sparsity:.1f}%"
         category = CATEGORY_LABELS[stat.category]
@@ -96,6 +104,7 @@ def render_inspect(report: InspectReport, console: Console, *, show_objects: int
             stat.dtype,
             "x".join(map(str, stat.shape)) or "scalar",
             format_bytes(stat.nbytes),
+            *((format_bytes(stat.stored_bytes), stat.codec) if coded else ()),
             zeros,
             category,
         )
@@ -108,7 +117,7 @@ def render_inspect(report: InspectReport, console: Console, *, show_objects: int
         text = ", ".join(f"{o.name}={o.summary}" for o in shown) + (f" (+{more} more)" if more else "")
         console.print(Text.assemble(("Non-tensor objects: ", "bold"), text))
 
-    savings = _table("What you could save (estimates)", "action", "size after", "of file", "saves")
+    savings = _table("What you could save (slimtorch shrink)", "action", "size after", "of file", "saves")
     savings.add_row("as it is", format_bytes(whole), "100%", "")
     for saving in report.savings:
         style = "" if saving.lossless else "dim"

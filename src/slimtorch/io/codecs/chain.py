@@ -90,7 +90,7 @@ def encode(x: torch.Tensor, chain: Sequence[str | tuple[str, Mapping[str, Any]]]
         >>> sorted(enc.parts), enc.chain
         (['q4', 'scale', 'zero'], 'int4')
     """
-    encoded = Encoded({"": x.detach().contiguous()}, [])
+    encoded = Encoded({"": dense(x.detach())}, [])
     for item in chain:
         encoded = extend(encoded, item)
     return encoded
@@ -123,7 +123,16 @@ def extend(encoded: Encoded, item: str | tuple[str, Mapping[str, Any]]) -> Encod
             raise CodecError(f"chain {chain_label([*encoded.stages, stage])} uses the part {side!r} twice")
     parts.update(sides)
     parts[codec.primary] = primary
-    return Encoded({k: v.contiguous() for k, v in parts.items()}, [*encoded.stages, {**stage, **params}])
+    return Encoded({k: dense(v) for k, v in parts.items()}, [*encoded.stages, {**stage, **params}])
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous, its last stride 1. torch calls a tensor contiguous whatever the strides of its empty
+    or size-1 dims (``torch.arange(3.0)[1::2]`` keeps stride 2), then refuses to view it as another dtype."""
+    t = t.contiguous()
+    if t.numel() <= 1 or t.stride(-1) != 1:
+        return t.new_empty(t.shape).copy_(t)
+    return t
 
 
 def decode(

@@ -69,7 +69,8 @@ def decompress_parts(parts: Mapping[str, torch.Tensor], stage: Mapping) -> dict[
     out = dict(parts)
     if not listed:
         return out
-    decompressor = _zstd().ZstdDecompressor()
+    zstd = _zstd()
+    decompressor = zstd.ZstdDecompressor()
     for role, spec in listed.items():
         require(role in parts and isinstance(spec, dict), f"compressed part {role!r} is missing")
         dtype, shape = parse_dtype(spec.get("dtype")), parse_shape(spec.get("shape"))
@@ -77,9 +78,15 @@ def decompress_parts(parts: Mapping[str, torch.Tensor], stage: Mapping) -> dict[
         blob = parts[role]
         require(blob.dtype == torch.uint8, f"compressed part {role!r} is not uint8")
         require(expected <= blob.numel() * MAX_RATIO, f"compressed part {role!r} claims an absurd size")
+        # compress_parts never compresses an empty part, and max_output_size=0 would mean "no limit".
+        require(expected > 0, f"compressed part {role!r} claims to be empty")
         try:
+            # A frame may declare its own content size, and zstandard allocates that, whatever
+            # max_output_size says: check it first (-1 = not declared, then max_output_size applies).
+            declared = zstd.frame_content_size(_bytes_of(blob))
+            require(declared in (-1, expected), f"compressed part {role!r} declares {declared} bytes")
             raw = decompressor.decompress(_bytes_of(blob), max_output_size=expected)
-        except _zstd().ZstdError as exc:
+        except zstd.ZstdError as exc:
             raise CodecError(f"compressed part {role!r} is corrupt ({exc})") from exc
         require(len(raw) == expected, f"compressed part {role!r} decompresses to the wrong size")
         out[role] = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)

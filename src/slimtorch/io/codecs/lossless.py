@@ -35,6 +35,9 @@ def nonzero_mask(flat: torch.Tensor) -> torch.Tensor:
         return flat.clone()
     if flat.dtype == torch.float8_e8m0fnu:  # this format has no zero
         return torch.ones(flat.shape, dtype=torch.bool)
+    if flat.dtype in (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
+        # No negative zero in these: their sign-bit-only pattern 0x80 is NaN, which must be kept.
+        return flat.view(torch.uint8) != 0
     bits = words(flat)
     if flat.dtype.is_floating_point or flat.dtype.is_complex:
         # Compare the bits without the sign bit of each float (of each half of a complex).

@@ -12,7 +12,10 @@ Error bounds, per element (``x`` the input, in the dtype it had):
   ``|err| <= scale / 2 + 2**-10 * max|group|`` with ``scale = (max - min) / 15`` of the group.
 
 The decoded tensor is computed in float32 and rounded once to the input's dtype, which adds that dtype's
-own rounding (relative ``2**-8`` for bfloat16). All three refuse non-finite values: a scale cannot hold them.
+own rounding (relative ``2**-8`` for bfloat16), or float32's (``2**-24``) for a float64 input. float32 also
+cannot resolve anything below its smallest subnormal, so ``int8`` and ``int4`` may add up to ``2**-140``
+absolute (it only shows on values that tiny). All three refuse non-finite values (a scale cannot hold them)
+and values beyond float32's range; ``int4`` also refuses a group whose ``max - min`` float32 cannot hold.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ ROW_BLOCK_ELEMENTS = 1 << 22  # work on ~4 Mi elements at a time: cache-friendly
 INT4_GROUP_SIZES = range(32, 257)
 _FP16_TINY = torch.finfo(torch.float16).tiny
 _FP16_MAX = torch.finfo(torch.float16).max
+_FP32_MAX = torch.finfo(torch.float32).max
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -43,13 +48,23 @@ def row_blocks(rows: int, cols: int) -> Iterator[slice]:
         yield slice(start, min(rows, start + step))
 
 
+def _decoded_dtype(stage: dict) -> torch.dtype:
+    """The dtype a stage decodes to: encode only records those of FLOAT_DTYPES, metadata may say anything
+    (a quantized or bit-packed dtype would make torch fail, not raise CodecError)."""
+    dtype = parse_dtype(stage["dtype"])
+    require(dtype in FLOAT_DTYPES, f"{stage['codec']} cannot decode to {dtype}")
+    return dtype
+
+
 def _require_float(x: torch.Tensor, codec: str) -> None:
-    if not x.dtype.is_floating_point or x.dtype.itemsize > 8:
-        raise CodecError(f"{codec} needs a floating-point tensor, got {x.dtype}")
-    if x.numel() and x.dtype in (torch.float8_e8m0fnu,):
-        raise CodecError(f"{codec} does not take {x.dtype}")
+    # Not float8 / float4 either: torch has no isfinite for them (and they are small already).
+    if x.dtype not in FLOAT_DTYPES:
+        raise CodecError(f"{codec} takes float16, bfloat16, float32 or float64, not {x.dtype}")
     if not bool(torch.isfinite(x).all()):
         raise CodecError(f"{codec} needs finite values (the tensor holds inf or nan)")
+    # The codecs compute in float32: a float64 value beyond its range would turn into inf, then NaN.
+    if x.dtype.itemsize > 4 and x.numel() and max(float(x.amax()), -float(x.amin())) > _FP32_MAX:
+        raise CodecError(f"{codec} computes in float32, and the tensor holds values beyond its range")
 
 
 class Cast:
@@ -63,11 +78,15 @@ class Cast:
         y = x.to(target)
         if bool(torch.isinf(y).any()):
             raise CodecError(f"values beyond the range of {to}")
+        # A target with a wider range can round a value past the input dtype's largest one (float16's 65504
+        # is 65536 in bfloat16), which decoding would turn into inf.
+        if torch.finfo(target).max > torch.finfo(x.dtype).max and bool(torch.isinf(y.to(x.dtype)).any()):
+            raise CodecError(f"values that {to} rounds beyond the range of {x.dtype}")
         return y, {}, {"to": to}
 
     def decode(self, primary: torch.Tensor, parts: Mapping[str, torch.Tensor], stage: dict) -> torch.Tensor:
         require(primary.dtype == parse_dtype(stage.get("to")), "cast part has the wrong dtype")
-        return primary.to(parse_dtype(stage["dtype"]))
+        return primary.to(_decoded_dtype(stage))
 
 
 class Int8:
@@ -81,13 +100,16 @@ class Int8:
         for block in row_blocks(*rows.shape):
             values = rows[block].to(torch.float32)
             s = values.abs().amax(dim=1) / 127 if values.shape[1] else values.new_zeros(values.shape[0])
+            # Near float32's largest value, 127 * s can round up to inf: take the float32 just below, so that
+            # code 127 decodes to a finite number (the error bound holds with room to spare).
+            s = torch.where(torch.isinf(s * 127), torch.nextafter(s, torch.zeros_like(s)), s)
             scale[block] = s
             values = values / torch.where(s > 0, s, 1).unsqueeze(1)
             q[block] = values.round_().clamp_(-127, 127)
         return q.reshape(x.shape), {"scale": scale}, {}
 
     def decode(self, primary: torch.Tensor, parts: Mapping[str, torch.Tensor], stage: dict) -> torch.Tensor:
-        dtype, shape = parse_dtype(stage["dtype"]), tuple(stage["shape"])
+        dtype, shape = _decoded_dtype(stage), tuple(stage["shape"])
         require(primary.dtype == torch.int8 and tuple(primary.shape) == shape, "int8 codes do not fit")
         rows = as_rows(primary)
         scale = part(parts, "scale", torch.float32)
@@ -108,7 +130,7 @@ class Int4:
         self, x: torch.Tensor, group_size: int = 128, flat: bool = False
     ) -> tuple[torch.Tensor, dict, dict]:
         """``flat=True`` groups the tensor as one long row: no padding when rows are shorter than a group."""
-        if group_size not in INT4_GROUP_SIZES or group_size % 2:
+        if not isinstance(group_size, int) or group_size not in INT4_GROUP_SIZES or group_size % 2:
             raise CodecError(f"int4 group size must be even, 32 to 256, not {group_size}")
         _require_float(x, "int4")
         rows = x.reshape(1, x.numel()) if flat else as_rows(x)
@@ -123,6 +145,11 @@ class Int4:
             scales[block], zeros[block] = (high - low) / 15, low
         side_dtype = torch.float16 if _fits_fp16(scales, zeros) else torch.float32
         scales, zeros = scales.to(side_dtype), zeros.to(side_dtype)
+        # Decoding computes code * scale + zero in float32; if code 15 overflows there (a group spanning more
+        # than float32's range), the group would come back as inf or NaN, so refuse it here.
+        top = scales.to(torch.float32).mul(15).add_(zeros.to(torch.float32))
+        if not bool(torch.isfinite(top).all()):
+            raise CodecError("int4 computes in float32, and a group spans more than its range")
         packed = torch.empty(n_rows, padded // 2, dtype=torch.uint8)
         for block in row_blocks(n_rows, padded):
             g = _grouped(rows[block], group_size, padded)
@@ -133,9 +160,13 @@ class Int4:
         return packed, {"scale": scales, "zero": zeros}, {"group_size": group_size, "flat": flat}
 
     def decode(self, primary: torch.Tensor, parts: Mapping[str, torch.Tensor], stage: dict) -> torch.Tensor:
-        dtype, shape = parse_dtype(stage["dtype"]), tuple(stage["shape"])
+        dtype, shape = _decoded_dtype(stage), tuple(stage["shape"])
         group_size = stage.get("group_size")
-        require(isinstance(group_size, int) and group_size in INT4_GROUP_SIZES, "bad int4 group size")
+        # Odd sizes are refused like in encode: two codes per byte could not fill a group of them.
+        require(
+            isinstance(group_size, int) and group_size in INT4_GROUP_SIZES and group_size % 2 == 0,
+            "bad int4 group size",
+        )
         n_rows = shape[0] if len(shape) >= 2 and not stage.get("flat") else 1
         cols = math.prod(shape) // n_rows if n_rows else math.prod(shape[1:])
         groups = math.ceil(cols / group_size)

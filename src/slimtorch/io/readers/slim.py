@@ -9,6 +9,7 @@ are mapped from the file without a copy, like any safetensors tensor. The physic
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,6 +20,8 @@ from slimtorch.errors import FormatError
 from slimtorch.io.codecs import CodecError, decode
 from slimtorch.io.format import CHECKSUM_CHUNK, Entry, Layout
 from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
+
+SHARD_NAME = re.compile(r"model-\d+-of-(\d+)\.safetensors")
 
 
 @dataclass
@@ -153,6 +156,7 @@ def merge_shards(
 ) -> SlimSource:
     """One source over the shards of a sharded slim checkpoint, checked to come from one save."""
     first = shards[0].layout
+    _check_complete(folder, shards)
     layout = Layout(provenance=first.provenance, delta=first.delta, checkpoint=first.checkpoint)
     physical: dict[str, TensorInfo] = {}
     locations: dict[str, StorageLocation] = {}
@@ -178,3 +182,20 @@ def merge_shards(
         structure_bytes=sum(s.structure_bytes for s in shards),
         format=f"slim ({len(shards)} shards)" if len(shards) > 1 else "slim",
     )
+
+
+def _check_complete(folder: Path, shards: list[SlimSource]) -> None:
+    """Refuse a sharded checkpoint with a shard missing.
+
+    The index names every shard, but a folder without its index is read from the ``model*.safetensors``
+    files alone: there, a missing shard would silently load as a checkpoint without its tensors. Shards
+    are numbered 1..N in their metadata, and the writer's file names (``model-00002-of-00005``) say N.
+    """
+    numbers = {shard.layout.shard for shard in shards}
+    totals = {int(m[1]) for s in shards if (m := SHARD_NAME.fullmatch(s.path.name))}
+    total = max([len(shards), *numbers, *totals])
+    missing = sorted(set(range(1, total + 1)) - numbers)
+    if missing:
+        raise FormatError(
+            folder, f"shard {missing[0]} of {total} is missing (an interrupted copy or download?)"
+        )
