@@ -55,8 +55,11 @@ class SlimSource(TensorSource):
     def get(self, name: str) -> torch.Tensor:
         """Tensor ``name``, decoded (zero-copy for a tensor stored as is)."""
         self.info(name)  # a clear KeyError for unknown names
+        return self.decode_parts(name, self.parts(name))
+
+    def decode_parts(self, name: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Tensor ``name`` from its :meth:`parts`: the part itself when stored as is, else decoded."""
         entry = self.entry(name)
-        parts = self.parts(name)
         if not entry.stages and set(parts) == {""}:
             tensor = parts[""]
             if tensor.dtype == entry.dtype and tuple(tensor.shape) == entry.shape:
