@@ -6,6 +6,8 @@ The public API:
 - :func:`inspect`: where a checkpoint's bytes go, and what could be saved.
 - :func:`save` / :func:`load`: the slim format (safetensors with codecs and checksums), tensors in and out.
 - :func:`shrink`: any checkpoint to a slim one, dropping what only training needs.
+- :func:`load_model`: a model built on the meta device and filled from any checkpoint, zero-copy where it
+  can, decoding in parallel, staging through pinned memory to CUDA.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from slimtorch.io.source import ObjectInfo, TensorInfo, TensorSource
 
 __version__ = "0.1.0"
 
-from slimtorch.io.loader import load
+from slimtorch.io.loader import LoadProfile, load, load_model, load_model_profiled
 from slimtorch.policy import ShrinkOptions
 from slimtorch.shrinking import ShrinkReport, save, shrink
 
@@ -59,6 +61,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "FormatError",
     "InspectReport",
+    "LoadProfile",
     "ObjectInfo",
     "ShrinkOptions",
     "ShrinkReport",
@@ -69,6 +72,8 @@ __all__ = [
     "__version__",
     "inspect",
     "load",
+    "load_model",
+    "load_model_profiled",
     "open",
     "save",
     "shrink",

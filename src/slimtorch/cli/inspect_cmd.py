@@ -6,12 +6,10 @@ import argparse
 import json
 import sys
 
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
 from slimtorch.inspection import inspect
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.report.inspect_view import output_console, render_inspect
+from slimtorch.report.progress import ByteProgress
 
 HELP = "where a checkpoint's bytes go, and what could be saved"
 DESCRIPTION = """\
@@ -70,23 +68,10 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    errors = Console(stderr=True)
-    with (
-        open_checkpoint(args.path, allow_globals=args.allow_global) as source,
-        Progress(
-            TextColumn("scanning"),
-            BarColumn(),
-            DownloadColumn(binary_units=True),
-            TimeRemainingColumn(),
-            console=errors,
-            transient=True,
-            disable=not (args.scan and errors.is_terminal),
-        ) as bar,
-    ):
-        task = bar.add_task("scan", total=sum(info.nbytes for info in source.tensors))
-        report = inspect(
-            source, depth=args.depth, top=args.top, scan=args.scan, progress=lambda n: bar.advance(task, n)
-        )
+    with open_checkpoint(args.path, allow_globals=args.allow_global) as source:
+        total = sum(info.nbytes for info in source.tensors)
+        with ByteProgress("scanning", total, enabled=None if args.scan else False) as bar:
+            report = inspect(source, depth=args.depth, top=args.top, scan=args.scan, progress=bar.advance)
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

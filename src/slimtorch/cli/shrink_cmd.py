@@ -6,12 +6,10 @@ import argparse
 import json
 import sys
 
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.policy import ShrinkOptions
 from slimtorch.report.inspect_view import output_console
+from slimtorch.report.progress import ByteProgress
 from slimtorch.report.shrink_view import render_shrink
 from slimtorch.report.units import parse_size
 from slimtorch.shrinking import shrink
@@ -128,19 +126,9 @@ def run(args: argparse.Namespace) -> int:
         quantize_embeddings=not args.keep_embeddings,
         skip=args.skip,
     )
-    errors = Console(stderr=True)
     with open_checkpoint(args.source, allow_globals=args.allow_global) as source:
         total = sum(info.nbytes for info in source.tensors)
-    with Progress(
-        TextColumn("shrinking"),
-        BarColumn(),
-        DownloadColumn(binary_units=True),
-        TimeRemainingColumn(),
-        console=errors,
-        transient=True,
-        disable=not errors.is_terminal,
-    ) as bar:
-        task = bar.add_task("shrink", total=total)
+    with ByteProgress("shrinking", total) as bar:
         report = shrink(
             args.source,
             args.output,
@@ -149,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
             keep_names=args.keep_names,
             shard_bytes=args.shard_size,
             allow_globals=args.allow_global,
-            progress=lambda n: bar.advance(task, n),
+            progress=bar.advance,
         )
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)

@@ -89,7 +89,7 @@ class Stager:
         return slot
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A copy of CPU ``tensor`` on the device (contiguous); may still be in flight until :meth:`finish`."""
+        """A contiguous copy of CPU ``tensor`` on the device; complete only after :meth:`finish`."""
         source = tensor.contiguous()
         out = torch.empty(source.shape, dtype=source.dtype, device=self.device)
         nbytes = source.numel() * source.element_size()
