@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from slimtorch.cli.arguments import add_allow_global, add_command
 from slimtorch.inspection import inspect
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.report.inspect_view import output_console, render_inspect
@@ -27,13 +28,7 @@ examples:
 
 
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    parser = commands.add_parser(
-        "inspect",
-        help=HELP,
-        description=DESCRIPTION,
-        parents=[common],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(commands, common, "inspect", HELP, DESCRIPTION)
     parser.add_argument("path", metavar="PATH", help="checkpoint file or Hugging Face model folder")
     parser.add_argument(
         "--depth", type=_positive, default=3, metavar="N", help="module tree depth (default 3)"
@@ -50,13 +45,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         action="store_false",
         help="do not read tensor data (no zero counts, no duplicate search): instant on any size",
     )
-    parser.add_argument(
-        "--allow-global",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="trust one more pickle global, e.g. mypkg.Config (repeatable; only for files you trust)",
-    )
+    add_allow_global(parser)
     parser.set_defaults(run=run)
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from slimtorch.cli.arguments import add_allow_global, add_command
 from slimtorch.cli.model_spec import SPEC_HELP, resolve_factory
 from slimtorch.io.loader import load_model_profiled, load_profiled
 from slimtorch.report.inspect_view import output_console
@@ -31,13 +32,7 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    parser = commands.add_parser(
-        "load",
-        help=HELP,
-        description=DESCRIPTION,
-        parents=[common],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(commands, common, "load", HELP, DESCRIPTION)
     parser.add_argument("path", metavar="PATH", help="checkpoint file or model folder")
     parser.add_argument("--model", metavar="FACTORY", help=SPEC_HELP)
     parser.add_argument("--device", help="where the tensors go: cpu, cuda, cuda:1 (default cpu)")
@@ -54,13 +49,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     )
     parser.add_argument("--profile", action="store_true", help="show the time of each phase")
     parser.add_argument("--json", action="store_true", help="print the profile as JSON")
-    parser.add_argument(
-        "--allow-global",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="trust one more pickle global, e.g. mypkg.Config (only for files you trust)",
-    )
+    add_allow_global(parser)
     parser.set_defaults(run=run)
 
 

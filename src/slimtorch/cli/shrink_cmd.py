@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from slimtorch.cli.arguments import add_allow_global, add_command
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.policy import ShrinkOptions
 from slimtorch.report.inspect_view import output_console
@@ -39,13 +40,7 @@ examples:
 
 
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    parser = commands.add_parser(
-        "shrink",
-        help=HELP,
-        description=DESCRIPTION,
-        parents=[common],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(commands, common, "shrink", HELP, DESCRIPTION)
     parser.add_argument("source", metavar="IN", help="checkpoint file or Hugging Face model folder")
     parser.add_argument(
         "-o", "--output", required=True, metavar="OUT", help="output .safetensors file or folder"
@@ -92,13 +87,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         "--top", type=int, default=15, metavar="K", help="largest tensors to list (default 15)"
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument(
-        "--allow-global",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="trust one more pickle global, e.g. mypkg.Config (only for files you trust)",
-    )
+    add_allow_global(parser)
     parser.set_defaults(run=run)
 
 

@@ -27,8 +27,18 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from slimtorch.errors import FormatError, SlimtorchError
+from slimtorch.errors import SlimtorchError
 from slimtorch.io.construct import build_on_meta
+from slimtorch.io.model_slots import (
+    Slot,
+    assign,
+    file_slots,
+    fills_in_place,
+    match,
+    model_slots,
+    place_the_rest,
+    target_dtype,
+)
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.io.readers.slim import SlimSource
 from slimtorch.io.source import TensorSource
@@ -37,8 +47,6 @@ from slimtorch.report.progress import ByteProgress
 
 DECODE_THREADS = min(4, os.cpu_count() or 1)
 PROGRESS_DELAY_S = 1.0
-# Prefixes a training script puts in front of a model's names: {"model": state_dict}, DataParallel.
-WRAPPER_PREFIXES = ("", "model.", "module.", "state_dict.", "model_state_dict.", "net.", "model.module.")
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
 
 
@@ -79,9 +87,9 @@ def load_profiled(
     """:func:`load`, plus a :class:`LoadProfile` of where the time went."""
     started = time.perf_counter()
     source, profile = _open(path, None, verify, threads, allow_globals)
-    with source:
-        slots = _file_slots(source)
-        _fill(source, slots, None, None, profile.threads, progress, profile)
+    with source, ThreadPoolExecutor(profile.threads) as pool:
+        slots = file_slots(source)
+        _fill(source, slots, None, None, pool, {}, progress, profile)
     profile.wall_s = time.perf_counter() - started
     by_name = {name: slot.tensor for slot in slots for name in slot.names}
     return {name: by_name[name] for name in source.names()}, profile
@@ -119,17 +127,6 @@ class LoadProfile:
 
     def to_dict(self) -> dict:
         return {"schema": "slimtorch.load-profile/1", **asdict(self)}
-
-
-@dataclass
-class _Slot:
-    """One tensor of the model, under every name it has (tied parameters share a slot)."""
-
-    names: list[str]
-    places: list[tuple[nn.Module, str]]
-    tensor: torch.Tensor
-    parameter: bool
-    file_name: str | None = None
 
 
 @dataclass
@@ -207,14 +204,21 @@ def load_model_profiled(
     started = time.perf_counter()
     target = _device(device)
     source, profile = _open(path, target, verify, threads, allow_globals)
-    with source:
-        clock = time.perf_counter()
-        model = _model(model_or_factory)
-        profile.construct_s = time.perf_counter() - clock
-        slots = _slots(model)
-        _match(source, slots, strict, built=not isinstance(model_or_factory, nn.Module))
-        _fill(source, slots, target, dtype, profile.threads, progress, profile)
-        _place_the_rest(model, target, dtype)
+    built = not isinstance(model_or_factory, nn.Module)
+    with source, ThreadPoolExecutor(profile.threads) as pool:
+        # The factory runs Python (holding the GIL) while the pool verifies and decodes (releasing it).
+        early = _prefetch(source, pool, target)
+        try:
+            clock = time.perf_counter()
+            model = _model(model_or_factory)
+            profile.construct_s = time.perf_counter() - clock
+            slots = model_slots(model)
+            match(source, slots, strict, built)
+            _fill(source, slots, target, dtype, pool, early, progress, profile)
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # fail now, not after decoding the whole file
+            raise
+        place_the_rest(model, target, dtype)
     profile.wall_s = time.perf_counter() - started
     return model, profile
 
@@ -258,97 +262,7 @@ def _model(model_or_factory: ModelOrFactory) -> nn.Module:
     return build_on_meta(model_or_factory)
 
 
-def _slots(model: nn.Module) -> list[_Slot]:
-    """Every parameter and persistent buffer, one slot per tensor (a tied tensor has several names)."""
-    slots: dict[int, _Slot] = {}
-    for prefix, module in model.named_modules(remove_duplicate=False):
-        owned = [(n, t, True) for n, t in module._parameters.items()]
-        owned += [
-            (n, t, False) for n, t in module._buffers.items() if n not in module._non_persistent_buffers_set
-        ]
-        for attr, tensor, parameter in owned:
-            if tensor is None:
-                continue
-            name = f"{prefix}.{attr}" if prefix else attr
-            slot = slots.get(id(tensor))
-            if slot is None:
-                slots[id(tensor)] = _Slot([name], [(module, attr)], tensor, parameter)
-            elif name not in slot.names:
-                slot.names.append(name)
-                slot.places.append((module, attr))
-    return list(slots.values())
-
-
-def _file_slots(source: TensorSource) -> list[_Slot]:
-    """One slot per stored tensor of the file, without a model: tied names share a slot.
-
-    A slim file lists its ties; in other formats a tie is two names on the same view of one storage.
-    """
-    slim = isinstance(source, SlimSource)
-    slots: dict[object, _Slot] = {}
-    for info in source.infos():
-        if slim:
-            key: object = source.layout.ties.get(info.name, info.name)  # type: ignore[union-attr]
-        else:
-            key = (info.storage, info.storage_offset, info.shape, info.stride, info.dtype)
-        if key in slots:
-            slots[key].names.append(info.name)
-            continue
-        template = torch.empty(info.shape, dtype=info.dtype, device="meta")
-        slots[key] = _Slot([info.name], [], template, parameter=False, file_name=info.name)
-    return list(slots.values())
-
-
-def _match(source: TensorSource, slots: list[_Slot], strict: bool, built: bool) -> None:
-    """Find each slot's tensor in the file (under a wrapper prefix if the file has one); check shapes."""
-    available = set(source.names())
-    prefix = max(WRAPPER_PREFIXES, key=lambda p: sum(p + n in available for s in slots for n in s.names))
-    used: set[str] = set()
-    missing: list[str] = []
-    for slot in slots:
-        found = [prefix + n for n in slot.names if prefix + n in available]
-        used.update(found)
-        if not found:
-            if slot.tensor.is_meta or strict:
-                missing.append(slot.names[0])
-            continue
-        slot.file_name = found[0]
-        info = source.info(slot.file_name)
-        if tuple(info.shape) != tuple(slot.tensor.shape):
-            raise FormatError(
-                source.path,
-                f"tensor {slot.file_name!r} is {list(info.shape)} in the file but the model's "
-                f"{slot.names[0]!r} is {list(slot.tensor.shape)}",
-            )
-    unexpected = sorted(n for n in available - used if n.startswith(prefix)) if strict else []
-    if missing:
-        why = (
-            "; the model was built on the meta device, so they have no values"
-            if built and any(s.tensor.is_meta for s in slots if s.names[0] in missing)
-            else " (load with strict=False, --non-strict, to keep the model's own values)"
-        )
-        raise FormatError(source.path, f"the file lacks {_some(missing)} of the model{why}")
-    if unexpected:
-        raise FormatError(
-            source.path,
-            f"the file holds {_some(unexpected)} that the model does not have "
-            "(load with strict=False, --non-strict, to ignore them)",
-        )
-
-
-def _some(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:3])
-    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    return f"{len(names)} tensor{'s' if len(names) > 1 else ''} ({shown}{more})"
-
-
-def _target_dtype(slot: _Slot, dtype: torch.dtype | None) -> torch.dtype:
-    if dtype is not None and slot.tensor.is_floating_point():
-        return dtype
-    return slot.tensor.dtype
-
-
-def _fetch(source: TensorSource, name: str, dtype: torch.dtype, convert: bool) -> _Fetched:
+def _fetch(source: TensorSource, name: str, dtype: torch.dtype | None, convert: bool) -> _Fetched:
     """Read (and decode) one tensor on a worker thread; converted to ``dtype`` when ``convert``."""
     clock = time.perf_counter()
     if isinstance(source, SlimSource):
@@ -367,31 +281,50 @@ def _fetch(source: TensorSource, name: str, dtype: torch.dtype, convert: bool) -
     return fetched
 
 
+def _prefetch(
+    source: TensorSource, pool: ThreadPoolExecutor, device: torch.device | None
+) -> dict[str, Future]:
+    """Start verifying and decoding every stored tensor of a slim file before the model exists.
+
+    Only for the CPU, where what is decoded becomes the model's memory anyway (for CUDA it would pile up in
+    RAM before the transfer); and only slim files have work to start (checksums, codecs). Tensors the model
+    turns out not to want were decoded for nothing: a slim file holds a model's tensors and no more.
+    """
+    if not isinstance(source, SlimSource) or (device is not None and device.type == "cuda"):
+        return {}
+    return {name: pool.submit(_fetch, source, name, None, False) for name in source.layout.tensors}
+
+
 def _fill(
     source: TensorSource,
-    slots: list[_Slot],
+    slots: list[Slot],
     device: torch.device | None,
     dtype: torch.dtype | None,
-    threads: int,
+    pool: ThreadPoolExecutor,
+    early: dict[str, Future],
     progress: bool | None,
     profile: LoadProfile,
 ) -> None:
-    """Fetch every slot's tensor on a thread pool and put it into the model as it arrives."""
+    """Fetch every slot's tensor on the pool and put it into the model as it arrives.
+
+    ``early`` holds fetches started before the model existed, by stored name (each serves one slot)."""
     todo = [s for s in slots if s.file_name is not None]
     total = sum(source.info(s.file_name).nbytes for s in todo)  # type: ignore[arg-type]
     stager = stager_for(device)
     handed_out: set[int] = set()  # storages already given to a slot: a second slot gets a copy
-    with (
-        ByteProgress("loading", total, delay=PROGRESS_DELAY_S, enabled=progress) as bar,
-        ThreadPoolExecutor(threads) as pool,
-    ):
-        # CUDA: convert on the device after the transfer (cheaper there, and the transfer is smaller).
-        convert = stager is None
-        work = ((s, lambda s=s: _fetch(source, s.file_name, _target_dtype(s, dtype), convert)) for s in todo)
-        for slot, fetched in _bounded(pool, work, window=2 * threads):
+    stored = source.layout.ties if isinstance(source, SlimSource) else {}
+    # CUDA: convert on the device after the transfer (cheaper there, and the transfer is smaller).
+    convert = stager is None
+
+    def task(slot: Slot) -> Future | Callable[[], _Fetched]:
+        started = early.pop(stored.get(slot.file_name, slot.file_name), None)  # type: ignore[arg-type]
+        return started or (lambda: _fetch(source, slot.file_name, target_dtype(slot, dtype), convert))
+
+    with ByteProgress("loading", total, delay=PROGRESS_DELAY_S, enabled=progress) as bar:
+        for slot, fetched in _bounded(pool, ((s, task(s)) for s in todo), window=2 * profile.threads):
             clock = time.perf_counter()
             tensor = _to_target(fetched.tensor, slot, device, dtype, stager)
-            replaced = not _fills_in_place(slot, tensor)
+            replaced = not fills_in_place(slot, tensor)
             zero_copy = fetched.zero_copy and replaced and tensor is fetched.tensor
             if zero_copy and tensor.numel():
                 key = tensor.untyped_storage().data_ptr()
@@ -399,7 +332,7 @@ def _fill(
                     tensor, zero_copy = tensor.clone(), False
                 handed_out.add(key)
             copy = time.perf_counter() - clock
-            _assign(slot, tensor)
+            assign(slot, tensor)
             profile.tensors += 1
             profile.bytes += tensor.numel() * tensor.element_size()
             profile.zero_copy += zero_copy
@@ -414,6 +347,8 @@ def _fill(
             clock = time.perf_counter()
             stager.finish()
             profile.copy_s += time.perf_counter() - clock
+    for unused in early.values():
+        unused.cancel()
 
 
 def stager_for(device: torch.device | None) -> Stager | None:
@@ -422,15 +357,18 @@ def stager_for(device: torch.device | None) -> Stager | None:
 
 
 def _bounded(
-    pool: ThreadPoolExecutor, work: Iterator[tuple[_Slot, Callable[[], _Fetched]]], window: int
-) -> Iterator[tuple[_Slot, _Fetched]]:
+    pool: ThreadPoolExecutor,
+    work: Iterator[tuple[Slot, Future | Callable[[], _Fetched]]],
+    window: int,
+) -> Iterator[tuple[Slot, _Fetched]]:
     """Run ``work`` on ``pool`` with at most ``window`` tasks in flight; yields results as they finish.
 
-    The window bounds what waits in memory between decoding and its consumer (the CUDA transfer)."""
-    pending: dict[Future, _Slot] = {}
+    The window bounds what waits in memory between decoding and its consumer (the CUDA transfer); a task
+    may be a future already started."""
+    pending: dict[Future, Slot] = {}
     try:
         for slot, task in work:
-            pending[pool.submit(task)] = slot
+            pending[task if isinstance(task, Future) else pool.submit(task)] = slot
             while len(pending) >= window:
                 yield from _collect(pending)
         while pending:
@@ -440,56 +378,24 @@ def _bounded(
             future.cancel()
 
 
-def _collect(pending: dict[Future, _Slot]) -> Iterator[tuple[_Slot, _Fetched]]:
+def _collect(pending: dict[Future, Slot]) -> Iterator[tuple[Slot, _Fetched]]:
     done, _ = wait(pending, return_when=FIRST_COMPLETED)
     for future in done:
         slot = pending.pop(future)
         yield slot, future.result()
 
 
-def _fills_in_place(slot: _Slot, tensor: torch.Tensor) -> bool:
-    """A built model's tensor already on the right device in the right dtype is filled in place (it keeps
-    its identity); any other is replaced."""
-    old = slot.tensor
-    return not old.is_meta and old.device == tensor.device and old.dtype == tensor.dtype
-
-
 def _to_target(
     tensor: torch.Tensor,
-    slot: _Slot,
+    slot: Slot,
     device: torch.device | None,
     dtype: torch.dtype | None,
     stager: Stager | None,
 ) -> torch.Tensor:
-    want_dtype = _target_dtype(slot, dtype)
+    want_dtype = target_dtype(slot, dtype)
     want_device = device or (torch.device("cpu") if slot.tensor.is_meta else slot.tensor.device)
     if stager is not None:
         tensor = stager.copy(tensor)
     elif tensor.device != want_device:
         tensor = tensor.to(want_device)
     return tensor if tensor.dtype == want_dtype else tensor.to(want_dtype)
-
-
-def _assign(slot: _Slot, tensor: torch.Tensor) -> None:
-    old = slot.tensor
-    if _fills_in_place(slot, tensor):
-        with torch.no_grad():
-            old.copy_(tensor)
-        return
-    value = nn.Parameter(tensor, requires_grad=old.requires_grad) if slot.parameter else tensor
-    for module, attr in slot.places:
-        (module._parameters if slot.parameter else module._buffers)[attr] = value
-    slot.tensor = value
-
-
-def _place_the_rest(model: nn.Module, device: torch.device | None, dtype: torch.dtype | None) -> None:
-    """Move what the file did not provide (non-persistent buffers) where the loaded tensors went."""
-    if device is None and dtype is None:
-        return
-    for module in model.modules():
-        for attr, buffer in module._buffers.items():
-            if buffer is None or buffer.is_meta:
-                continue
-            want = dtype if dtype is not None and buffer.is_floating_point() else buffer.dtype
-            if buffer.device != (device or buffer.device) or buffer.dtype != want:
-                module._buffers[attr] = buffer.to(device=device or buffer.device, dtype=want)

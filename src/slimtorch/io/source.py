@@ -231,6 +231,20 @@ class TensorSource:
         out = torch.empty(0, dtype=info.dtype)
         return out.set_(raw.untyped_storage(), info.storage_offset // info.itemsize, info.shape, info.stride)
 
+    def get_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of tensor ``name`` (its first dimension), reading only their bytes.
+
+        The result is a view of the file mapping: pages outside those rows are never touched.
+
+        Example:
+            >>> with slimtorch.open("model.safetensors") as source:  # doctest: +SKIP
+            ...     shard = source.get_rows("embed.weight", 0, 1000)  # the first 1000 embeddings
+        """
+        info = self.info(name)
+        if not info.shape:
+            raise ValueError(f"tensor {name!r} is 0-d: it has no rows")
+        return self.get(name)[start:stop]
+
     def close(self) -> None:
         """Drop the file mappings (tensors already returned keep theirs alive)."""
         self._maps.clear()

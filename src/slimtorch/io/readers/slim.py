@@ -21,6 +21,7 @@ from slimtorch.io.codecs import CodecError, decode
 from slimtorch.io.format import CHECKSUM_CHUNK, Entry, Layout
 from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
 
+ROW_CODECS = ("raw", "int8", "int4")  # chains whose parts are stored row by row, first dim = the tensor's
 SHARD_NAME = re.compile(r"model-\d+-of-(\d+)\.safetensors")
 
 
@@ -52,6 +53,35 @@ class SlimSource(TensorSource):
             parts[role] = tensor
         return parts
 
+    def get_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` (of the first dimension) of tensor ``name``, reading only their bytes.
+
+        Tensors stored as is, int8 and row-grouped int4 keep each row's bytes together, so only those
+        parts' rows are mapped, checksum-verified (the 64 MiB chunks they fall in) and decoded. Other
+        codecs decode the whole tensor first.
+        """
+        entry = self.entry(name)
+        if not entry.shape:
+            raise ValueError(f"tensor {name!r} is 0-d: it has no rows")
+        start, stop, _ = slice(start, stop).indices(entry.shape[0])
+        stop = max(start, stop)
+        by_rows = entry.chain == "raw" or (entry.chain in ROW_CODECS and len(entry.shape) >= 2)
+        if not by_rows or (entry.stages and entry.stages[-1].get("flat")):
+            return self.get(name)[start:stop]
+        parts = {}
+        for role, key in entry.parts.items():
+            whole = self._map(self.physical[key])
+            row_bytes = whole[0].numel() * whole.element_size() if whole.dim() > 1 else whole.element_size()
+            if self.verify:
+                _check_crc(self.path, entry, role, whole, (start * row_bytes, stop * row_bytes))
+            parts[role] = whole[start:stop]
+        shape = [stop - start, *entry.shape[1:]]
+        stages = [{**stage, "shape": shape} for stage in entry.stages]
+        try:
+            return decode(parts, stages, entry.dtype, shape) if stages else parts[""]
+        except CodecError as exc:
+            raise FormatError(self.path, f"tensor {entry.name!r} does not decode: {exc}") from None
+
     def get(self, name: str) -> torch.Tensor:
         """Tensor ``name``, decoded (zero-copy for a tensor stored as is)."""
         self.info(name)  # a clear KeyError for unknown names
@@ -70,14 +100,20 @@ class SlimSource(TensorSource):
             raise FormatError(self.path, f"tensor {entry.name!r} does not decode: {exc}") from None
 
 
-def _check_crc(path: Path, entry: Entry, role: str, tensor: torch.Tensor) -> None:
+def _check_crc(
+    path: Path, entry: Entry, role: str, tensor: torch.Tensor, within: tuple[int, int] | None = None
+) -> None:
+    """Check the part's CRC-32 chunks, or only those overlapping the byte range ``within``."""
     data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
     expected = entry.crc32[role]
     chunks = max(1, math.ceil(len(data) / CHECKSUM_CHUNK))
     if len(expected) != chunks:
         raise FormatError(path, f"tensor {entry.name!r}: checksum list does not fit part {role!r}")
-    for i, crc in enumerate(expected):
-        if zlib.crc32(data[i * CHECKSUM_CHUNK : (i + 1) * CHECKSUM_CHUNK]) != crc:
+    first, last = (
+        (0, chunks) if within is None else (within[0] // CHECKSUM_CHUNK, -(-within[1] // CHECKSUM_CHUNK))
+    )
+    for i in range(first, max(first + 1, last)):
+        if zlib.crc32(data[i * CHECKSUM_CHUNK : (i + 1) * CHECKSUM_CHUNK]) != expected[i]:
             raise FormatError(
                 path,
                 f"tensor {entry.name!r}: checksum mismatch in part {entry.parts[role]!r} "
