@@ -16,6 +16,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/training_checkpoint.py demo-out/checkpoint.pt
 	$(BIN)/slimtorch inspect demo-out/checkpoint.pt
 	$(BIN)/slimtorch shrink demo-out/checkpoint.pt -o demo-out/model-int8.safetensors --quantize int8
+	$(BIN)/slimtorch load demo-out/model-int8.safetensors --profile
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -27,6 +28,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/inspect_speed.py
 	$(BIN)/python benchmarks/shrink.py
+	$(BIN)/python benchmarks/load.py
 
 clean:
 	rm -rf $(VENV) demo-out build dist

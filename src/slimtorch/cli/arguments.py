@@ -1,8 +1,11 @@
-"""Pieces every command's parser shares: how a command is added, and the pickle trust option."""
+"""Pieces every command shares: how it is added, the pickle trust option, and its --json output."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from typing import Any
 
 
 def add_command(
@@ -30,3 +33,9 @@ def add_allow_global(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="trust one more pickle global, e.g. mypkg.Config (repeatable; only for files you trust)",
     )
+
+
+def print_json(data: dict[str, Any]) -> None:
+    """A report's ``to_dict()`` on stdout, indented, with a final newline."""
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")

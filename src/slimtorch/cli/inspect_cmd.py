@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from slimtorch.cli.arguments import add_allow_global, add_command
+from slimtorch.cli.arguments import add_allow_global, add_command, print_json
 from slimtorch.inspection import inspect
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.report.inspect_view import output_console, render_inspect
@@ -62,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
         with ByteProgress("scanning", total, enabled=None if args.scan else False) as bar:
             report = inspect(source, depth=args.depth, top=args.top, scan=args.scan, progress=bar.advance)
     if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(report.to_dict())
     else:
         render_inspect(report, output_console())
     return 0

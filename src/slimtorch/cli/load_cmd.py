@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from slimtorch.cli.arguments import add_allow_global, add_command
+from slimtorch.cli.arguments import add_allow_global, add_command, print_json
 from slimtorch.cli.model_spec import SPEC_HELP, resolve_factory
+from slimtorch.errors import SlimtorchError
 from slimtorch.io.loader import load_model_profiled, load_profiled
 from slimtorch.report.inspect_view import output_console
 from slimtorch.report.load_view import render_load
@@ -69,12 +68,10 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         if args.device or dtype:
-            print("slimtorch: --device and --dtype need --model", file=sys.stderr)
-            return 2
+            raise SlimtorchError("--device and --dtype need --model (without it, tensors load as stored)")
         _, profile = load_profiled(args.path, **common)
     if args.json:
-        json.dump(profile.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(profile.to_dict())
     else:
         render_load(profile, output_console(), show_phases=args.profile)
     return 0

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from slimtorch.cli.arguments import add_allow_global, add_command
+from slimtorch.cli.arguments import add_allow_global, add_command, print_json
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.policy import ShrinkOptions
 from slimtorch.report.inspect_view import output_console
@@ -129,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
             progress=bar.advance,
         )
     if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(report.to_dict())
     else:
         render_shrink(report, output_console(), top=args.top)
     return 0

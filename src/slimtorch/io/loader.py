@@ -89,7 +89,7 @@ def load_profiled(
     source, profile = _open(path, None, verify, threads, allow_globals)
     with source, ThreadPoolExecutor(profile.threads) as pool:
         slots = file_slots(source)
-        _fill(source, slots, None, None, pool, {}, progress, profile)
+        _fill(source, slots, None, None, None, pool, {}, progress, profile)
     profile.wall_s = time.perf_counter() - started
     by_name = {name: slot.tensor for slot in slots for name in slot.names}
     return {name: by_name[name] for name in source.names()}, profile
@@ -207,14 +207,15 @@ def load_model_profiled(
     built = not isinstance(model_or_factory, nn.Module)
     with source, ThreadPoolExecutor(profile.threads) as pool:
         # The factory runs Python (holding the GIL) while the pool verifies and decodes (releasing it).
-        early = _prefetch(source, pool, target)
+        stager = stager_for(target)
+        early = {} if stager else _prefetch(source, pool, dtype)
         try:
             clock = time.perf_counter()
             model = _model(model_or_factory)
             profile.construct_s = time.perf_counter() - clock
             slots = model_slots(model)
             match(source, slots, strict, built)
-            _fill(source, slots, target, dtype, pool, early, progress, profile)
+            _fill(source, slots, target, dtype, stager, pool, early, progress, profile)
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)  # fail now, not after decoding the whole file
             raise
@@ -273,7 +274,7 @@ def _fetch(source: TensorSource, name: str, dtype: torch.dtype | None, convert: 
         fetched.zero_copy = fetched.codec == "raw"
     else:
         fetched = _Fetched(source.get(name), time.perf_counter() - clock, zero_copy=True)
-    if convert and fetched.tensor.dtype != dtype:
+    if convert and dtype is not None and fetched.tensor.dtype != dtype:
         clock = time.perf_counter()
         fetched.tensor = fetched.tensor.to(dtype)
         fetched.copy_s = time.perf_counter() - clock
@@ -281,18 +282,20 @@ def _fetch(source: TensorSource, name: str, dtype: torch.dtype | None, convert: 
     return fetched
 
 
-def _prefetch(
-    source: TensorSource, pool: ThreadPoolExecutor, device: torch.device | None
-) -> dict[str, Future]:
+def _prefetch(source: TensorSource, pool: ThreadPoolExecutor, dtype: torch.dtype | None) -> dict[str, Future]:
     """Start verifying and decoding every stored tensor of a slim file before the model exists.
 
-    Only for the CPU, where what is decoded becomes the model's memory anyway (for CUDA it would pile up in
-    RAM before the transfer); and only slim files have work to start (checksums, codecs). Tensors the model
-    turns out not to want were decoded for nothing: a slim file holds a model's tensors and no more.
+    Only without staging (the CPU), where what is decoded becomes the model's memory anyway (before a
+    transfer it would pile up in RAM); and only slim files have work to start (checksums, codecs). Tensors
+    the model turns out not to want were decoded for nothing: a slim file holds a model's tensors only.
     """
-    if not isinstance(source, SlimSource) or (device is not None and device.type == "cuda"):
+    if not isinstance(source, SlimSource):
         return {}
-    return {name: pool.submit(_fetch, source, name, None, False) for name in source.layout.tensors}
+    floats = {name for name, entry in source.layout.tensors.items() if entry.dtype.is_floating_point}
+    return {
+        name: pool.submit(_fetch, source, name, dtype if name in floats else None, dtype is not None)
+        for name in source.layout.tensors
+    }
 
 
 def _fill(
@@ -300,6 +303,7 @@ def _fill(
     slots: list[Slot],
     device: torch.device | None,
     dtype: torch.dtype | None,
+    stager: Stager | None,
     pool: ThreadPoolExecutor,
     early: dict[str, Future],
     progress: bool | None,
@@ -310,7 +314,6 @@ def _fill(
     ``early`` holds fetches started before the model existed, by stored name (each serves one slot)."""
     todo = [s for s in slots if s.file_name is not None]
     total = sum(source.info(s.file_name).nbytes for s in todo)  # type: ignore[arg-type]
-    stager = stager_for(device)
     handed_out: set[int] = set()  # storages already given to a slot: a second slot gets a copy
     stored = source.layout.ties if isinstance(source, SlimSource) else {}
     # CUDA: convert on the device after the transfer (cheaper there, and the transfer is smaller).

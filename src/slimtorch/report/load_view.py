@@ -11,7 +11,7 @@ from slimtorch.report.units import format_bytes
 
 PHASES = (
     ("open", "open_s", "parse the file's structure (headers, index, pickle)"),
-    ("construct", "construct_s", "call the model factory, parameters on the meta device"),
+    ("construct", "construct_s", "the model factory, parameters on meta (and any import it triggers)"),
     ("read", "read_s", "map the stored parts, verify their checksums"),
     ("decode", "decode_s", "int8 / int4 / sparse / cast / zstd back to tensors"),
     ("copy", "copy_s", "dtype conversion, copies into existing tensors, transfer to the device"),
