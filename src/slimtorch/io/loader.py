@@ -104,6 +104,8 @@ class LoadProfile:
     format: str
     device: str
     threads: int
+    model: str | None = None
+    """The model's class (None: tensors loaded without a model)."""
     tensors: int = 0
     bytes: int = 0
     """Bytes of the loaded tensors, as the model holds them."""
@@ -213,6 +215,7 @@ def load_model_profiled(
             clock = time.perf_counter()
             model = _model(model_or_factory)
             profile.construct_s = time.perf_counter() - clock
+            profile.model = type(model).__name__
             slots = model_slots(model)
             match(source, slots, strict, built)
             _fill(source, slots, target, dtype, stager, pool, early, progress, profile)

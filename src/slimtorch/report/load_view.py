@@ -27,7 +27,12 @@ def render_load(profile: LoadProfile, console: Console, *, show_phases: bool) ->
         Text.assemble(
             (profile.path, "bold"),
             f"  {profile.format}, {format_bytes(profile.file_bytes)} on disk -> ",
-            (f"{format_bytes(profile.bytes)} on {profile.device}", "bold green"),
+            (
+                f"{format_bytes(profile.bytes)} "
+                + (f"into {profile.model} " if profile.model else "")
+                + f"on {profile.device}",
+                "bold green",
+            ),
             f" in {profile.wall_s:.3f} s ({rate:.2f} GB/s)",
         )
     )
@@ -47,6 +52,8 @@ def render_load(profile: LoadProfile, console: Console, *, show_phases: bool) ->
     for column in ("phase", "seconds", "share", "what"):
         table.add_column(column, justify="right" if column in ("seconds", "share") else "left")
     for label, attr, what in PHASES:
+        if attr == "construct_s" and profile.model is None:
+            continue
         seconds = getattr(profile, attr)
         share = f"{100 * seconds / profile.wall_s:.0f}%" if profile.wall_s else "-"
         table.add_row(label, f"{seconds:.3f}", share, what)
