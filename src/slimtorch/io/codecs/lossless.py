@@ -70,13 +70,12 @@ class Sparse:
         keep = np.unpackbits(mask.numpy(), count=numel, bitorder="little").view(np.bool_)
         kept = int(np.count_nonzero(keep))
         require(kept == primary.numel(), f"sparse mask keeps {kept} values but {primary.numel()} are stored")
-        out = torch.zeros(numel, dtype=dtype)
-        target, source = words(out).numpy(), words(primary.contiguous()).numpy()
-        if target.ndim == 1:
-            np.place(target, keep, source)
-        else:
-            target[keep] = source
-        return out.reshape(shape)
+        source = words(primary.contiguous()).numpy()
+        # np.zeros takes fresh zero pages from the OS (calloc) instead of writing zeros, so the only pass
+        # over the output is the scatter of the kept values.
+        target = np.zeros(numel if source.ndim == 1 else (numel, 2), dtype=source.dtype)
+        target[keep] = source
+        return torch.from_numpy(target.reshape(-1)).view(dtype).reshape(shape)
 
 
 def _take(flat: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
