@@ -1,0 +1,425 @@
+"""Channel groups: which slices of which weights must be removed together to drop one channel.
+
+Walking the captured ATen graph, every activation gets a *layout*: the axis that carries its channels and
+what those channels are made of. A layer that makes new channels (``conv2d``, ``linear``, ``embedding``)
+opens a *space*; ops that keep channels (activations, norms, pooling, depthwise convolution) pass the
+layout on; ``add`` and ``mul`` of two activations unite their spaces (a residual connection ties the
+channels of both branches); ``cat`` lays spaces side by side; ``flatten`` turns each channel into a run of
+``H*W`` features. Every weight dimension that a layout reaches is recorded as a :class:`Slice` of the space
+(offset and run length included), so a channel of a space maps to exact indices of every weight it touches.
+
+United spaces form a :class:`ChannelGroup`. A group is *frozen* when its channels reach the model's input
+or output, or an op whose channel semantics we do not know: ``reason`` then names the op, so pruning can
+say what stopped it, and ``ignore`` lets the user fence such a part off.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch.fx import Node
+
+from slimtorch.graph.capture import Graph
+
+# ops that keep the channel axis where it is and each channel's identity
+_SAME_CHANNEL_OPS = """
+relu relu_ gelu gelu_ silu silu_ sigmoid sigmoid_ tanh tanh_ hardtanh hardtanh_ hardswish hardswish_
+hardsigmoid hardsigmoid_ leaky_relu leaky_relu_ elu elu_ mish dropout dropout_ alpha_dropout
+feature_dropout clone contiguous detach alias _to_copy to max_pool1d max_pool2d max_pool3d
+avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d
+adaptive_max_pool2d upsample_nearest2d upsample_bilinear2d _upsample_nearest_exact2d pad
+constant_pad_nd reflection_pad2d replication_pad2d abs neg exp log sqrt rsqrt square
+"""
+SAME_CHANNELS = frozenset(_SAME_CHANNEL_OPS.split())
+_ELEMENTWISE_OPS = "add add_ sub sub_ mul mul_ div div_ maximum minimum where"
+ELEMENTWISE = frozenset(_ELEMENTWISE_OPS.split())
+NORMS = frozenset(["batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit"])
+CONVS = frozenset(["conv1d", "conv2d", "conv3d", "convolution"])
+CONV_TRANSPOSES = frozenset(["conv_transpose1d", "conv_transpose2d", "conv_transpose3d"])
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``count`` channels of space ``space``, each spanning ``factor`` consecutive entries of the axis."""
+
+    space: int
+    count: int
+    factor: int = 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    axis: int
+    segments: tuple[Segment, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(s.count * s.factor for s in self.segments)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Channel ``c`` of the group owns entries ``offset + c*factor ... + factor`` of ``key``'s ``dim``."""
+
+    key: str
+    dim: int
+    offset: int = 0
+    factor: int = 1
+    role: str = "out"
+    """"out": the weight that makes the channel; "in": a weight that reads it; "norm": a norm's vector."""
+
+    def indices(self, channels: torch.Tensor) -> torch.Tensor:
+        run = torch.arange(self.factor)
+        return (self.offset + channels.unsqueeze(1) * self.factor + run).reshape(-1)
+
+
+@dataclass
+class ChannelGroup:
+    """Channels that are pruned together: keep channel ``c`` everywhere or remove it everywhere."""
+
+    size: int
+    slices: list[Slice] = field(default_factory=list)
+    reason: str | None = None
+    """Why the group cannot be pruned (it reaches the output, an unknown op ...); None: prunable."""
+
+    @property
+    def prunable(self) -> bool:
+        return self.reason is None and self.size > 1
+
+    def keys(self, role: str | None = None) -> list[str]:
+        return sorted({s.key for s in self.slices if role is None or s.role == role})
+
+
+class _Spaces:
+    """Union-find over channel spaces, with the slices and freeze reasons each space collects."""
+
+    def __init__(self) -> None:
+        self.parent: list[int] = []
+        self.size: list[int] = []
+        self.slices: dict[int, list[Slice]] = {}
+        self.reason: dict[int, str] = {}
+
+    def new(self, size: int, reason: str | None = None) -> int:
+        self.parent.append(len(self.parent))
+        self.size.append(size)
+        if reason:
+            self.reason[len(self.parent) - 1] = reason
+        return len(self.parent) - 1
+
+    def find(self, space: int) -> int:
+        while self.parent[space] != space:
+            self.parent[space] = self.parent[self.parent[space]]
+            space = self.parent[space]
+        return space
+
+    def union(self, a: int, b: int) -> None:
+        a, b = self.find(a), self.find(b)
+        if a == b:
+            return
+        if self.size[a] != self.size[b]:
+            self.freeze(a, "channels of different sizes meet")
+            self.freeze(b, "channels of different sizes meet")
+        self.parent[b] = a
+
+    def freeze(self, space: int, reason: str) -> None:
+        self.reason.setdefault(space, reason)
+
+    def attach(self, layout: Layout, key: str | None, dim: int, role: str) -> None:
+        """Record that ``key``'s ``dim`` runs along ``layout``'s channel axis."""
+        if key is None:
+            return
+        offset = 0
+        for segment in layout.segments:
+            self.slices.setdefault(segment.space, []).append(Slice(key, dim, offset, segment.factor, role))
+            offset += segment.count * segment.factor
+
+    def groups(self) -> list[ChannelGroup]:
+        by_root: dict[int, ChannelGroup] = {}
+        for space in range(len(self.parent)):
+            root = self.find(space)
+            group = by_root.setdefault(root, ChannelGroup(self.size[root]))
+            group.slices += self.slices.get(space, [])
+            if space in self.reason and group.reason is None:
+                group.reason = self.reason[space]
+        return [g for g in by_root.values() if g.slices]
+
+
+def channel_groups(graph: Graph, ignore: Iterable[str] = ()) -> list[ChannelGroup]:
+    """Every channel group of a captured model. ``ignore``: module names whose output channels stay."""
+    walk = _Walk(graph)
+    for node in graph.graph.nodes:
+        walk.visit(node)
+    groups = walk.spaces.groups()
+    fenced = tuple(ignore)
+    for group in groups:
+        for key in group.keys("out"):
+            module = key.rsplit(".", 1)[0]
+            if any(module == name or module.startswith(name + ".") for name in fenced):
+                group.reason = group.reason or f"ignored: {module}"
+    return groups
+
+
+class _Walk:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.spaces = _Spaces()
+        self.layouts: dict[Node, Layout] = {}
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def layout(self, value: object) -> Layout | None:
+        return self.layouts.get(value) if isinstance(value, Node) else None
+
+    def key(self, value: object) -> str | None:
+        return self.graph.key(value) if isinstance(value, Node) else None
+
+    def fresh(self, node: Node, axis: int, reason: str | None = None) -> Layout:
+        size = _shape(node)[axis]
+        layout = Layout(axis, (Segment(self.spaces.new(size, reason), size),))
+        self.layouts[node] = layout
+        return layout
+
+    def freeze(self, layout: Layout | None, reason: str) -> None:
+        for segment in layout.segments if layout else ():
+            self.spaces.freeze(self.spaces.find(segment.space), reason)
+
+    def freeze_inputs(self, node: Node, reason: str) -> None:
+        for value in node.all_input_nodes:
+            self.freeze(self.layout(value), reason)
+
+    # -- the walk --------------------------------------------------------------------------------------
+    def visit(self, node: Node) -> None:
+        if node.op == "placeholder":
+            shape = _shape(node)
+            if self.graph.key(node) is None and shape is not None and len(shape) >= 1:
+                self.fresh(node, 1 if len(shape) >= 3 else len(shape) - 1, "the model's input")
+        elif node.op == "output":
+            self.freeze_inputs(node, "the model's output")
+        elif node.op == "call_function":
+            op = _op_name(node)
+            handler = _HANDLERS.get(op)
+            if handler is None:
+                self.freeze_inputs(node, f"op {op} (from {_where(node)})")
+            else:
+                handler(self, node)
+
+    def same(self, node: Node) -> None:
+        source = self.layout(node.args[0])
+        if source is not None and _shape(node) is not None:
+            self.layouts[node] = source
+
+    def conv(self, node: Node) -> None:
+        op = _op_name(node)
+        args = list(node.args) + [None] * 9
+        source, weight, bias = self.layout(args[0]), args[1], args[2]
+        groups = args[8] if op == "convolution" else args[6]
+        groups = groups or 1
+        if op == "convolution" and args[6]:  # transposed
+            return self.conv_transpose(node)
+        w_shape = _shape(weight)
+        if groups == 1:
+            out = self.fresh(node, 1)
+            self.spaces.attach(out, self.key(weight), 0, "out")
+            self.spaces.attach(out, self.key(bias), 0, "out")
+            if source is not None:
+                self.spaces.attach(source, self.key(weight), 1, "in")
+        elif source is not None and groups == source.size == w_shape[0] and w_shape[1] == 1:
+            self.layouts[node] = source  # depthwise: one filter per channel
+            self.spaces.attach(source, self.key(weight), 0, "norm")
+            self.spaces.attach(source, self.key(bias), 0, "norm")
+        else:
+            self.freeze(source, f"grouped convolution (from {_where(node)})")
+            self.fresh(node, 1, f"grouped convolution (from {_where(node)})")
+
+    def conv_transpose(self, node: Node) -> None:
+        args = list(node.args) + [None] * 8
+        source, weight, bias = self.layout(args[0]), args[1], args[2]
+        groups = (args[8] if _op_name(node) == "convolution" else args[6]) or 1
+        if groups != 1:
+            self.freeze(source, f"grouped transposed convolution (from {_where(node)})")
+            self.fresh(node, 1, f"grouped transposed convolution (from {_where(node)})")
+            return
+        out = self.fresh(node, 1)
+        self.spaces.attach(out, self.key(weight), 1, "out")
+        self.spaces.attach(out, self.key(bias), 0, "out")
+        if source is not None:
+            self.spaces.attach(source, self.key(weight), 0, "in")
+
+    def linear(self, node: Node) -> None:
+        source, weight = self.layout(node.args[0]), node.args[1]
+        bias = node.args[2] if len(node.args) > 2 else None
+        if source is not None and source.axis != len(_shape(node.args[0])) - 1:
+            self.freeze(source, f"linear over a non-channel axis (from {_where(node)})")
+            source = None
+        out = self.fresh(node, len(_shape(node)) - 1)
+        self.spaces.attach(out, self.key(weight), 0, "out")
+        self.spaces.attach(out, self.key(bias), 0, "out")
+        if source is not None:
+            self.spaces.attach(source, self.key(weight), 1, "in")
+
+    def embedding(self, node: Node) -> None:
+        out = self.fresh(node, len(_shape(node)) - 1)
+        self.spaces.attach(out, self.key(node.args[0]), 1, "out")
+
+    def norm(self, node: Node) -> None:
+        source = self.layout(node.args[0])
+        if source is None:
+            return
+        if source.axis != 1:
+            self.freeze(source, f"batch norm over a non-channel axis (from {_where(node)})")
+            return
+        self.layouts[node] = source
+        for value in node.args[1:5]:
+            self.spaces.attach(source, self.key(value), 0, "norm")
+
+    def layer_norm(self, node: Node) -> None:
+        source = self.layout(node.args[0])
+        normalized = node.args[1]
+        if source is None:
+            return
+        if len(normalized) != 1 or source.axis != len(_shape(node.args[0])) - 1:
+            self.freeze(source, f"layer norm over several axes (from {_where(node)})")
+            return
+        self.layouts[node] = source
+        for value in node.args[2:4]:
+            self.spaces.attach(source, self.key(value), 0, "norm")
+
+    def elementwise(self, node: Node) -> None:
+        out_shape = _shape(node)
+        operands = [a for a in node.args if isinstance(a, Node) and _shape(a) is not None]
+        laid = [(a, self.layout(a)) for a in operands if self.layout(a) is not None]
+        if not laid or out_shape is None:
+            return
+        first_node, first = laid[0]
+        axis = first.axis + len(out_shape) - len(_shape(first_node))  # broadcasting aligns from the right
+        for value, layout in laid[1:]:
+            if layout.axis + len(out_shape) - len(_shape(value)) != axis or not self.unite(first, layout):
+                self.freeze(first, f"{_op_name(node)} of differently arranged channels (from {_where(node)})")
+                self.freeze(layout, f"{_op_name(node)} of differently arranged channels")
+        for value in operands:  # a weight broadcast over the channels (a learned scale) is part of them
+            key = self.key(value)
+            shape = _shape(value)
+            if key is not None and len(shape) >= len(out_shape) - axis and shape[axis - len(out_shape)] > 1:
+                self.spaces.attach(first, key, len(shape) - (len(out_shape) - axis), "norm")
+        self.layouts[node] = Layout(axis, first.segments)
+
+    def unite(self, a: Layout, b: Layout) -> bool:
+        if [(s.count, s.factor) for s in a.segments] != [(s.count, s.factor) for s in b.segments]:
+            return False
+        for x, y in zip(a.segments, b.segments, strict=True):
+            self.spaces.union(x.space, y.space)
+        return True
+
+    def cat(self, node: Node) -> None:
+        tensors = node.args[0]
+        rank = len(_shape(node))
+        dim = (node.args[1] if len(node.args) > 1 else 0) % rank
+        layouts = [self.layout(t) for t in tensors]
+        if any(layout is None for layout in layouts):
+            for layout in layouts:
+                self.freeze(layout, f"cat with an input of unknown channels (from {_where(node)})")
+            return
+        if all(layout.axis == dim for layout in layouts):
+            segments = tuple(s for layout in layouts for s in layout.segments)
+            self.layouts[node] = Layout(dim, segments)
+        elif all(layout.axis == layouts[0].axis for layout in layouts) and all(
+            self.unite(layouts[0], layout) for layout in layouts[1:]
+        ):
+            self.layouts[node] = layouts[0]
+        else:
+            for layout in layouts:
+                self.freeze(layout, f"cat of differently arranged channels (from {_where(node)})")
+
+    def flatten(self, node: Node) -> None:
+        source = self.layout(node.args[0])
+        in_shape = _shape(node.args[0])
+        start = node.args[1] % len(in_shape) if len(node.args) > 1 else 0
+        end = node.args[2] % len(in_shape) if len(node.args) > 2 else len(in_shape) - 1
+        self.merge_axes(node, source, in_shape, start, end)
+
+    def merge_axes(self, node: Node, source: Layout | None, in_shape, start: int, end: int) -> None:
+        if source is None:
+            return
+        if source.axis < start:
+            self.layouts[node] = source
+        elif source.axis == start:
+            run = math.prod(in_shape[start + 1 : end + 1])
+            segments = tuple(Segment(s.space, s.count, s.factor * run) for s in source.segments)
+            self.layouts[node] = Layout(start, segments)
+        elif source.axis > end:
+            self.layouts[node] = Layout(source.axis - (end - start), source.segments)
+        else:
+            self.freeze(source, f"flatten that splits a channel's entries (from {_where(node)})")
+
+    def view(self, node: Node) -> None:
+        source, in_shape, out_shape = self.layout(node.args[0]), _shape(node.args[0]), _shape(node)
+        if source is None:
+            return
+        if tuple(in_shape[: source.axis + 1]) == tuple(out_shape[: source.axis + 1]):
+            self.layouts[node] = source  # everything up to the channels unchanged
+            return
+        # [N, C, H, W] -> [N, C*H*W]: a flatten written as a view
+        if (
+            tuple(out_shape[: source.axis]) == tuple(in_shape[: source.axis])
+            and len(out_shape) == source.axis + 1
+        ):
+            self.merge_axes(node, source, in_shape, source.axis, len(in_shape) - 1)
+            return
+        self.freeze(source, f"view {list(in_shape)} -> {list(out_shape)} (from {_where(node)})")
+
+    def mean(self, node: Node) -> None:
+        source, in_shape = self.layout(node.args[0]), _shape(node.args[0])
+        if source is None:
+            return
+        dims = node.args[1] if len(node.args) > 1 else list(range(len(in_shape)))
+        dims = {d % len(in_shape) for d in (dims if isinstance(dims, (list, tuple)) else [dims])}
+        keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
+        if source.axis in dims:
+            self.freeze(source, f"{_op_name(node)} over the channels (from {_where(node)})")
+            return
+        shift = 0 if keepdim else sum(d < source.axis for d in dims)
+        self.layouts[node] = Layout(source.axis - shift, source.segments)
+
+
+_HANDLERS = {name: _Walk.same for name in SAME_CHANNELS}
+_HANDLERS.update({name: _Walk.elementwise for name in ELEMENTWISE})
+_HANDLERS.update({name: _Walk.norm for name in NORMS})
+_HANDLERS.update({name: _Walk.conv for name in CONVS})
+_HANDLERS.update({name: _Walk.conv_transpose for name in CONV_TRANSPOSES})
+_HANDLERS.update(
+    {
+        "linear": _Walk.linear,
+        "embedding": _Walk.embedding,
+        "layer_norm": _Walk.layer_norm,
+        "cat": _Walk.cat,
+        "flatten": _Walk.flatten,
+        "view": _Walk.view,
+        "reshape": _Walk.view,
+        "_unsafe_view": _Walk.view,
+        "mean": _Walk.mean,
+        "sum": _Walk.mean,
+        "amax": _Walk.mean,
+    }
+)
+
+
+def _op_name(node: Node) -> str:
+    target = node.target
+    name = getattr(target, "__name__", str(target))
+    return name.split(".")[0]
+
+
+def _shape(value: object) -> tuple[int, ...] | None:
+    meta = getattr(value, "meta", {}).get("val") if isinstance(value, Node) else None
+    return tuple(meta.shape) if isinstance(meta, torch.Tensor) else None
+
+
+def _where(node: Node) -> str:
+    """The module a node comes from, for messages: ``layer1.0.conv1`` (or the node's name)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if stack:
+        path = list(stack.values())[-1][0]
+        return path or "the top module"
+    return node.name

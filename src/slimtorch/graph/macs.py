@@ -1,0 +1,55 @@
+"""Multiply-accumulates of one forward pass, counted the way pruning papers and Torch-Pruning count them:
+convolutions (transposed too), linear layers and batched matrix products; element-wise work is left out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _conv(module: nn.Module, inputs: tuple, output: torch.Tensor) -> int:
+    kernel = math.prod(module.kernel_size)
+    if isinstance(module, nn.modules.conv._ConvTransposeNd):
+        return inputs[0].numel() * (module.out_channels // module.groups) * kernel
+    return output.numel() * (module.in_channels // module.groups) * kernel
+
+
+def _linear(module: nn.Module, inputs: tuple, output: torch.Tensor) -> int:
+    return output.numel() * module.in_features
+
+
+COUNTERS = {nn.Conv1d: _conv, nn.Conv2d: _conv, nn.Conv3d: _conv, nn.Linear: _linear}
+COUNTERS.update({nn.ConvTranspose1d: _conv, nn.ConvTranspose2d: _conv, nn.ConvTranspose3d: _conv})
+
+
+def count_macs(
+    model: nn.Module, example_inputs: Sequence[Any] | Any, example_kwargs: Mapping[str, Any] | None = None
+) -> int:
+    """MACs of ``model(*example_inputs)`` (for the batch given), measured by running it under no_grad.
+
+    Example:
+        >>> count_macs(nn.Linear(10, 20), torch.randn(4, 10))
+        800
+    """
+    total = 0
+
+    def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        nonlocal total
+        counter = next((c for kind, c in COUNTERS.items() if type(module) is kind), None)
+        if counter is not None:
+            total += counter(module, inputs, output)
+
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    handles = [m.register_forward_hook(hook) for m in model.modules() if type(m) in COUNTERS]
+    try:
+        with torch.no_grad():
+            model(*args, **dict(example_kwargs or {}))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return total

@@ -1,0 +1,249 @@
+"""Structured pruning: remove whole channels, physically, from every tensor that carries them.
+
+:func:`channels` captures the model's graph, finds its channel groups (:mod:`slimtorch.graph.channels`),
+scores each channel, removes the lowest-scoring ones from every weight, bias, running statistic and
+module attribute (``out_channels``, ``in_features``, ``num_features``, depthwise ``groups`` ...) of the
+group, and returns the same module object, smaller. What changed is recorded as a
+:class:`StructuralDelta`, the part of a pruned model that its class alone cannot rebuild.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from slimtorch.errors import SlimtorchError
+from slimtorch.graph.capture import capture
+from slimtorch.graph.channels import ChannelGroup, channel_groups
+from slimtorch.io.model_slots import model_slots
+from slimtorch.prune.importance import Importance, resolve
+
+
+@dataclass
+class StructuralDelta:
+    """How a pruned model differs from what its constructor builds: new tensor shapes and attributes."""
+
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    """state_dict key -> new shape"""
+    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """module name -> {attribute: new value} (``out_channels``, ``in_features``, ``groups`` ...)"""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What :func:`channels` removed; ``to_dict()`` for ``--json``."""
+
+    groups: int
+    pruned_groups: int
+    channels_before: int
+    channels_after: int
+    params_before: int
+    params_after: int
+    frozen: dict[str, int]
+    """reason -> number of groups it kept from pruning"""
+    delta: StructuralDelta
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def channels(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | Any,
+    *,
+    ratio: float,
+    importance: str | Importance = "l2",
+    scope: str = "layer",
+    round_to: int | None = None,
+    ignore: Iterable[str | nn.Module] = (),
+    example_kwargs: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """Remove ``ratio`` of the channels of every prunable group; returns ``model`` itself, smaller.
+
+    Args:
+        model: any module ``torch.export`` can trace with ``example_inputs`` (a no_grad trace).
+        ratio: share of channels to remove, 0 to 1: of each group (``scope="layer"``), or of all channels
+            with the lowest normalised scores across groups (``scope="global"``).
+        importance: ``"l2"``, ``"l1"``, ``"bn_scale"`` or a callable ``(group, tensors) -> scores``.
+        round_to: keep channel counts a multiple of this (hardware-friendly widths).
+        ignore: modules (or their names) whose output channels must stay (a classifier, a detector head).
+
+    Example:
+        >>> from tests.zoo import resnet18  # doctest: +SKIP
+        >>> model = channels(resnet18(), torch.randn(1, 3, 224, 224), ratio=0.5)  # doctest: +SKIP
+    """
+    pruned, _ = channels_with_report(
+        model,
+        example_inputs,
+        ratio=ratio,
+        importance=importance,
+        scope=scope,
+        round_to=round_to,
+        ignore=ignore,
+        example_kwargs=example_kwargs,
+    )
+    return pruned
+
+
+def channels_with_report(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | Any,
+    *,
+    ratio: float,
+    importance: str | Importance = "l2",
+    scope: str = "layer",
+    round_to: int | None = None,
+    ignore: Iterable[str | nn.Module] = (),
+    example_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[nn.Module, PruneReport]:
+    """:func:`channels`, plus a :class:`PruneReport` of what was removed and what could not be."""
+    if not 0.0 <= ratio < 1.0:
+        raise SlimtorchError(f"ratio must be at least 0 and below 1, not {ratio}")
+    if scope not in ("layer", "global"):
+        raise SlimtorchError(f"scope must be 'layer' or 'global', not {scope!r}")
+    if round_to is not None and round_to < 1:
+        raise SlimtorchError(f"round_to must be a positive integer, not {round_to}")
+    score = resolve(importance)
+    names = _ignored_names(model, ignore)
+    groups = channel_groups(capture(model, example_inputs, example_kwargs), ignore=names)
+    tensors = _tensors(model)
+    prunable = [g for g in groups if g.prunable]
+    scores = {id(g): score(g, tensors).to(torch.float64) for g in prunable}
+    for group in prunable:
+        if scores[id(group)].shape != (group.size,):
+            raise SlimtorchError(f"importance returned {tuple(scores[id(group)].shape)}, not ({group.size},)")
+    removed = _choose(prunable, scores, ratio, scope, round_to)
+    params_before = sum(p.numel() for p in model.parameters())
+    delta = _apply(model, prunable, removed)
+    frozen: dict[str, int] = {}
+    for group in groups:
+        if group.reason:
+            frozen[group.reason] = frozen.get(group.reason, 0) + 1
+    report = PruneReport(
+        groups=len(groups),
+        pruned_groups=sum(1 for g in prunable if len(removed[id(g)])),
+        channels_before=sum(g.size for g in prunable),
+        channels_after=sum(g.size - len(removed[id(g)]) for g in prunable),
+        params_before=params_before,
+        params_after=sum(p.numel() for p in model.parameters()),
+        frozen=frozen,
+        delta=delta,
+    )
+    return model, report
+
+
+def _ignored_names(model: nn.Module, ignore: Iterable[str | nn.Module]) -> list[str]:
+    by_module = {id(m): name for name, m in model.named_modules()}
+    names = []
+    for item in ignore:
+        if isinstance(item, nn.Module):
+            if id(item) not in by_module:
+                raise SlimtorchError(f"ignore: a {type(item).__name__} that is not part of the model")
+            names.append(by_module[id(item)])
+        else:
+            names.append(str(item))
+    return names
+
+
+def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        **dict(model.named_parameters(remove_duplicate=False)),
+        **dict(model.named_buffers(remove_duplicate=False)),
+    }
+
+
+def _keep_count(size: int, ratio: float, round_to: int | None) -> int:
+    keep = max(1, size - math.floor(size * ratio))
+    if round_to:
+        keep = min(size, max(round_to, round_to * math.ceil(keep / round_to)))
+    return keep
+
+
+def _choose(
+    groups: list[ChannelGroup],
+    scores: dict[int, torch.Tensor],
+    ratio: float,
+    scope: str,
+    round_to: int | None,
+) -> dict[int, torch.Tensor]:
+    """The channels to remove from each group, lowest scores first."""
+    if scope == "layer":
+        keep = {id(g): _keep_count(g.size, ratio, round_to) for g in groups}
+    else:
+        # Scores are normalised per group (by its mean) so groups of different scales compete fairly.
+        pooled = torch.cat([scores[id(g)] / scores[id(g)].mean().clamp_min(1e-12) for g in groups])
+        total = pooled.numel()
+        cut = pooled.kthvalue(max(1, math.floor(total * ratio))).values if math.floor(total * ratio) else None
+        keep = {}
+        for g in groups:
+            normalised = scores[id(g)] / scores[id(g)].mean().clamp_min(1e-12)
+            kept = g.size if cut is None else int((normalised > cut).sum())
+            keep[id(g)] = _keep_count(g.size, 1 - max(1, kept) / g.size, round_to)
+    return {id(g): torch.sort(scores[id(g)].argsort()[: g.size - keep[id(g)]]).values for g in groups}
+
+
+def _apply(model: nn.Module, groups: list[ChannelGroup], removed: dict[int, torch.Tensor]) -> StructuralDelta:
+    """Cut the removed channels out of every tensor, then fix the modules' size attributes."""
+    tensors = _tensors(model)
+    keep: dict[tuple[str, int], torch.Tensor] = {}
+    for group in groups:
+        channels = removed[id(group)]
+        if not len(channels):
+            continue
+        for piece in group.slices:
+            mask = keep.setdefault(
+                (piece.key, piece.dim), torch.ones(tensors[piece.key].shape[piece.dim], dtype=torch.bool)
+            )
+            mask[piece.indices(channels)] = False
+    slots = {name: slot for slot in model_slots(model) for name in slot.names}
+    delta = StructuralDelta()
+    for (key, dim), mask in keep.items():  # a weight pruned on two dims is cut twice, one dim at a time
+        slot = slots[key]
+        old = slot.tensor
+        new = old.detach().index_select(dim, mask.nonzero().squeeze(1))
+        value = nn.Parameter(new, requires_grad=old.requires_grad) if slot.parameter else new
+        for module, attr in slot.places:
+            (module._parameters if slot.parameter else module._buffers)[attr] = value
+        slot.tensor = value
+        delta.shapes.update(dict.fromkeys(slot.names, list(new.shape)))
+    for name, module in model.named_modules():
+        changed = _resize_attributes(module)
+        if changed:
+            delta.attributes[name] = changed
+    return delta
+
+
+def _resize_attributes(module: nn.Module) -> dict[str, Any]:
+    """Bring a module's size attributes in line with its (pruned) tensors; returns what changed."""
+    before = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+    weight = getattr(module, "weight", None)
+    if isinstance(module, nn.modules.conv._ConvNd) and weight is not None:
+        transposed = module.transposed
+        depthwise = module.groups > 1 and module.groups == module.in_channels == module.out_channels
+        out_dim, in_dim = (1, 0) if transposed else (0, 1)
+        if depthwise:
+            module.groups = module.in_channels = module.out_channels = weight.shape[0]
+        else:
+            per_group_out = weight.shape[out_dim] * (module.groups if transposed else 1)
+            module.out_channels = per_group_out
+            module.in_channels = weight.shape[in_dim] * (1 if transposed else module.groups)
+    elif isinstance(module, nn.Linear):
+        module.out_features, module.in_features = weight.shape
+    elif isinstance(module, nn.modules.batchnorm._NormBase):
+        reference = weight if weight is not None else module.running_mean
+        if reference is not None:
+            module.num_features = reference.shape[0]
+    elif isinstance(module, nn.LayerNorm) and weight is not None:
+        module.normalized_shape = tuple(weight.shape)
+    elif isinstance(module, nn.Embedding):
+        module.num_embeddings, module.embedding_dim = weight.shape
+    after = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in after.items() if before.get(k) != v}
