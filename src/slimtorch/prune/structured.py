@@ -213,7 +213,7 @@ def _apply(model: nn.Module, groups: list[ChannelGroup], removed: dict[int, torc
         for module, attr in slot.places:
             (module._parameters if slot.parameter else module._buffers)[attr] = value
         slot.tensor = value
-        delta.shapes.update(dict.fromkeys(slot.names, list(new.shape)))
+        delta.shapes.update({name: list(new.shape) for name in slot.names})
     for name, module in model.named_modules():
         changed = _resize_attributes(module)
         if changed:
