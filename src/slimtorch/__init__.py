@@ -6,6 +6,8 @@ The public API:
 - :func:`inspect`: where a checkpoint's bytes go, and what could be saved.
 - :func:`save` / :func:`load`: the slim format (safetensors with codecs and checksums), tensors in and out.
 - :func:`shrink`: any checkpoint to a slim one, dropping what only training needs.
+- :func:`save_model`: a model's weights plus, once pruned, its structural delta (no pickle).
+- :mod:`prune`: structured pruning that physically shrinks a model (``slimtorch.prune.channels``).
 - :func:`load_model`: a model built on the meta device and filled from any checkpoint, zero-copy where it
   can, decoding in parallel, staging through pinned memory to CUDA.
 """
@@ -28,9 +30,10 @@ from slimtorch.io.source import ObjectInfo, TensorInfo, TensorSource
 
 __version__ = "0.1.0"
 
+from slimtorch import prune
 from slimtorch.io.loader import LoadProfile, load, load_model, load_model_profiled
 from slimtorch.policy import ShrinkOptions
-from slimtorch.shrinking import ShrinkReport, save, shrink
+from slimtorch.shrinking import ShrinkReport, save, save_model, shrink
 
 
 def open(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> TensorSource:
@@ -75,6 +78,8 @@ __all__ = [
     "load_model",
     "load_model_profiled",
     "open",
+    "prune",
     "save",
+    "save_model",
     "shrink",
 ]

@@ -27,6 +27,7 @@ from slimtorch.io.readers.slim import SlimSource
 from slimtorch.io.source import TensorInfo, TensorSource, dtype_name
 from slimtorch.io.writer import SlimWriter
 from slimtorch.policy import ShrinkOptions, convert, encode_tensor
+from slimtorch.prune.delta import StructuralDelta, delta_of
 from slimtorch.scan import find_duplicates
 
 TRAINING_ONLY = ("optimizer_state", "training_state")
@@ -178,6 +179,7 @@ def save(
     skip: Sequence[str] = (),
     shard_size: int | None = None,
     metadata: Mapping[str, Any] | None = None,
+    structure: StructuralDelta | None = None,
 ) -> ShrinkReport:
     """Save a state dict in the slim format (a valid safetensors file), atomically, with checksums.
 
@@ -209,9 +211,24 @@ def save(
         "options": _describe_options(options),
         **(metadata or {}),
     }
-    results, files, written = _write(plan, path, options, shard_size, provenance, {}, None)
+    delta = structure.to_dict() if structure else None
+    results, files, written = _write(plan, path, options, shard_size, provenance, {}, None, delta)
     before = sum(item.before_bytes for item in plan.items)
     return _report("<state_dict>", before, [], plan, results, files, written, started)
+
+
+def save_model(model: torch.nn.Module, path: str | os.PathLike[str], **options: Any) -> ShrinkReport:
+    """Save a model's weights and, if it was pruned, how its structure changed: no pickle involved.
+
+    ``options`` are :func:`save`'s (``quantize="int8"``, ``dtype="bf16"`` ...). Load it back with
+    :func:`slimtorch.load_model` and the factory of the *original* model: the file tells how to reshape it.
+
+    Example:
+        >>> slimtorch.prune.channels(model, example, ratio=0.5)  # doctest: +SKIP
+        >>> slimtorch.save_model(model, "pruned.safetensors")  # doctest: +SKIP
+        >>> slimtorch.load_model("pruned.safetensors", build_model)  # doctest: +SKIP
+    """
+    return save(model.state_dict(), path, structure=delta_of(model), **options)
 
 
 # -- planning ----------------------------------------------------------------------------------------------
@@ -328,6 +345,7 @@ def _write(
     provenance: dict[str, Any],
     companions: dict[str, Path],
     progress: Progress | None,
+    delta: dict[str, Any] | None = None,
 ) -> tuple[list[TensorResult], list[Path], int]:
     results = []
     writer = SlimWriter(
@@ -336,6 +354,7 @@ def _write(
         ties=plan.ties,
         copies=plan.copies,
         provenance=provenance,
+        delta=delta,
         extra_files=companions,
     )
     try:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import FormatError, SlimtorchError
 from slimtorch.io.construct import build_on_meta
 from slimtorch.io.model_slots import (
     Slot,
@@ -43,6 +43,7 @@ from slimtorch.io.readers import open_checkpoint
 from slimtorch.io.readers.slim import SlimSource
 from slimtorch.io.source import TensorSource
 from slimtorch.io.staging import Stager
+from slimtorch.prune.delta import StructuralDelta, apply_delta
 from slimtorch.report.progress import ByteProgress
 
 DECODE_THREADS = min(4, os.cpu_count() or 1)
@@ -216,6 +217,7 @@ def load_model_profiled(
             model = _model(model_or_factory)
             profile.construct_s = time.perf_counter() - clock
             profile.model = type(model).__name__
+            _reshape(source, model)
             slots = model_slots(model)
             match(source, slots, strict, built)
             _fill(source, slots, target, dtype, stager, pool, early, progress, profile)
@@ -264,6 +266,17 @@ def _model(model_or_factory: ModelOrFactory) -> nn.Module:
             f"load_model takes a model or a function that builds one, not a {type(model_or_factory).__name__}"
         )
     return build_on_meta(model_or_factory)
+
+
+def _reshape(source: TensorSource, model: nn.Module) -> None:
+    """Give a pruned model's class the shapes it was saved with (the file's structural delta)."""
+    recorded = source.layout.delta if isinstance(source, SlimSource) else None
+    if not recorded:
+        return
+    try:
+        apply_delta(model, StructuralDelta.from_json(recorded))
+    except SlimtorchError as exc:
+        raise FormatError(source.path, str(exc)) from None
 
 
 def _fetch(source: TensorSource, name: str, dtype: torch.dtype | None, convert: bool) -> _Fetched:

@@ -4,6 +4,7 @@
 - :func:`channels_with_report`: the same, plus what was removed and what could not be.
 """
 
-from slimtorch.prune.structured import PruneReport, StructuralDelta, channels, channels_with_report
+from slimtorch.prune.delta import StructuralDelta, apply_delta
+from slimtorch.prune.structured import PruneReport, channels, channels_with_report
 
-__all__ = ["PruneReport", "StructuralDelta", "channels", "channels_with_report"]
+__all__ = ["PruneReport", "StructuralDelta", "apply_delta", "channels", "channels_with_report"]

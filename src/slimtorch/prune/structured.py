@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -21,20 +21,8 @@ from slimtorch.errors import SlimtorchError
 from slimtorch.graph.capture import capture
 from slimtorch.graph.channels import ChannelGroup, channel_groups
 from slimtorch.io.model_slots import model_slots
+from slimtorch.prune.delta import StructuralDelta, record
 from slimtorch.prune.importance import Importance, resolve
-
-
-@dataclass
-class StructuralDelta:
-    """How a pruned model differs from what its constructor builds: new tensor shapes and attributes."""
-
-    shapes: dict[str, list[int]] = field(default_factory=dict)
-    """state_dict key -> new shape"""
-    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """module name -> {attribute: new value} (``out_channels``, ``in_features``, ``groups`` ...)"""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -123,6 +111,7 @@ def channels_with_report(
     removed = _choose(prunable, scores, ratio, scope, round_to)
     params_before = sum(p.numel() for p in model.parameters())
     delta = _apply(model, prunable, removed)
+    record(model, delta)  # slimtorch.save_model writes it beside the weights
     frozen: dict[str, int] = {}
     for group in groups:
         if group.reason:

@@ -1,0 +1,125 @@
+"""StructuralDelta: what a pruned model's class cannot rebuild by itself, saved beside its weights.
+
+Pruning changes tensor shapes and the attributes that describe them (``out_channels``, ``in_features``,
+``num_features``, depthwise ``groups`` ...). The delta records those changes as plain JSON in the slim
+file's metadata, so a pruned model is saved without pickling the module: :func:`slimtorch.load_model`
+builds the original class on the meta device, :func:`apply_delta` reshapes it, and the weights fill it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from slimtorch.errors import SlimtorchError
+from slimtorch.io.model_slots import model_slots
+
+ATTRIBUTE = "_slimtorch_delta"  # where a pruned module keeps its delta until it is saved
+# The attributes a delta may set: sizes only, never code or arbitrary state from a file.
+SIZE_ATTRIBUTES = frozenset(
+    {
+        "in_channels",
+        "out_channels",
+        "groups",
+        "in_features",
+        "out_features",
+        "num_features",
+        "normalized_shape",
+        "num_embeddings",
+        "embedding_dim",
+        "num_channels",
+    }
+)
+
+
+@dataclass
+class StructuralDelta:
+    """How a pruned model differs from what its constructor builds: new tensor shapes and attributes."""
+
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    """state_dict key -> new shape"""
+    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """module name -> {attribute: new value} (``out_channels``, ``in_features``, ``groups`` ...)"""
+
+    def __bool__(self) -> bool:
+        return bool(self.shapes or self.attributes)
+
+    def merge(self, later: StructuralDelta) -> StructuralDelta:
+        """This delta followed by ``later`` (a second pruning of the same model)."""
+        attributes = {name: dict(values) for name, values in self.attributes.items()}
+        for name, values in later.attributes.items():
+            attributes.setdefault(name, {}).update(values)
+        return StructuralDelta({**self.shapes, **later.shapes}, attributes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, value: object) -> StructuralDelta:
+        """A delta from a file's metadata, checked: shapes are lists of sizes, attributes are sizes."""
+        if not isinstance(value, Mapping):
+            raise SlimtorchError("the structural delta is not a JSON object")
+        shapes, attributes = value.get("shapes", {}), value.get("attributes", {})
+        if not isinstance(shapes, Mapping) or not all(_is_shape(s) for s in shapes.values()):
+            raise SlimtorchError("the structural delta's shapes are not lists of sizes")
+        if not isinstance(attributes, Mapping) or not all(
+            isinstance(a, Mapping) for a in attributes.values()
+        ):
+            raise SlimtorchError("the structural delta's attributes are not objects")
+        for module, values in attributes.items():
+            for name, setting in values.items():
+                if name not in SIZE_ATTRIBUTES or not (_is_size(setting) or _is_shape(setting)):
+                    raise SlimtorchError(
+                        f"the structural delta sets {module}.{name} = {setting!r}, not a size"
+                    )
+        return cls({k: list(v) for k, v in shapes.items()}, {k: dict(v) for k, v in attributes.items()})
+
+
+def delta_of(model: nn.Module) -> StructuralDelta | None:
+    """The delta a pruned model carries (None: never pruned)."""
+    return model.__dict__.get(ATTRIBUTE)
+
+
+def record(model: nn.Module, delta: StructuralDelta) -> None:
+    """Remember ``delta`` on the model (merged with an earlier pruning's) for :func:`slimtorch.save_model`."""
+    earlier = delta_of(model)
+    model.__dict__[ATTRIBUTE] = earlier.merge(delta) if earlier else delta
+
+
+def apply_delta(model: nn.Module, delta: StructuralDelta) -> None:
+    """Reshape a freshly built model as the delta says: set size attributes, give tensors their new shapes.
+
+    Reshaped tensors are left on the meta device (their values come from the checkpoint next).
+    """
+    modules = dict(model.named_modules())
+    for name, values in delta.attributes.items():
+        module = modules.get(name)
+        if module is None:
+            raise SlimtorchError(f"the structural delta names module {name!r}, which the model does not have")
+        for attr, setting in values.items():
+            setattr(module, attr, tuple(setting) if isinstance(setting, list) else setting)
+    slots = model_slots(model)
+    unknown = set(delta.shapes) - {name for slot in slots for name in slot.names}
+    if unknown:
+        raise SlimtorchError(f"the structural delta reshapes {sorted(unknown)[0]!r}, which the model lacks")
+    for slot in slots:  # one slot per tensor: tied names get one new tensor, and stay tied
+        shape = next((delta.shapes[name] for name in slot.names if name in delta.shapes), None)
+        if shape is None:
+            continue
+        meta = torch.empty(shape, dtype=slot.tensor.dtype, device="meta")
+        value = nn.Parameter(meta, requires_grad=slot.tensor.requires_grad) if slot.parameter else meta
+        for module, attr in slot.places:
+            (module._parameters if slot.parameter else module._buffers)[attr] = value
+    record(model, delta)
+
+
+def _is_size(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 48
+
+
+def _is_shape(value: object) -> bool:
+    return isinstance(value, list) and all(_is_size(v) for v in value)
