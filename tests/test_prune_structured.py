@@ -159,15 +159,15 @@ def test_an_op_of_unknown_channel_semantics_freezes_its_group_and_is_named() -> 
 
         def forward(self, x):
             x = self.conv1(x)
-            return self.conv2(x.transpose(1, 3).transpose(1, 3))
+            return self.conv2(torch.roll(x, 1, dims=1))  # moves channels around: no group survives it
 
     model = Shuffle().eval()
     groups = channel_groups(capture(model, (SMALL,)))
     conv1 = next(g for g in groups if "conv1.weight" in g.keys("out"))
-    assert conv1.reason is not None and "transpose" in conv1.reason
+    assert conv1.reason is not None and "roll" in conv1.reason
     _, report = channels_with_report(model, SMALL, ratio=0.5)
     assert model.conv1.out_channels == 8
-    assert any("transpose" in reason for reason in report.frozen)
+    assert any("roll" in reason for reason in report.frozen)
 
 
 @pytest.mark.parametrize(

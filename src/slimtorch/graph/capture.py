@@ -8,6 +8,8 @@ control flow that depends only on shapes, and every node carries the shape of wh
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,12 +44,24 @@ def capture(
         ['linear.default', 'relu.default']
     """
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    kwargs = _without_cache(model, dict(example_kwargs or {}))
     try:
         with torch.no_grad():
-            program = torch.export.export(model, args, dict(example_kwargs or {}), strict=False)
+            program = torch.export.export(model, args, kwargs, strict=False)
     except Exception as exc:  # export raises many types; the user needs the op and the reason
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SlimtorchError(f"cannot capture the model's graph with torch.export: {first}") from exc
     signature = program.graph_signature
     weights = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
     return Graph(program.graph, weights)
+
+
+def _without_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Hugging Face decoders return a key/value cache object that export cannot flatten; the graph is the
+    same without it, so ask for none unless the caller said otherwise."""
+    config = getattr(model, "config", None)
+    if "use_cache" not in kwargs and getattr(config, "use_cache", False):
+        with contextlib.suppress(TypeError, ValueError):
+            if "use_cache" in inspect.signature(model.forward).parameters:
+                kwargs["use_cache"] = False
+    return kwargs

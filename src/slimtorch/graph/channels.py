@@ -31,7 +31,7 @@ hardsigmoid hardsigmoid_ leaky_relu leaky_relu_ elu elu_ mish dropout dropout_ a
 feature_dropout clone contiguous detach alias _to_copy to max_pool1d max_pool2d max_pool3d
 avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d
 adaptive_max_pool2d upsample_nearest2d upsample_bilinear2d _upsample_nearest_exact2d pad
-constant_pad_nd reflection_pad2d replication_pad2d abs neg exp log sqrt rsqrt square
+constant_pad_nd reflection_pad2d replication_pad2d abs neg exp log sqrt rsqrt square pow
 """
 SAME_CHANNELS = frozenset(_SAME_CHANNEL_OPS.split())
 _ELEMENTWISE_OPS = "add add_ sub sub_ mul mul_ div div_ maximum minimum where"
@@ -259,6 +259,20 @@ class _Walk:
         if source is not None:
             self.spaces.attach(source, self.key(weight), 1, "in")
 
+    def addmm(self, node: Node) -> None:
+        """``bias + x @ weight`` with weight stored [in, out] (Hugging Face's GPT-2 ``Conv1D``)."""
+        bias, source, weight = node.args[0], self.layout(node.args[1]), node.args[2]
+        out = self.fresh(node, 1)
+        self.spaces.attach(out, self.key(weight), 1, "out")
+        self.spaces.attach(out, self.key(bias), 0, "out")
+        if source is not None and source.axis == 1:
+            self.spaces.attach(source, self.key(weight), 0, "in")
+        elif source is not None:
+            self.freeze(source, f"addmm over a non-channel axis (from {_where(node)})")
+
+    def nothing(self, node: Node) -> None:
+        """Ops that only check (``_assert_tensor_metadata``): no data flows through them."""
+
     def embedding(self, node: Node) -> None:
         out = self.fresh(node, len(_shape(node)) - 1)
         self.spaces.attach(out, self.key(node.args[0]), 1, "out")
@@ -360,6 +374,9 @@ class _Walk:
         if tuple(in_shape[: source.axis + 1]) == tuple(out_shape[: source.axis + 1]):
             self.layouts[node] = source  # everything up to the channels unchanged
             return
+        if source.axis == len(in_shape) - 1 and in_shape[-1] == out_shape[-1]:
+            self.layouts[node] = Layout(len(out_shape) - 1, source.segments)  # [B, T, C] <-> [B*T, C]
+            return
         # [N, C, H, W] -> [N, C*H*W]: a flatten written as a view
         if (
             tuple(out_shape[: source.axis]) == tuple(in_shape[: source.axis])
@@ -369,6 +386,30 @@ class _Walk:
             return
         self.freeze(source, f"view {list(in_shape)} -> {list(out_shape)} (from {_where(node)})")
 
+    def select(self, node: Node) -> None:
+        """``x[:, 0]`` (select) or ``x[:, 1:]`` (slice) along an axis other than the channels'."""
+        source, in_shape = self.layout(node.args[0]), _shape(node.args[0])
+        if source is None:
+            return
+        dim = (node.args[1] if len(node.args) > 1 else 0) % len(in_shape)
+        if dim == source.axis:
+            self.freeze(source, f"{_op_name(node)} of some channels (from {_where(node)})")
+            return
+        dropped = _op_name(node) == "select" and dim < source.axis
+        self.layouts[node] = Layout(source.axis - dropped, source.segments)
+
+    def transpose(self, node: Node) -> None:
+        source, rank = self.layout(node.args[0]), len(_shape(node.args[0]))
+        if source is None:
+            return
+        if _op_name(node) == "permute":
+            order = [d % rank for d in node.args[1]]
+        else:
+            a, b = node.args[1] % rank, node.args[2] % rank
+            order = list(range(rank))
+            order[a], order[b] = b, a
+        self.layouts[node] = Layout(order.index(source.axis), source.segments)
+
     def mean(self, node: Node) -> None:
         source, in_shape = self.layout(node.args[0]), _shape(node.args[0])
         if source is None:
@@ -377,8 +418,7 @@ class _Walk:
         dims = {d % len(in_shape) for d in (dims if isinstance(dims, (list, tuple)) else [dims])}
         keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
         if source.axis in dims:
-            self.freeze(source, f"{_op_name(node)} over the channels (from {_where(node)})")
-            return
+            return  # a statistic over the channels (RMSNorm's mean of squares): it has no channels itself
         shift = 0 if keepdim else sum(d < source.axis for d in dims)
         self.layouts[node] = Layout(source.axis - shift, source.segments)
 
@@ -401,6 +441,13 @@ _HANDLERS.update(
         "mean": _Walk.mean,
         "sum": _Walk.mean,
         "amax": _Walk.mean,
+        "select": _Walk.select,
+        "addmm": _Walk.addmm,
+        "_assert_tensor_metadata": _Walk.nothing,
+        "_assert_scalar": _Walk.nothing,
+        "slice": _Walk.select,
+        "transpose": _Walk.transpose,
+        "permute": _Walk.transpose,
     }
 )
 

@@ -32,6 +32,8 @@ SIZE_ATTRIBUTES = frozenset(
         "num_embeddings",
         "embedding_dim",
         "num_channels",
+        "nf",
+        "nx",
     }
 )
 

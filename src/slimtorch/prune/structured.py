@@ -234,5 +234,9 @@ def _resize_attributes(module: nn.Module) -> dict[str, Any]:
         module.normalized_shape = tuple(weight.shape)
     elif isinstance(module, nn.Embedding):
         module.num_embeddings, module.embedding_dim = weight.shape
+    elif hasattr(module, "nf") and weight is not None and weight.dim() == 2:
+        module.nf = weight.shape[1]  # Hugging Face's Conv1D (GPT-2): weight [in, out], nf = out
+        if hasattr(module, "nx"):
+            module.nx = weight.shape[0]
     after = {k: v for k, v in vars(module).items() if not k.startswith("_")}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in after.items() if before.get(k) != v}

@@ -1,0 +1,62 @@
+"""Structured pruning of Hugging Face models built from small configs: what can be pruned is, the rest is
+kept whole with the reason named, and the pruned model saves and loads back without pickle."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import slimtorch
+from slimtorch.prune import channels_with_report
+from tests.zoo.transformers_models import TRANSFORMERS, example, main_output
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("name", list(TRANSFORMERS))
+def test_ratio_0_changes_nothing(name: str) -> None:
+    model = TRANSFORMERS[name]().eval()
+    reference = copy.deepcopy(model)
+    slimtorch.prune.channels(model, example(name), ratio=0.0)
+    assert torch.equal(main_output(model(*example(name))), main_output(reference(*example(name))))
+
+
+@pytest.mark.parametrize("name", list(TRANSFORMERS))
+def test_ratio_half_prunes_the_feed_forward_and_keeps_the_output_shape(name: str, tmp_path) -> None:
+    model = TRANSFORMERS[name]().eval()
+    shape = main_output(model(*example(name))).shape
+    before = sum(p.numel() for p in model.parameters())
+    with torch.no_grad():
+        _, report = channels_with_report(model, example(name), ratio=0.5)
+    out = main_output(model(*example(name)))
+    assert out.shape == shape and report.pruned_groups >= 2  # one feed-forward group per layer at least
+    assert sum(p.numel() for p in model.parameters()) < 0.9 * before
+    path = tmp_path / f"{name}.safetensors"
+    slimtorch.save_model(model, path)
+    loaded = slimtorch.load_model(path, TRANSFORMERS[name]).eval()
+    assert torch.equal(main_output(loaded(*example(name))), out)
+
+
+def test_attention_heads_are_kept_whole_and_the_reason_is_named() -> None:
+    model = TRANSFORMERS["bert"]().eval()
+    _, report = channels_with_report(model, example("bert"), ratio=0.5)
+    assert any("attention" in reason and "view" in reason for reason in report.frozen)
+    assert model.encoder.layer[0].attention.self.query.out_features == 64
+    assert model.encoder.layer[0].intermediate.dense.out_features == 64  # 128 -> 64
+
+
+def test_gpt2_keeps_its_tied_head_tied_and_prunes_the_hidden_size() -> None:
+    model = TRANSFORMERS["gpt2"]().eval()
+    slimtorch.prune.channels(model, example("gpt2"), ratio=0.5)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert model.transformer.wte.weight.shape == (100, 32)
+    assert model.transformer.h[0].mlp.c_fc.nf == model.transformer.h[0].mlp.c_fc.weight.shape[1] == 128
+
+
+def test_llama_gated_mlp_prunes_gate_and_up_together() -> None:
+    model = TRANSFORMERS["llama"]().eval()
+    slimtorch.prune.channels(model, example("llama"), ratio=0.5)
+    mlp = model.model.layers[0].mlp
+    assert mlp.gate_proj.out_features == mlp.up_proj.out_features == mlp.down_proj.in_features == 64
