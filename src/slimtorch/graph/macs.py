@@ -1,5 +1,6 @@
-"""Multiply-accumulates of one forward pass, counted the way pruning papers and Torch-Pruning count them:
-convolutions (transposed too), linear layers and batched matrix products; element-wise work is left out.
+"""Multiply-accumulates of one forward pass, counted the way pruning papers count them: convolutions
+(transposed too) and linear layers (Hugging Face's ``Conv1D`` included). Element-wise work, norms and the
+attention's own matrix products are left out.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ def _linear(module: nn.Module, inputs: tuple, output: torch.Tensor) -> int:
     return output.numel() * module.in_features
 
 
+def _conv1d_hf(module: nn.Module, inputs: tuple, output: torch.Tensor) -> int:
+    return output.numel() * module.weight.shape[0]  # weight [in, out]
+
+
 COUNTERS = {nn.Conv1d: _conv, nn.Conv2d: _conv, nn.Conv3d: _conv, nn.Linear: _linear}
 COUNTERS.update({nn.ConvTranspose1d: _conv, nn.ConvTranspose2d: _conv, nn.ConvTranspose3d: _conv})
 
@@ -40,12 +45,12 @@ def count_macs(
 
     def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         nonlocal total
-        counter = next((c for kind, c in COUNTERS.items() if type(module) is kind), None)
+        counter = _counter(module)
         if counter is not None:
             total += counter(module, inputs, output)
 
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    handles = [m.register_forward_hook(hook) for m in model.modules() if type(m) in COUNTERS]
+    handles = [m.register_forward_hook(hook) for m in model.modules() if _counter(m) is not None]
     try:
         with torch.no_grad():
             model(*args, **dict(example_kwargs or {}))
@@ -53,3 +58,10 @@ def count_macs(
         for handle in handles:
             handle.remove()
     return total
+
+
+def _counter(module: nn.Module):
+    counter = COUNTERS.get(type(module))
+    if counter is None and type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+        return _conv1d_hf
+    return counter
