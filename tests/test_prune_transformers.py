@@ -39,12 +39,29 @@ def test_ratio_half_prunes_the_feed_forward_and_keeps_the_output_shape(name: str
     assert torch.equal(main_output(loaded(*example(name))), out)
 
 
-def test_attention_heads_are_kept_whole_and_the_reason_is_named() -> None:
-    model = TRANSFORMERS["bert"]().eval()
-    _, report = channels_with_report(model, example("bert"), ratio=0.5)
-    assert any("attention" in reason and "view" in reason for reason in report.frozen)
-    assert model.encoder.layer[0].attention.self.query.out_features == 64
-    assert model.encoder.layer[0].intermediate.dense.out_features == 64  # 128 -> 64
+@pytest.mark.parametrize("name", ["bert", "vit"])
+def test_attention_heads_are_pruned_whole_with_their_count_updated(name: str) -> None:
+    model = TRANSFORMERS[name]().eval()
+    shape = main_output(model(*example(name))).shape
+    slimtorch.prune.channels(model, example(name), ratio=0.5)
+    layer = model.encoder.layer[0] if name == "bert" else model.layers[0]
+    attention = layer.attention.self if name == "bert" else layer.attention
+    projections = [
+        getattr(attention, n)
+        for n in ("query", "key", "value", "q_proj", "k_proj", "v_proj")
+        if hasattr(attention, n)
+    ]
+    assert {p.out_features for p in projections} == {32}  # 4 heads of 16 -> 2 heads
+    assert attention.num_attention_heads == 2
+    assert main_output(model(*example(name))).shape == shape
+
+
+def test_grouped_query_attention_keeps_its_heads_and_says_why() -> None:
+    model = TRANSFORMERS["llama"]().eval()
+    _, report = channels_with_report(model, example("llama"), ratio=0.5)
+    attention = model.model.layers[0].self_attn
+    assert attention.q_proj.out_features == 64 and attention.k_proj.out_features == 32
+    assert any("self_attn" in reason for reason in report.frozen)
 
 
 def test_gpt2_keeps_its_tied_head_tied_and_prunes_the_hidden_size() -> None:

@@ -101,6 +101,8 @@ class _Spaces:
         self.size: list[int] = []
         self.slices: dict[int, list[Slice]] = {}
         self.reason: dict[int, str] = {}
+        self.alias: dict[int, tuple[int, int]] = {}
+        """root -> (space, run): each channel of that space is ``run`` consecutive channels of the root"""
 
     def new(self, size: int, reason: str | None = None) -> int:
         self.parent.append(len(self.parent))
@@ -136,12 +138,30 @@ class _Spaces:
             self.slices.setdefault(segment.space, []).append(Slice(key, dim, offset, segment.factor, role))
             offset += segment.count * segment.factor
 
+    def regroup(self, space: int, run: int) -> int:
+        """A new space whose channel ``h`` is channels ``h*run ... + run`` of ``space``'s group (a head of
+        ``run`` features); what the group collected so far is pruned a whole head at a time from now on."""
+        root = self.find(space)
+        heads = self.new(self.size[root] // run)
+        self.alias[root] = (heads, run)
+        return heads
+
+    def resolve(self, space: int) -> tuple[int, int]:
+        """The root a space's slices belong to after regrouping, and how many of its entries make one."""
+        root, run = self.find(space), 1
+        while root in self.alias:
+            target, step = self.alias[root]
+            root, run = self.find(target), run * step
+        return root, run
+
     def groups(self) -> list[ChannelGroup]:
         by_root: dict[int, ChannelGroup] = {}
         for space in range(len(self.parent)):
-            root = self.find(space)
+            root, run = self.resolve(space)
             group = by_root.setdefault(root, ChannelGroup(self.size[root]))
-            group.slices += self.slices.get(space, [])
+            group.slices += [
+                Slice(s.key, s.dim, s.offset, s.factor * run, s.role) for s in self.slices.get(space, [])
+            ]
             if space in self.reason and group.reason is None:
                 group.reason = self.reason[space]
         return [g for g in by_root.values() if g.slices]
@@ -183,7 +203,7 @@ class _Walk:
 
     def freeze(self, layout: Layout | None, reason: str) -> None:
         for segment in layout.segments if layout else ():
-            self.spaces.freeze(self.spaces.find(segment.space), reason)
+            self.spaces.freeze(self.spaces.resolve(segment.space)[0], reason)
 
     def freeze_inputs(self, node: Node, reason: str) -> None:
         for value in node.all_input_nodes:
@@ -377,6 +397,10 @@ class _Walk:
         if source.axis == len(in_shape) - 1 and in_shape[-1] == out_shape[-1]:
             self.layouts[node] = Layout(len(out_shape) - 1, source.segments)  # [B, T, C] <-> [B*T, C]
             return
+        heads = self.split_heads(node, source, in_shape, out_shape)
+        if heads is not None:
+            self.layouts[node] = heads
+            return
         # [N, C, H, W] -> [N, C*H*W]: a flatten written as a view
         if (
             tuple(out_shape[: source.axis]) == tuple(in_shape[: source.axis])
@@ -385,6 +409,41 @@ class _Walk:
             self.merge_axes(node, source, in_shape, source.axis, len(in_shape) - 1)
             return
         self.freeze(source, f"view {list(in_shape)} -> {list(out_shape)} (from {_where(node)})")
+
+    def split_heads(self, node: Node, source: Layout, in_shape, out_shape) -> Layout | None:
+        """``[B, T, H*D] -> [B, T, H, D]``: the channels become H heads of D features each.
+
+        Only for a projection's own output (one space, seen by nothing but this view), so that no other
+        user still counts its channels one by one."""
+        axis = source.axis
+        if (
+            len(out_shape) != len(in_shape) + 1
+            or tuple(out_shape[:axis]) != tuple(in_shape[:axis])
+            or tuple(out_shape[axis + 2 :]) != tuple(in_shape[axis + 1 :])
+            or out_shape[axis] * out_shape[axis + 1] != in_shape[axis]
+            or len(source.segments) != 1
+            or source.segments[0].factor != 1
+            or len(node.args[0].users) != 1
+        ):
+            return None
+        heads = self.spaces.regroup(source.segments[0].space, out_shape[axis + 1])
+        return Layout(axis, (Segment(heads, out_shape[axis]),))
+
+    def attention(self, node: Node) -> None:
+        """``scaled_dot_product_attention(q, k, v)``: head h of q meets head h of k, and gives head h of the
+        output from head h of v, so the three head spaces become one."""
+        q, k, v = (self.layout(a) for a in node.args[:3])
+        if q is None or k is None or v is None:
+            for layout in (q, k, v):
+                self.freeze(layout, f"attention with unknown heads (from {_where(node)})")
+            return
+        heads = {layout.size for layout in (q, k, v)}
+        if len(heads) != 1 or not (self.unite(q, k) and self.unite(q, v)):
+            for layout in (q, k, v):
+                self.freeze(layout, f"grouped-query attention (from {_where(node)})")
+            self.fresh(node, q.axis, f"grouped-query attention (from {_where(node)})")
+            return
+        self.layouts[node] = q
 
     def select(self, node: Node) -> None:
         """``x[:, 0]`` (select) or ``x[:, 1:]`` (slice) along an axis other than the channels'."""
@@ -442,6 +501,7 @@ _HANDLERS.update(
         "sum": _Walk.mean,
         "amax": _Walk.mean,
         "select": _Walk.select,
+        "scaled_dot_product_attention": _Walk.attention,
         "addmm": _Walk.addmm,
         "_assert_tensor_metadata": _Walk.nothing,
         "_assert_scalar": _Walk.nothing,

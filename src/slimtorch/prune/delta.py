@@ -34,6 +34,11 @@ SIZE_ATTRIBUTES = frozenset(
         "num_channels",
         "nf",
         "nx",
+        "num_attention_heads",
+        "num_heads",
+        "n_head",
+        "n_heads",
+        "all_head_size",
     }
 )
 

@@ -238,5 +238,29 @@ def _resize_attributes(module: nn.Module) -> dict[str, Any]:
         module.nf = weight.shape[1]  # Hugging Face's Conv1D (GPT-2): weight [in, out], nf = out
         if hasattr(module, "nx"):
             module.nx = weight.shape[0]
+    _resize_heads(module)
     after = {k: v for k, v in vars(module).items() if not k.startswith("_")}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in after.items() if before.get(k) != v}
+
+
+HEAD_SIZES = ("attention_head_size", "head_dim", "head_size")
+HEAD_COUNTS = ("num_attention_heads", "num_heads", "n_head", "n_heads")
+QUERIES = ("query", "q_proj", "q_lin", "q")
+
+
+def _resize_heads(module: nn.Module) -> None:
+    """An attention module's head count (and total head width) from its query projection's rows."""
+    head_size = next(
+        (getattr(module, a) for a in HEAD_SIZES if isinstance(getattr(module, a, None), int)), None
+    )
+    query = next(
+        (getattr(module, n) for n in QUERIES if isinstance(getattr(module, n, None), nn.Linear)), None
+    )
+    if not head_size or query is None:
+        return
+    heads = query.weight.shape[0] // head_size
+    for name in HEAD_COUNTS:
+        if isinstance(getattr(module, name, None), int):
+            setattr(module, name, heads)
+    if isinstance(getattr(module, "all_head_size", None), int):
+        module.all_head_size = heads * head_size
