@@ -116,3 +116,13 @@ def test_cli_prune_bad_arguments_are_usage_errors(tmp_path, capsys, extra, words
     with pytest.raises(SystemExit) as exit_info:
         main(["prune", "tests.zoo:resnet18", "-o", str(tmp_path / "o.safetensors"), *extra])
     assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_cli_prune_to_a_parameter_budget(tmp_path, capsys) -> None:
+    factory_file = tmp_path / "zoo_models.py"
+    factory_file.write_text("from tests.zoo import resnet18\n")
+    out = tmp_path / "r18.safetensors"
+    args = ["prune", f"{factory_file}:resnet18", "-o", str(out), "--target-params", "5e6"]
+    assert main([*args, "--input-shape", "1,3,32,32", "--runs", "1", "--steps", "2"]) == 0
+    assert "at most 5,000,000 parameters" in capsys.readouterr().out
+    assert 4_500_000 < sum(p.numel() for p in slimtorch.load_model(out, resnet18).parameters()) <= 5_000_000

@@ -33,6 +33,7 @@ examples:
   slimtorch prune mypkg.models:resnet18 -o r18-half.safetensors --ratio 0.5
   slimtorch prune ./train.py:Net --weights ckpt.pt -o small.safetensors --ratio 0.3 --importance bn_scale
   slimtorch prune mypkg.models:unet -o unet.safetensors --ratio 0.5 --input-shape 1,3,256,256 --ignore head
+  slimtorch prune mypkg.models:resnet50 -o r50.safetensors --target-macs 1e9 --round-to 8
 """
 
 
@@ -42,7 +43,12 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument(
         "-o", "--output", required=True, metavar="OUT", help="output .safetensors file or folder"
     )
-    parser.add_argument("--ratio", type=_ratio, required=True, help="share of channels to remove, 0 to <1")
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--ratio", type=_ratio, help="share of channels to remove, 0 to <1")
+    budget.add_argument("--target-params", type=_count, metavar="N", help="prune until at most N parameters")
+    budget.add_argument(
+        "--target-macs", type=_count, metavar="N", help="prune until at most N MACs (on --input-shape)"
+    )
     parser.add_argument(
         "--weights", metavar="PATH", help="checkpoint to load into the model first (any format)"
     )
@@ -56,6 +62,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("--importance", choices=("l2", "l1", "bn_scale"), default="l2", help="default l2")
     parser.add_argument("--scope", choices=("layer", "global"), default="layer", help="default layer")
     parser.add_argument("--round-to", type=int, metavar="K", help="keep channel counts multiples of K")
+    parser.add_argument("--steps", type=int, default=1, help="reach the ratio in this many steps (default 1)")
     parser.add_argument(
         "--ignore", nargs="+", default=[], metavar="MODULE", help="modules whose outputs stay"
     )
@@ -70,6 +77,16 @@ def _ratio(text: str) -> float:
     value = float(text)
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError("must be at least 0 and below 1")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(float(text.replace("_", "").replace(",", "")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be positive")
     return value
 
 
@@ -98,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
         model,
         example,
         ratio=args.ratio,
+        target_params=args.target_params,
+        target_macs=args.target_macs,
+        iterative_steps=args.steps,
         importance=args.importance,
         scope=args.scope,
         round_to=args.round_to,
@@ -118,7 +138,13 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     console = output_console()
-    table = Table(title=f"{args.model}, ratio {args.ratio}", title_justify="left", header_style="dim")
+    unit = "parameters" if args.target_params else "MACs"
+    asked = (
+        f"ratio {args.ratio}"
+        if args.ratio is not None
+        else f"at most {args.target_params or args.target_macs:,} {unit}"
+    )
+    table = Table(title=f"{args.model}, {asked}", title_justify="left", header_style="dim")
     for column in ("", "before", "after", "after / before"):
         table.add_column(column, justify="left" if not column else "right")
     rows = (

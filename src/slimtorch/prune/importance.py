@@ -6,7 +6,9 @@ model's current tensors, ``scores`` is a 1-d float tensor of ``group.size``. The
 - ``"l2"`` / ``"l1"``: the norm of everything a channel touches (the weights that make it, the norms'
   vectors, the input slices of the layers that read it), as Torch-Pruning's group importance does;
 - ``"bn_scale"``: the magnitude of the BatchNorm scale (gamma) of the channel (network slimming), for
-  groups that have one; others fall back to ``"l2"``.
+  groups that have one; others fall back to ``"l2"``;
+- ``"taylor"``: the first-order Taylor estimate of the loss change, ``|w * dL/dw|`` summed over the
+  channel's weights; it reads the gradients left by the caller's ``loss.backward()``.
 """
 
 from __future__ import annotations
@@ -21,30 +23,49 @@ from slimtorch.graph.channels import ChannelGroup, Slice
 Importance = Callable[[ChannelGroup, Mapping[str, torch.Tensor]], torch.Tensor]
 
 
-def _per_channel(group: ChannelGroup, tensors: Mapping[str, torch.Tensor], slices: list[Slice], p: int):
+def _per_channel(group: ChannelGroup, values: Callable[[str], torch.Tensor], slices: list[Slice], p: int):
+    """Sum over ``slices`` of each channel's L1 norm (p=1) or squared L2 norm (p=2, rooted at the end)."""
     scores = torch.zeros(group.size, dtype=torch.float64)
     channels = torch.arange(group.size)
     for piece in slices:
-        tensor = tensors[piece.key].detach().to(torch.float64)
+        tensor = values(piece.key)
         picked = tensor.index_select(piece.dim, piece.indices(channels))
         picked = picked.movedim(piece.dim, 0).reshape(group.size, -1)
         scores += picked.abs().sum(1) if p == 1 else picked.pow(2).sum(1)
     return scores if p == 1 else scores.sqrt()
 
 
+def _weights(tensors: Mapping[str, torch.Tensor]) -> Callable[[str], torch.Tensor]:
+    return lambda key: tensors[key].detach().to(torch.float64)
+
+
 def l2(group: ChannelGroup, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return _per_channel(group, tensors, [s for s in group.slices if not _is_statistic(s)], 2)
+    return _per_channel(group, _weights(tensors), [s for s in group.slices if not _is_statistic(s)], 2)
 
 
 def l1(group: ChannelGroup, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return _per_channel(group, tensors, [s for s in group.slices if not _is_statistic(s)], 1)
+    return _per_channel(group, _weights(tensors), [s for s in group.slices if not _is_statistic(s)], 1)
 
 
 def bn_scale(group: ChannelGroup, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
     gammas = [
         s for s in group.slices if s.role == "norm" and s.key.endswith(".weight") and _has_stats(s, tensors)
     ]
-    return _per_channel(group, tensors, gammas, 1) if gammas else l2(group, tensors)
+    return _per_channel(group, _weights(tensors), gammas, 1) if gammas else l2(group, tensors)
+
+
+def taylor(group: ChannelGroup, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    with_grad = [s for s in group.slices if getattr(tensors[s.key], "grad", None) is not None]
+    if not with_grad:
+        raise SlimtorchError(
+            "taylor importance needs gradients: run the model on a batch and loss.backward() before pruning"
+        )
+
+    def contribution(key: str) -> torch.Tensor:
+        tensor = tensors[key]
+        return (tensor.detach() * tensor.grad).to(torch.float64)
+
+    return _per_channel(group, contribution, with_grad, 1)
 
 
 def _is_statistic(piece: Slice) -> bool:
@@ -56,7 +77,7 @@ def _has_stats(piece: Slice, tensors: Mapping[str, torch.Tensor]) -> bool:
     return piece.key.removesuffix("weight") + "running_var" in tensors
 
 
-BUILT_IN: dict[str, Importance] = {"l2": l2, "l1": l1, "bn_scale": bn_scale}
+BUILT_IN: dict[str, Importance] = {"l2": l2, "l1": l1, "bn_scale": bn_scale, "taylor": taylor}
 
 
 def resolve(importance: str | Importance) -> Importance:

@@ -20,7 +20,9 @@ from torch import nn
 from slimtorch.errors import SlimtorchError
 from slimtorch.graph.capture import capture
 from slimtorch.graph.channels import ChannelGroup, channel_groups
+from slimtorch.graph.macs import count_macs
 from slimtorch.io.model_slots import model_slots
+from slimtorch.prune.budget import ratio_for_budget
 from slimtorch.prune.delta import StructuralDelta, record
 from slimtorch.prune.importance import Importance, resolve
 
@@ -47,22 +49,29 @@ def channels(
     model: nn.Module,
     example_inputs: Sequence[Any] | Any,
     *,
-    ratio: float,
+    ratio: float | None = None,
+    target_params: int | None = None,
+    target_macs: int | None = None,
     importance: str | Importance = "l2",
     scope: str = "layer",
     round_to: int | None = None,
     ignore: Iterable[str | nn.Module] = (),
+    iterative_steps: int = 1,
     example_kwargs: Mapping[str, Any] | None = None,
 ) -> nn.Module:
-    """Remove ``ratio`` of the channels of every prunable group; returns ``model`` itself, smaller.
+    """Remove channels from every prunable group; returns ``model`` itself, physically smaller.
 
     Args:
         model: any module ``torch.export`` can trace with ``example_inputs`` (a no_grad trace).
         ratio: share of channels to remove, 0 to 1: of each group (``scope="layer"``), or of all channels
             with the lowest normalised scores across groups (``scope="global"``).
-        importance: ``"l2"``, ``"l1"``, ``"bn_scale"`` or a callable ``(group, tensors) -> scores``.
+        target_params, target_macs: instead of ``ratio``, the smallest ratio that brings the parameter
+            count (or the MACs of ``example_inputs``) to at most this.
+        importance: ``"l2"``, ``"l1"``, ``"bn_scale"``, ``"taylor"`` (needs gradients: run
+            ``loss.backward()`` first) or a callable ``(group, tensors) -> scores``.
         round_to: keep channel counts a multiple of this (hardware-friendly widths).
         ignore: modules (or their names) whose output channels must stay (a classifier, a detector head).
+        iterative_steps: reach the ratio in this many steps, scoring the channels again after each.
 
     Example:
         >>> from tests.zoo import resnet18  # doctest: +SKIP
@@ -72,10 +81,13 @@ def channels(
         model,
         example_inputs,
         ratio=ratio,
+        target_params=target_params,
+        target_macs=target_macs,
         importance=importance,
         scope=scope,
         round_to=round_to,
         ignore=ignore,
+        iterative_steps=iterative_steps,
         example_kwargs=example_kwargs,
     )
     return pruned
@@ -85,48 +97,107 @@ def channels_with_report(
     model: nn.Module,
     example_inputs: Sequence[Any] | Any,
     *,
-    ratio: float,
+    ratio: float | None = None,
+    target_params: int | None = None,
+    target_macs: int | None = None,
     importance: str | Importance = "l2",
     scope: str = "layer",
     round_to: int | None = None,
     ignore: Iterable[str | nn.Module] = (),
+    iterative_steps: int = 1,
     example_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, PruneReport]:
     """:func:`channels`, plus a :class:`PruneReport` of what was removed and what could not be."""
-    if not 0.0 <= ratio < 1.0:
-        raise SlimtorchError(f"ratio must be at least 0 and below 1, not {ratio}")
-    if scope not in ("layer", "global"):
-        raise SlimtorchError(f"scope must be 'layer' or 'global', not {scope!r}")
-    if round_to is not None and round_to < 1:
-        raise SlimtorchError(f"round_to must be a positive integer, not {round_to}")
+    _check(ratio, target_params, target_macs, scope, round_to, iterative_steps)
     score = resolve(importance)
     names = _ignored_names(model, ignore)
-    groups = channel_groups(capture(model, example_inputs, example_kwargs), ignore=names)
-    tensors = _tensors(model)
-    prunable = [g for g in groups if g.prunable]
-    scores = {id(g): score(g, tensors).to(torch.float64) for g in prunable}
-    for group in prunable:
-        if scores[id(group)].shape != (group.size,):
-            raise SlimtorchError(f"importance returned {tuple(scores[id(group)].shape)}, not ({group.size},)")
-    removed = _choose(prunable, scores, ratio, scope, round_to)
     params_before = sum(p.numel() for p in model.parameters())
-    delta = _apply(model, prunable, removed)
-    record(model, delta)  # slimtorch.save_model writes it beside the weights
+    if ratio is None:
+        _, groups, scores = _analyse(model, example_inputs, example_kwargs, names, score)
+        measure = (
+            (lambda m: sum(p.numel() for p in m.parameters()))
+            if target_params is not None
+            else (lambda m: count_macs(m, example_inputs, example_kwargs))
+        )
+        target = target_params if target_params is not None else target_macs
+        ratio = ratio_for_budget(
+            model,
+            lambda trial, r: _apply(
+                trial, groups, _lowest(groups, scores, _keep(groups, scores, r, scope, round_to))
+            ),
+            measure,
+            int(target),  # type: ignore[arg-type]
+        )
+    originals: dict[str, int] = {}
+    delta, first = StructuralDelta(), None
+    for step in range(1, iterative_steps + 1):
+        every, groups, scores = _analyse(model, example_inputs, example_kwargs, names, score)
+        first = first or every
+        for group in groups:
+            originals.setdefault(_identity(group), group.size)
+        keep = _keep(groups, scores, ratio * step / iterative_steps, scope, round_to, originals)
+        step_delta = _apply(model, groups, _lowest(groups, scores, keep))
+        record(model, step_delta)  # slimtorch.save_model writes it beside the weights
+        delta = delta.merge(step_delta)
     frozen: dict[str, int] = {}
-    for group in groups:
+    for group in first or []:
         if group.reason:
             frozen[group.reason] = frozen.get(group.reason, 0) + 1
+    kept = {_identity(g): keep[id(g)] for g in groups}  # the sizes the last step left
     report = PruneReport(
-        groups=len(groups),
-        pruned_groups=sum(1 for g in prunable if len(removed[id(g)])),
-        channels_before=sum(g.size for g in prunable),
-        channels_after=sum(g.size - len(removed[id(g)]) for g in prunable),
+        groups=len(first or []),
+        pruned_groups=sum(1 for key, size in originals.items() if kept.get(key, size) < size),
+        channels_before=sum(originals.values()),
+        channels_after=sum(kept.get(key, size) for key, size in originals.items()),
         params_before=params_before,
         params_after=sum(p.numel() for p in model.parameters()),
         frozen=frozen,
         delta=delta,
     )
     return model, report
+
+
+def _check(
+    ratio: float | None,
+    target_params: int | None,
+    target_macs: int | None,
+    scope: str,
+    round_to: int | None,
+    iterative_steps: int,
+) -> None:
+    if sum(x is not None for x in (ratio, target_params, target_macs)) != 1:
+        raise SlimtorchError("give exactly one of ratio, target_params or target_macs")
+    if ratio is not None and not 0.0 <= ratio < 1.0:
+        raise SlimtorchError(f"ratio must be at least 0 and below 1, not {ratio}")
+    if scope not in ("layer", "global"):
+        raise SlimtorchError(f"scope must be 'layer' or 'global', not {scope!r}")
+    if round_to is not None and round_to < 1:
+        raise SlimtorchError(f"round_to must be a positive integer, not {round_to}")
+    if iterative_steps < 1:
+        raise SlimtorchError(f"iterative_steps must be at least 1, not {iterative_steps}")
+
+
+def _analyse(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | Any,
+    example_kwargs: Mapping[str, Any] | None,
+    names: list[str],
+    score: Importance,
+) -> tuple[list[ChannelGroup], list[ChannelGroup], dict[int, torch.Tensor]]:
+    """Every group of the model as it is now, the prunable ones, and each prunable one's channel scores."""
+    groups = channel_groups(capture(model, example_inputs, example_kwargs), ignore=names)
+    prunable = [g for g in groups if g.prunable]
+    tensors = _tensors(model)
+    scores = {id(g): score(g, tensors).to(torch.float64) for g in prunable}
+    for group in prunable:
+        if scores[id(group)].shape != (group.size,):
+            raise SlimtorchError(f"importance returned {tuple(scores[id(group)].shape)}, not ({group.size},)")
+    return groups, prunable, scores
+
+
+def _identity(group: ChannelGroup) -> str:
+    """A name for a group that survives pruning and a new capture: the first weight that makes it."""
+    return (group.keys("out") or group.keys())[0]
 
 
 def _ignored_names(model: nn.Module, ignore: Iterable[str | nn.Module]) -> list[str]:
@@ -149,33 +220,47 @@ def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def _keep_count(size: int, ratio: float, round_to: int | None) -> int:
-    keep = max(1, size - math.floor(size * ratio))
+def _rounded(keep: int, size: int, round_to: int | None) -> int:
+    """At least one channel, rounded up to a multiple of ``round_to``, never more than ``size``."""
+    keep = max(1, keep)
     if round_to:
-        keep = min(size, max(round_to, round_to * math.ceil(keep / round_to)))
-    return keep
+        keep = max(round_to, round_to * math.ceil(keep / round_to))
+    return min(size, keep)
 
 
-def _choose(
+def _keep(
     groups: list[ChannelGroup],
     scores: dict[int, torch.Tensor],
     ratio: float,
     scope: str,
     round_to: int | None,
-) -> dict[int, torch.Tensor]:
-    """The channels to remove from each group, lowest scores first."""
+    originals: Mapping[str, int] | None = None,
+) -> dict[int, int]:
+    """How many channels each group keeps, so that ``ratio`` of its original channels are gone."""
+    originals = originals or {}
+    original = {id(g): originals.get(_identity(g), g.size) for g in groups}
     if scope == "layer":
-        keep = {id(g): _keep_count(g.size, ratio, round_to) for g in groups}
-    else:
-        # Scores are normalised per group (by its mean) so groups of different scales compete fairly.
-        pooled = torch.cat([scores[id(g)] / scores[id(g)].mean().clamp_min(1e-12) for g in groups])
-        total = pooled.numel()
-        cut = pooled.kthvalue(max(1, math.floor(total * ratio))).values if math.floor(total * ratio) else None
-        keep = {}
-        for g in groups:
-            normalised = scores[id(g)] / scores[id(g)].mean().clamp_min(1e-12)
-            kept = g.size if cut is None else int((normalised > cut).sum())
-            keep[id(g)] = _keep_count(g.size, 1 - max(1, kept) / g.size, round_to)
+        return {
+            id(g): min(
+                g.size,
+                _rounded(original[id(g)] - math.floor(original[id(g)] * ratio + 1e-9), g.size, round_to),
+            )
+            for g in groups
+        }
+    # Global: the lowest scores across groups go, each group's normalised by its mean so that groups of
+    # different scales compete fairly.
+    remove = sum(g.size for g in groups) - round(sum(original.values()) * (1 - ratio))
+    if remove <= 0 or not groups:
+        return {id(g): g.size for g in groups}
+    normalised = {id(g): scores[id(g)] / scores[id(g)].mean().clamp_min(1e-12) for g in groups}
+    cut = torch.cat(list(normalised.values())).kthvalue(remove).values
+    return {id(g): _rounded(int((normalised[id(g)] > cut).sum()), g.size, round_to) for g in groups}
+
+
+def _lowest(
+    groups: list[ChannelGroup], scores: dict[int, torch.Tensor], keep: Mapping[int, int]
+) -> dict[int, torch.Tensor]:
+    """The channels each group loses: its lowest scores, in channel order."""
     return {id(g): torch.sort(scores[id(g)].argsort()[: g.size - keep[id(g)]]).values for g in groups}
 
 
