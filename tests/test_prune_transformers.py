@@ -56,12 +56,15 @@ def test_attention_heads_are_pruned_whole_with_their_count_updated(name: str) ->
     assert main_output(model(*example(name))).shape == shape
 
 
-def test_grouped_query_attention_keeps_its_heads_and_says_why() -> None:
-    model = TRANSFORMERS["llama"]().eval()
-    _, report = channels_with_report(model, example("llama"), ratio=0.5)
+def test_grouped_query_attention_loses_whole_key_value_groups() -> None:
+    model = TRANSFORMERS["llama"]().eval()  # 4 query heads sharing 2 key/value heads, 16 features each
+    shape = main_output(model(*example("llama"))).shape
+    slimtorch.prune.channels(model, example("llama"), ratio=0.5)
     attention = model.model.layers[0].self_attn
-    assert attention.q_proj.out_features == 64 and attention.k_proj.out_features == 32
-    assert any("self_attn" in reason for reason in report.frozen)
+    assert attention.q_proj.out_features == 32 and attention.o_proj.in_features == 32  # 2 query heads
+    assert attention.k_proj.out_features == attention.v_proj.out_features == 16  # 1 key/value head
+    assert attention.num_key_value_groups == 2
+    assert main_output(model(*example("llama"))).shape == shape
 
 
 def test_gpt2_keeps_its_tied_head_tied_and_prunes_the_hidden_size() -> None:

@@ -401,12 +401,14 @@ class _Walk:
         if heads is not None:
             self.layouts[node] = heads
             return
-        # [N, C, H, W] -> [N, C*H*W]: a flatten written as a view
+        # [N, C, H, W] -> [N, C*H*W] (a flatten written as a view), [B, Hkv, n, T, D] -> [B, Hkv*n, T, D]
+        axis, merged = source.axis, len(in_shape) - len(out_shape)
         if (
-            tuple(out_shape[: source.axis]) == tuple(in_shape[: source.axis])
-            and len(out_shape) == source.axis + 1
+            merged > 0
+            and tuple(out_shape[:axis]) == tuple(in_shape[:axis])
+            and tuple(out_shape[axis + 1 :]) == tuple(in_shape[axis + merged + 1 :])
         ):
-            self.merge_axes(node, source, in_shape, source.axis, len(in_shape) - 1)
+            self.merge_axes(node, source, in_shape, axis, axis + merged)
             return
         self.freeze(source, f"view {list(in_shape)} -> {list(out_shape)} (from {_where(node)})")
 
@@ -437,13 +439,40 @@ class _Walk:
             for layout in (q, k, v):
                 self.freeze(layout, f"attention with unknown heads (from {_where(node)})")
             return
-        heads = {layout.size for layout in (q, k, v)}
-        if len(heads) != 1 or not (self.unite(q, k) and self.unite(q, v)):
+        q = self.group_queries(q, k)
+        if not (self.unite(q, k) and self.unite(q, v)):
             for layout in (q, k, v):
                 self.freeze(layout, f"grouped-query attention (from {_where(node)})")
             self.fresh(node, q.axis, f"grouped-query attention (from {_where(node)})")
             return
         self.layouts[node] = q
+
+    def group_queries(self, q: Layout, k: Layout) -> Layout:
+        """Grouped-query attention: each key/value head serves ``n`` consecutive query heads (``repeat_kv``
+        made k look like ``Hkv`` channels of ``n`` entries), so the query heads are regrouped by ``n``."""
+        if len(q.segments) != 1 or len(k.segments) != 1:
+            return q
+        (query,), (key,) = q.segments, k.segments
+        if key.factor == 1 or query.factor != 1 or query.count != key.count * key.factor:
+            return q
+        groups = self.spaces.regroup(query.space, key.factor)
+        return Layout(q.axis, (Segment(groups, key.count, key.factor),))
+
+    def unsqueeze(self, node: Node) -> None:
+        source, rank = self.layout(node.args[0]), len(_shape(node.args[0]))
+        if source is not None:
+            dim = node.args[1] % (rank + 1)
+            self.layouts[node] = Layout(source.axis + (dim <= source.axis), source.segments)
+
+    def expand(self, node: Node) -> None:
+        source, in_shape, out_shape = self.layout(node.args[0]), _shape(node.args[0]), _shape(node)
+        if source is None:
+            return
+        axis = source.axis + len(out_shape) - len(in_shape)
+        if out_shape[axis] != in_shape[source.axis]:
+            self.freeze(source, f"expand of the channels (from {_where(node)})")
+            return
+        self.layouts[node] = Layout(axis, source.segments)
 
     def select(self, node: Node) -> None:
         """``x[:, 0]`` (select) or ``x[:, 1:]`` (slice) along an axis other than the channels'."""
@@ -501,6 +530,8 @@ _HANDLERS.update(
         "sum": _Walk.mean,
         "amax": _Walk.mean,
         "select": _Walk.select,
+        "unsqueeze": _Walk.unsqueeze,
+        "expand": _Walk.expand,
         "scaled_dot_product_attention": _Walk.attention,
         "addmm": _Walk.addmm,
         "_assert_tensor_metadata": _Walk.nothing,
