@@ -80,3 +80,29 @@ def test_llama_gated_mlp_prunes_gate_and_up_together() -> None:
     slimtorch.prune.channels(model, example("llama"), ratio=0.5)
     mlp = model.model.layers[0].mlp
     assert mlp.gate_proj.out_features == mlp.up_proj.out_features == mlp.down_proj.in_features == 64
+
+
+def test_gpt2_fused_qkv_loses_whole_heads_and_its_split_size_follows() -> None:
+    model = TRANSFORMERS["gpt2"]().eval()
+    slimtorch.prune.channels(model, example("gpt2"), ratio=0.5)
+    attention = model.transformer.h[0].attn
+    assert attention.c_attn.weight.shape[1] == 3 * 32 and attention.c_proj.weight.shape[0] == 32
+    assert attention.num_heads == 2 and attention.split_size == 32
+
+
+def test_removing_dead_heads_changes_no_output() -> None:
+    model = TRANSFORMERS["bert"]().eval()
+    attention = model.encoder.layer[0].attention
+    dead = torch.cat([torch.arange(0, 16), torch.arange(32, 48)])  # heads 0 and 2 of 4, 16 features each
+    with torch.no_grad():
+        for projection in (attention.self.query, attention.self.key, attention.self.value):
+            projection.weight[dead] = 0
+            projection.bias[dead] = 0
+        attention.output.dense.weight[:, dead] = 0
+    reference = main_output(model(*example("bert")))
+    heads = {f"encoder.layer.0.attention.self.{name}" for name in ("query", "key", "value")}
+    others = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n not in heads]
+    slimtorch.prune.channels(model, example("bert"), ratio=0.5, ignore=others)
+    assert attention.self.query.out_features == 32 and attention.self.num_attention_heads == 2
+    assert model.encoder.layer[1].attention.self.query.out_features == 64  # fenced off by ignore
+    assert torch.allclose(main_output(model(*example("bert"))), reference, atol=1e-5)

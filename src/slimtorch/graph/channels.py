@@ -101,8 +101,9 @@ class _Spaces:
         self.size: list[int] = []
         self.slices: dict[int, list[Slice]] = {}
         self.reason: dict[int, str] = {}
-        self.alias: dict[int, tuple[int, int]] = {}
-        """root -> (space, run): each channel of that space is ``run`` consecutive channels of the root"""
+        self.alias: dict[int, list[tuple[int, int, int]]] = {}
+        """root -> [(space, start, run)]: the root's channels from ``start`` on are that space's channels,
+        each ``run`` of the root's: one entry for heads (``regroup``), several for a ``split``"""
 
     def new(self, size: int, reason: str | None = None) -> int:
         self.parent.append(len(self.parent))
@@ -143,27 +144,49 @@ class _Spaces:
         ``run`` features); what the group collected so far is pruned a whole head at a time from now on."""
         root = self.find(space)
         heads = self.new(self.size[root] // run)
-        self.alias[root] = (heads, run)
+        self.alias[root] = [(heads, 0, run)]
         return heads
 
-    def resolve(self, space: int) -> tuple[int, int]:
-        """The root a space's slices belong to after regrouping, and how many of its entries make one."""
-        root, run = self.find(space), 1
-        while root in self.alias:
-            target, step = self.alias[root]
-            root, run = self.find(target), run * step
-        return root, run
+    def partition(self, space: int, sizes: list[int]) -> list[int]:
+        """New spaces for consecutive pieces of ``space``'s group (``split`` of a fused q/k/v projection)."""
+        root = self.find(space)
+        pieces, start = [], 0
+        for size in sizes:
+            pieces.append(self.new(size))
+            self.alias.setdefault(root, []).append((pieces[-1], start, 1))
+            start += size
+        return pieces
+
+    def place(self, space: int, piece: Slice) -> list[tuple[int, Slice]]:
+        """Where a slice recorded on ``space`` ends up once regroupings and partitions are followed."""
+        root = self.find(space)
+        if root not in self.alias:
+            return [(root, piece)]
+        placed = []
+        for target, start, run in self.alias[root]:
+            moved = Slice(
+                piece.key, piece.dim, piece.offset + start * piece.factor, piece.factor * run, piece.role
+            )
+            placed += self.place(target, moved)
+        return placed
+
+    def roots(self, space: int) -> list[int]:
+        """The groups a space ends up in (several after a partition)."""
+        root = self.find(space)
+        if root not in self.alias:
+            return [root]
+        return [r for target, _, _ in self.alias[root] for r in self.roots(target)]
 
     def groups(self) -> list[ChannelGroup]:
         by_root: dict[int, ChannelGroup] = {}
         for space in range(len(self.parent)):
-            root, run = self.resolve(space)
-            group = by_root.setdefault(root, ChannelGroup(self.size[root]))
-            group.slices += [
-                Slice(s.key, s.dim, s.offset, s.factor * run, s.role) for s in self.slices.get(space, [])
-            ]
-            if space in self.reason and group.reason is None:
-                group.reason = self.reason[space]
+            for piece in self.slices.get(space, []):
+                for root, moved in self.place(space, piece):
+                    by_root.setdefault(root, ChannelGroup(self.size[root])).slices.append(moved)
+        for space, reason in self.reason.items():
+            for root in self.roots(space):
+                group = by_root.setdefault(root, ChannelGroup(self.size[root]))
+                group.reason = group.reason or reason
         return [g for g in by_root.values() if g.slices]
 
 
@@ -187,6 +210,7 @@ class _Walk:
         self.graph = graph
         self.spaces = _Spaces()
         self.layouts: dict[Node, Layout] = {}
+        self.pieces: dict[Node, list[Layout]] = {}  # the layouts of a split's outputs
 
     # -- helpers ---------------------------------------------------------------------------------------
     def layout(self, value: object) -> Layout | None:
@@ -203,7 +227,8 @@ class _Walk:
 
     def freeze(self, layout: Layout | None, reason: str) -> None:
         for segment in layout.segments if layout else ():
-            self.spaces.freeze(self.spaces.resolve(segment.space)[0], reason)
+            for root in self.spaces.roots(segment.space):
+                self.spaces.freeze(root, reason)
 
     def freeze_inputs(self, node: Node, reason: str) -> None:
         for value in node.all_input_nodes:
@@ -458,6 +483,29 @@ class _Walk:
         groups = self.spaces.regroup(query.space, key.factor)
         return Layout(q.axis, (Segment(groups, key.count, key.factor),))
 
+    def split(self, node: Node) -> None:
+        """``split`` along the channels (GPT-2's fused q/k/v) makes a space per piece; along another axis
+        every piece keeps the channels."""
+        source, in_shape = self.layout(node.args[0]), _shape(node.args[0])
+        if source is None:
+            return
+        dim = (node.args[2] if len(node.args) > 2 else 0) % len(in_shape)
+        sizes = [tuple(value.shape)[dim] for value in node.meta.get("val", ())]
+        if dim != source.axis:
+            self.pieces[node] = [source] * len(sizes)
+        elif len(source.segments) == 1 and source.segments[0].factor == 1 and len(node.users) == len(sizes):
+            spaces = self.spaces.partition(source.segments[0].space, sizes)
+            self.pieces[node] = [
+                Layout(dim, (Segment(space, size),)) for space, size in zip(spaces, sizes, strict=True)
+            ]
+        else:
+            self.freeze(source, f"split of mixed channels (from {_where(node)})")
+
+    def getitem(self, node: Node) -> None:
+        pieces = self.pieces.get(node.args[0]) if isinstance(node.args[0], Node) else None
+        if pieces is not None and isinstance(node.args[1], int):
+            self.layouts[node] = pieces[node.args[1]]
+
     def unsqueeze(self, node: Node) -> None:
         source, rank = self.layout(node.args[0]), len(_shape(node.args[0]))
         if source is not None:
@@ -531,6 +579,9 @@ _HANDLERS.update(
         "amax": _Walk.mean,
         "select": _Walk.select,
         "unsqueeze": _Walk.unsqueeze,
+        "split": _Walk.split,
+        "split_with_sizes": _Walk.split,
+        "getitem": _Walk.getitem,
         "expand": _Walk.expand,
         "scaled_dot_product_attention": _Walk.attention,
         "addmm": _Walk.addmm,

@@ -39,6 +39,7 @@ SIZE_ATTRIBUTES = frozenset(
         "n_head",
         "n_heads",
         "all_head_size",
+        "split_size",
     }
 )
 

@@ -341,9 +341,18 @@ def _resize_heads(module: nn.Module) -> None:
     query = next(
         (getattr(module, n) for n in QUERIES if isinstance(getattr(module, n, None), nn.Linear)), None
     )
-    if not head_size or query is None:
+    fused = getattr(
+        module, "c_attn", None
+    )  # GPT-2: q, k and v side by side in one Conv1D, weight [in, 3*width]
+    if head_size and query is None and fused is not None and hasattr(module, "split_size"):
+        width = fused.weight.shape[1] // 3
+        module.split_size = width
+        query_rows = width
+    elif not head_size or query is None:
         return
-    heads = query.weight.shape[0] // head_size
+    else:
+        query_rows = query.weight.shape[0]
+    heads = query_rows // head_size
     for name in HEAD_COUNTS:
         if isinstance(getattr(module, name, None), int):
             setattr(module, name, heads)
