@@ -180,6 +180,7 @@ def save(
     shard_size: int | None = None,
     metadata: Mapping[str, Any] | None = None,
     structure: StructuralDelta | None = None,
+    extra_files: Mapping[str, Path] | None = None,
 ) -> ShrinkReport:
     """Save a state dict in the slim format (a valid safetensors file), atomically, with checksums.
 
@@ -212,7 +213,8 @@ def save(
         **(metadata or {}),
     }
     delta = structure.to_dict() if structure else None
-    results, files, written = _write(plan, path, options, shard_size, provenance, {}, None, delta)
+    extras = dict(extra_files or {})
+    results, files, written = _write(plan, path, options, shard_size, provenance, extras, None, delta)
     before = sum(item.before_bytes for item in plan.items)
     return _report("<state_dict>", before, [], plan, results, files, written, started)
 

@@ -1,0 +1,149 @@
+"""Pruned Hugging Face models as folders that ``from_pretrained`` reads: new widths in ``config.json``.
+
+A pruned transformers model differs from its config in sizes only. When every layer was pruned alike (the
+default ``scope="layer"`` does that), the new sizes fit the config's single values (``hidden_size``,
+``intermediate_size``, ``num_attention_heads``, ``num_key_value_heads``), and the class rebuilds the
+pruned model by itself. When layers differ, no config can say so: the folder still loads with
+:func:`slimtorch.load_model`, which applies the structural delta, and the report says why
+``from_pretrained`` would not.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from slimtorch.errors import SlimtorchError
+
+FEED_FORWARD_UP = ("intermediate.dense", "mlp.up_proj", "mlp.c_fc", "mlp.fc1", "intermediate.dense_act")
+HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
+INTERMEDIATE_KEYS = ("intermediate_size", "n_inner", "ffn_dim", "hidden_dim")
+HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads")
+
+
+@dataclass(frozen=True)
+class ConfigUpdate:
+    """New config values, and the sizes a config cannot express (per-layer differences)."""
+
+    values: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def config_update(model: nn.Module) -> ConfigUpdate:
+    """The config values that describe ``model`` as it is now (after pruning)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        raise SlimtorchError(f"a {type(model).__name__} has no Hugging Face config")
+    values: dict[str, int] = {}
+    problems: list[str] = []
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if isinstance(embeddings, nn.Embedding):  # a vision model's patch embedding is a convolution
+        for key in HIDDEN_KEYS:
+            if isinstance(getattr(config, key, None), int):
+                values[key] = embeddings.weight.shape[1]
+    modules = dict(model.named_modules())
+    widths = {
+        m.weight.shape[-1 if _fused(m) else 0] for n, m in modules.items() if n.endswith(FEED_FORWARD_UP)
+    }
+    _single(values, problems, config, INTERMEDIATE_KEYS, widths, "feed-forward width", unset_too=True)
+    heads = {count for m in modules.values() if (count := _query_heads(m)) is not None}
+    _single(values, problems, config, HEAD_KEYS, heads, "attention head count")
+    if isinstance(getattr(config, "num_key_value_heads", None), int):
+        kv = {
+            m.k_proj.weight.shape[0] // _head_size(m)
+            for m in modules.values()
+            if _has(m, "k_proj", "head_dim")
+        }
+        _single(values, problems, config, ("num_key_value_heads",), kv, "key/value head count")
+    sizes = {_head_size(m) for m in modules.values() if _query_heads(m) is not None}
+    hidden_now = [values.get(key, getattr(config, key, None)) for key in HIDDEN_KEYS]
+    hidden = next((size for size in hidden_now if isinstance(size, int)), None)
+    heads_now = next((values[k] for k in HEAD_KEYS if k in values), None)
+    explicit = isinstance(getattr(config, "head_dim", None), int)
+    if not explicit and hidden and heads_now and sizes and sizes != {hidden // heads_now}:
+        derived = hidden // heads_now
+        problems.append(
+            f"heads of {sorted(sizes)[0]} features in a hidden size of {hidden}: this config derives the "
+            f"head size as hidden_size / num_attention_heads = {derived}"
+        )
+    return ConfigUpdate(values, problems)
+
+
+def save_pretrained(model: nn.Module, folder: str | os.PathLike[str], **options: Any) -> ConfigUpdate:
+    """Write ``config.json`` with the pruned sizes and the weights as a slim ``model.safetensors``.
+
+    Without codec options the weights are plain safetensors tensors (``sparse="off"``), so
+    ``from_pretrained`` reads the folder when :class:`ConfigUpdate` lists no problems; with codecs
+    (``quantize="int8"`` ...) only :func:`slimtorch.load_model` does.
+
+    Example:
+        >>> slimtorch.prune.channels(bert, (input_ids,), ratio=0.5)  # doctest: +SKIP
+        >>> slimtorch.prune.save_pretrained(bert, "bert-half")  # doctest: +SKIP
+        >>> transformers.BertModel.from_pretrained("bert-half")  # doctest: +SKIP
+    """
+    from slimtorch.shrinking import save_model
+
+    update = config_update(model)
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    for key, value in update.values.items():
+        setattr(config, key, value)
+    options.setdefault("sparse", "off")
+    with tempfile.TemporaryDirectory() as staging:
+        config.save_pretrained(staging)  # goes into the folder with the weights, in the same atomic swap
+        extras = {name: Path(staging) / name for name in os.listdir(staging)}
+        save_model(model, Path(folder), extra_files=extras, **options)
+    return update
+
+
+def _single(
+    values: dict,
+    problems: list,
+    config: Any,
+    keys: tuple[str, ...],
+    found: set,
+    what: str,
+    unset_too: bool = False,
+) -> None:
+    """Set ``keys`` the config has to the one value found; ``unset_too``: also those left None (GPT-2's
+    ``n_inner`` = None means 4 x hidden, which pruning the hidden size would change)."""
+    if not found:
+        return
+    if len(found) > 1:
+        problems.append(f"the layers have different {what}s ({sorted(found)}): a config holds one")
+        return
+    for key in keys:
+        value = getattr(config, key, "absent")
+        if isinstance(value, int) or (unset_too and value is None):
+            values[key] = next(iter(found))
+
+
+def _fused(module: nn.Module) -> bool:
+    return type(module).__name__ == "Conv1D"  # weight [in, out]
+
+
+def _has(module: nn.Module, *names: str) -> bool:
+    return all(hasattr(module, name) for name in names)
+
+
+def _head_size(module: nn.Module) -> int | None:
+    sizes = [getattr(module, name, None) for name in ("attention_head_size", "head_dim")]
+    return next((size for size in sizes if isinstance(size, int)), None)
+
+
+def _query_heads(module: nn.Module) -> int | None:
+    """How many query heads an attention module has now, from its query projection's width."""
+    size = _head_size(module)
+    if size is None:
+        return None
+    for name in ("query", "q_proj"):
+        projection = getattr(module, name, None)
+        if isinstance(projection, nn.Linear):
+            return projection.weight.shape[0] // size
+    if isinstance(getattr(module, "split_size", None), int) and hasattr(module, "c_attn"):
+        return module.split_size // size
+    return None

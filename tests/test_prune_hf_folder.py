@@ -1,0 +1,49 @@
+"""A pruned Hugging Face model saved as a folder: config.json carries the new sizes where a config can,
+and from_pretrained rebuilds the pruned model; where it cannot, the report says why and load_model does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import slimtorch
+from tests.zoo.transformers_models import TRANSFORMERS, example, main_output
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_pruned_folder_loads_with_from_pretrained_and_load_model(name: str, tmp_path) -> None:
+    model = TRANSFORMERS[name]().eval()
+    slimtorch.prune.channels(model, example(name), ratio=0.5)
+    expected = main_output(model(*example(name)))
+    update = slimtorch.prune.save_pretrained(model, tmp_path / name)
+    assert update.problems == []
+    config = json.loads((tmp_path / name / "config.json").read_text())
+    assert config.get("num_attention_heads", config.get("n_head")) == 2  # GPT-2 names it n_head
+    rebuilt = type(model).from_pretrained(tmp_path / name).eval()
+    assert torch.equal(main_output(rebuilt(*example(name))), expected)
+    loaded = slimtorch.load_model(tmp_path / name, TRANSFORMERS[name]).eval()
+    assert torch.equal(main_output(loaded(*example(name))), expected)
+
+
+@pytest.mark.parametrize("name", ["bert", "vit"])
+def test_a_head_size_the_config_cannot_express_is_reported_and_load_model_still_works(name, tmp_path) -> None:
+    model = TRANSFORMERS[name]().eval()
+    slimtorch.prune.channels(model, example(name), ratio=0.5)  # 4 heads of 16 -> 2 heads of 16, hidden 64
+    update = slimtorch.prune.save_pretrained(model, tmp_path / name)
+    assert any("hidden_size / num_attention_heads" in problem for problem in update.problems)
+    loaded = slimtorch.load_model(tmp_path / name, TRANSFORMERS[name]).eval()
+    assert torch.equal(main_output(loaded(*example(name))), main_output(model(*example(name))))
+
+
+def test_saving_again_replaces_the_folder(tmp_path) -> None:
+    model = TRANSFORMERS["gpt2"]().eval()
+    slimtorch.prune.channels(model, example("gpt2"), ratio=0.5)
+    slimtorch.prune.save_pretrained(model, tmp_path / "gpt2")
+    slimtorch.prune.save_pretrained(
+        model, tmp_path / "gpt2", quantize="int8"
+    )  # config.json is ours: replaced
+    assert {p.name for p in (tmp_path / "gpt2").iterdir()} == {"config.json", "model.safetensors"}
