@@ -47,3 +47,16 @@ def test_saving_again_replaces_the_folder(tmp_path) -> None:
         model, tmp_path / "gpt2", quantize="int8"
     )  # config.json is ours: replaced
     assert {p.name for p in (tmp_path / "gpt2").iterdir()} == {"config.json", "model.safetensors"}
+
+
+def test_cli_prunes_a_hugging_face_folder_into_a_folder(tmp_path, capsys) -> None:
+    from slimtorch.cli.main import main
+
+    TRANSFORMERS["llama"]().save_pretrained(tmp_path / "llama")
+    out = tmp_path / "llama-half"
+    assert main(["prune", str(tmp_path / "llama"), "-o", str(out), "--ratio", "0.5", "--runs", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "parameters" in printed and "from_pretrained cannot" not in printed
+    rebuilt = type(TRANSFORMERS["llama"]()).from_pretrained(out).eval()
+    assert rebuilt.model.layers[0].self_attn.q_proj.out_features == 32
+    assert main_output(rebuilt(*example("llama"))).shape == (2, 8, 100)

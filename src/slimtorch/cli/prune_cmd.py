@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 from rich.table import Table
@@ -13,10 +14,12 @@ from slimtorch.errors import SlimtorchError
 from slimtorch.io.loader import load_model
 from slimtorch.measure import measure
 from slimtorch.prune import channels_with_report
+from slimtorch.prune.hf import save_pretrained
 from slimtorch.report.inspect_view import output_console
 from slimtorch.report.units import format_bytes
 from slimtorch.shrinking import save_model
 
+DEFAULT_SHAPE = (1, 3, 224, 224)
 HELP = "remove whole channels (structured pruning) and save the smaller model without pickle"
 DESCRIPTION = """\
 Builds the model, captures its graph with torch.export (no autograd needed), groups the channels that
@@ -34,12 +37,13 @@ examples:
   slimtorch prune ./train.py:Net --weights ckpt.pt -o small.safetensors --ratio 0.3 --importance bn_scale
   slimtorch prune mypkg.models:unet -o unet.safetensors --ratio 0.5 --input-shape 1,3,256,256 --ignore head
   slimtorch prune mypkg.models:resnet50 -o r50.safetensors --target-macs 1e9 --round-to 8
+  slimtorch prune ./llama-folder -o ./llama-half --ratio 0.5   (a Hugging Face folder: writes a folder)
 """
 
 
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "prune", HELP, DESCRIPTION)
-    parser.add_argument("model", metavar="MODEL", help=SPEC_HELP)
+    parser.add_argument("model", metavar="MODEL", help=SPEC_HELP + ", or a Hugging Face model folder")
     parser.add_argument(
         "-o", "--output", required=True, metavar="OUT", help="output .safetensors file or folder"
     )
@@ -55,7 +59,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument(
         "--input-shape",
         type=_shape,
-        default=(1, 3, 224, 224),
+        default=DEFAULT_SHAPE,
         metavar="N,C,H,W",
         help="shape of the example input (default 1,3,224,224)",
     )
@@ -101,15 +105,10 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    factory = resolve_factory(args.model)
-    if args.weights:
-        model = load_model(args.weights, factory, allow_globals=tuple(args.allow_global))
-    else:
-        model = factory()
-        if not isinstance(model, torch.nn.Module):
-            raise SlimtorchError(f"{args.model} returned a {type(model).__name__}, not a torch.nn.Module")
+    folder = Path(args.model)
+    hugging_face = folder.is_dir() and (folder / "config.json").is_file()
+    model, example = _hugging_face(folder, args) if hugging_face else _from_factory(args)
     model.eval()
-    example = (torch.randn(args.input_shape),)
     before = measure(model, example, runs=args.runs)
     _, report = channels_with_report(
         model,
@@ -124,15 +123,22 @@ def run(args: argparse.Namespace) -> int:
         ignore=args.ignore,
     )
     after = measure(model, example, runs=args.runs)
-    saved = save_model(model, args.output, quantize=args.quantize)
+    problems: list[str] = []
+    if hugging_face:
+        problems = save_pretrained(model, args.output, quantize=args.quantize).problems
+        files = sorted(str(path) for path in Path(args.output).iterdir())
+    else:
+        files = save_model(model, args.output, quantize=args.quantize).files
+    size = sum(Path(f).stat().st_size for f in files if f.endswith(".safetensors"))
     if args.json:
         print_json(
             {
                 "schema": "slimtorch.prune/1",
                 "before": before.to_dict(),
                 "after": after.to_dict(),
-                "file_bytes": saved.after_bytes,
-                "files": saved.files,
+                "file_bytes": size,
+                "files": files,
+                "config_problems": problems,
                 **report.to_dict(),
             }
         )
@@ -168,5 +174,48 @@ def run(args: argparse.Namespace) -> int:
     )
     for reason, count in report.frozen.items():
         console.print(f"  kept whole: {count} group(s): {reason}", highlight=False)
-    console.print(f"wrote {', '.join(saved.files)} ({format_bytes(saved.after_bytes)})", highlight=False)
+    console.print(f"wrote {', '.join(files)} ({format_bytes(size)})", highlight=False)
+    for problem in problems:
+        console.print(
+            f"  from_pretrained cannot rebuild it: {problem}; slimtorch.load_model can", highlight=False
+        )
     return 0
+
+
+def _from_factory(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
+    factory = resolve_factory(args.model)
+    if args.weights:
+        model = load_model(args.weights, factory, allow_globals=tuple(args.allow_global))
+    else:
+        model = factory()
+        if not isinstance(model, torch.nn.Module):
+            raise SlimtorchError(f"{args.model} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model, (torch.randn(args.input_shape),)
+
+
+def _hugging_face(folder: Path, args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
+    """The folder's model (its class from config.json, its weights through slimtorch's safe loader) and
+    an example input: token ids, or images for a vision config (``--input-shape`` overrides)."""
+    try:
+        import transformers
+    except ImportError:
+        raise SlimtorchError(
+            "a Hugging Face folder needs transformers: pip install 'slimtorch[hf]'"
+        ) from None
+    config = transformers.AutoConfig.from_pretrained(folder)
+    architecture = (config.architectures or [None])[0]
+    model_class = getattr(transformers, architecture or "", None)
+    if model_class is None:
+        raise SlimtorchError(
+            f"{folder}: config.json names no architecture transformers knows ({architecture})"
+        )
+    model = load_model(folder, lambda: model_class(config), allow_globals=tuple(args.allow_global))
+    if args.input_shape != DEFAULT_SHAPE:
+        shape = args.input_shape
+    elif hasattr(config, "image_size"):
+        shape = (1, getattr(config, "num_channels", 3), config.image_size, config.image_size)
+    else:
+        shape = (1, min(128, getattr(config, "max_position_embeddings", 128)))
+    if len(shape) == 2:
+        return model, (torch.randint(0, config.vocab_size, shape),)
+    return model, (torch.randn(shape),)
