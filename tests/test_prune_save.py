@@ -12,10 +12,10 @@ from safetensors import safe_open
 import slimtorch
 from slimtorch.cli.main import main
 from tests.hostile import edit_slim_metadata
-from tests.zoo import UNet, mobilenet_v2, resnet18
+from tests.zoo import UNet, mobilenet_v2, resnet18, resnet50
 
 SMALL = torch.randn(2, 3, 64, 64)
-ZOO = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2, "unet": UNet}
+ZOO = {"resnet18": resnet18, "resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "unet": UNet}
 
 
 @pytest.mark.parametrize("name", list(ZOO))

@@ -192,3 +192,40 @@ def test_a_model_export_cannot_trace_is_a_clear_error() -> None:
 
     with pytest.raises(SlimtorchError, match="cannot capture the model's graph"):
         channels(DataDependent(), SMALL, ratio=0.5)
+
+
+def test_multihead_attention_keeps_its_embedding_width_and_the_rest_is_pruned() -> None:
+    from tests.zoo import TinyGPT
+
+    model = TinyGPT().eval()
+    tokens = torch.randint(0, 512, (2, 16))
+    _, report = channels_with_report(model, tokens, ratio=0.5)
+    assert any("MultiheadAttention" in reason and "embed_dim" in reason for reason in report.frozen)
+    assert model.blocks[0].linear1.out_features == 128  # the feed-forward, 256 -> 128
+    assert model(tokens).shape == (2, 16, 512)
+
+
+def test_a_size_hidden_in_python_code_fails_loudly_right_after_pruning() -> None:
+    class Reshaper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.channels = 16  # kept here, used in forward: nothing in the graph says it is a size
+
+        def forward(self, x):
+            return x.view(x.shape[0], self.channels, -1).mean(-1)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3)
+            self.reshape = Reshaper()
+            self.fc = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.fc(self.reshape(self.conv(x)))
+
+    with pytest.raises(SlimtorchError, match=r"no longer runs.*ignore"):
+        channels(Net().eval(), SMALL, ratio=0.5)
+    fenced = Net().eval()
+    channels(fenced, SMALL, ratio=0.5, ignore=["conv"])
+    assert fenced(SMALL).shape == (2, 4)

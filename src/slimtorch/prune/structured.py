@@ -139,6 +139,7 @@ def channels_with_report(
         step_delta = _apply(model, groups, _lowest(groups, scores, keep))
         record(model, step_delta)  # slimtorch.save_model writes it beside the weights
         delta = delta.merge(step_delta)
+    _still_runs(model, example_inputs, example_kwargs)
     frozen: dict[str, int] = {}
     for group in first or []:
         if group.reason:
@@ -155,6 +156,23 @@ def channels_with_report(
         delta=delta,
     )
     return model, report
+
+
+def _still_runs(
+    model: nn.Module, example_inputs: Sequence[Any] | Any, example_kwargs: Mapping[str, Any] | None
+) -> None:
+    """One forward pass on the example: a module that keeps a size of its own in Python code we cannot see
+    (``x.view(b, self.channels, -1)``) fails here, loudly, instead of in the user's next run."""
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    try:
+        with torch.no_grad():
+            model(*args, **dict(example_kwargs or {}))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SlimtorchError(
+            f"the pruned model no longer runs ({first}): a module keeps a channel count of its own; prune a "
+            "fresh copy with that module in ignore=[...]"
+        ) from exc
 
 
 def _check(
@@ -186,13 +204,49 @@ def _analyse(
 ) -> tuple[list[ChannelGroup], list[ChannelGroup], dict[int, torch.Tensor]]:
     """Every group of the model as it is now, the prunable ones, and each prunable one's channel scores."""
     groups = channel_groups(capture(model, example_inputs, example_kwargs), ignore=names)
-    prunable = [g for g in groups if g.prunable]
     tensors = _tensors(model)
+    _fence_fixed_sizes(model, groups, tensors)
+    prunable = [g for g in groups if g.prunable]
     scores = {id(g): score(g, tensors).to(torch.float64) for g in prunable}
     for group in prunable:
         if scores[id(group)].shape != (group.size,):
             raise SlimtorchError(f"importance returned {tuple(scores[id(group)].shape)}, not ({group.size},)")
     return groups, prunable, scores
+
+
+RESIZABLE = (
+    nn.modules.conv._ConvNd,
+    nn.Linear,
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.Embedding,
+)
+
+
+def _fence_fixed_sizes(
+    model: nn.Module, groups: list[ChannelGroup], tensors: Mapping[str, torch.Tensor]
+) -> None:
+    """Keep whole a group whose weights belong to a module that also stores their size in an attribute we
+    do not know how to update (``nn.MultiheadAttention.embed_dim``): pruning it would break its forward."""
+    modules = dict(model.named_modules())
+    for group in groups:
+        if group.reason:
+            continue
+        for piece in group.slices:
+            owner_name = piece.key.rpartition(".")[0]
+            owner = modules.get(owner_name)
+            if owner is None or isinstance(owner, RESIZABLE) or hasattr(owner, "nf"):
+                continue
+            size = tensors[piece.key].shape[piece.dim]
+            fixed = [
+                name
+                for name, value in vars(owner).items()
+                if not name.startswith("_") and type(value) is int and value == size
+            ]
+            if fixed:
+                where = owner_name or "the model"
+                group.reason = f"{type(owner).__name__} {where} keeps the size in {fixed[0]}"
+                break
 
 
 def _identity(group: ChannelGroup) -> str:
