@@ -29,6 +29,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/inspect_speed.py
 	$(BIN)/python benchmarks/shrink.py
 	$(BIN)/python benchmarks/load.py
+	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/prune.py
 
 clean:
 	rm -rf $(VENV) demo-out build dist
