@@ -43,7 +43,7 @@ def capture(
         >>> [n.target.__name__ for n in graph.graph.nodes if n.op == "call_function"]
         ['linear.default', 'relu.default']
     """
-    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    args = as_args(example_inputs)
     kwargs = _without_cache(model, dict(example_kwargs or {}))
     try:
         with torch.no_grad():
@@ -54,6 +54,11 @@ def capture(
     signature = program.graph_signature
     weights = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
     return Graph(program.graph, weights)
+
+
+def as_args(example_inputs: Sequence[Any] | Any) -> tuple[Any, ...]:
+    """Example inputs as positional arguments: a tuple or list is several, anything else is one."""
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
 def _without_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:

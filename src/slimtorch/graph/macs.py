@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from slimtorch.graph.capture import as_args
+
 
 def _conv(module: nn.Module, inputs: tuple, output: torch.Tensor) -> int:
     kernel = math.prod(module.kernel_size)
@@ -49,7 +51,7 @@ def count_macs(
         if counter is not None:
             total += counter(module, inputs, output)
 
-    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    args = as_args(example_inputs)
     handles = [m.register_forward_hook(hook) for m in model.modules() if _counter(m) is not None]
     try:
         with torch.no_grad():

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from slimtorch.errors import SlimtorchError
-from slimtorch.graph.capture import capture
+from slimtorch.graph.capture import as_args, capture
 from slimtorch.graph.channels import ChannelGroup, channel_groups
 from slimtorch.graph.macs import count_macs
 from slimtorch.io.model_slots import model_slots
@@ -163,7 +163,7 @@ def _still_runs(
 ) -> None:
     """One forward pass on the example: a module that keeps a size of its own in Python code we cannot see
     (``x.view(b, self.channels, -1)``) fails here, loudly, instead of in the user's next run."""
-    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    args = as_args(example_inputs)
     try:
         with torch.no_grad():
             model(*args, **dict(example_kwargs or {}))
