@@ -263,6 +263,7 @@ class _Walk:
         groups = groups or 1
         if op == "convolution" and args[6]:  # transposed
             return self.conv_transpose(node)
+        source = self.channels_first(node, source)
         w_shape = _shape(weight)
         if groups == 1:
             out = self.fresh(node, 1)
@@ -278,10 +279,18 @@ class _Walk:
             self.freeze(source, f"grouped convolution (from {_where(node)})")
             self.fresh(node, 1, f"grouped convolution (from {_where(node)})")
 
+    def channels_first(self, node: Node, source: Layout | None) -> Layout | None:
+        """A convolution reads channels on axis 1; channels anywhere else cannot be followed through it."""
+        if source is not None and source.axis != 1:
+            self.freeze(source, f"convolution over a non-channel axis (from {_where(node)})")
+            return None
+        return source
+
     def conv_transpose(self, node: Node) -> None:
         args = list(node.args) + [None] * 8
         source, weight, bias = self.layout(args[0]), args[1], args[2]
         groups = (args[8] if _op_name(node) == "convolution" else args[6]) or 1
+        source = self.channels_first(node, source)
         if groups != 1:
             self.freeze(source, f"grouped transposed convolution (from {_where(node)})")
             self.fresh(node, 1, f"grouped transposed convolution (from {_where(node)})")
