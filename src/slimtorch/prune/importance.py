@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from slimtorch.errors import SlimtorchError
-from slimtorch.graph.channels import ChannelGroup, Slice
+from slimtorch.graph.spaces import ChannelGroup, Slice
 
 Importance = Callable[[ChannelGroup, Mapping[str, torch.Tensor]], torch.Tensor]
 

@@ -19,8 +19,9 @@ from torch import nn
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.graph.capture import as_args, capture
-from slimtorch.graph.channels import ChannelGroup, channel_groups
+from slimtorch.graph.channels import channel_groups
 from slimtorch.graph.macs import count_macs
+from slimtorch.graph.spaces import ChannelGroup
 from slimtorch.io.model_slots import model_slots
 from slimtorch.prune.budget import ratio_for_budget
 from slimtorch.prune.delta import StructuralDelta, record
