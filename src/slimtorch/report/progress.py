@@ -20,8 +20,16 @@ class ByteProgress:
         ...     progress.advance(1 << 20)
     """
 
-    def __init__(self, label: str, total: int, *, delay: float = 0.0, enabled: bool | None = None) -> None:
-        self.console = Console(stderr=True)
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        *,
+        delay: float = 0.0,
+        enabled: bool | None = None,
+        console: Console | None = None,
+    ) -> None:
+        self.console = console or Console(stderr=True)
         self.enabled = self.console.is_terminal if enabled is None else enabled and self.console.is_terminal
         self.label, self.total, self.delay = label, total, delay
         self.done = 0
