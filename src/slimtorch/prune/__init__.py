@@ -1,20 +1,28 @@
-"""Pruning: structured (whole channels, physically removed).
+"""Pruning: structured (whole channels, physically removed) and unstructured / N:M (zeros, stored sparse).
 
 - :func:`channels`: remove a share of the channels of every prunable group of any traceable model.
 - :func:`channels_with_report`: the same, plus what was removed and what could not be.
 - :func:`save_pretrained`: a pruned Hugging Face model as a folder ``from_pretrained`` reads.
+- :func:`weights`: zero the smallest weights (global, per layer, or N:M); :func:`keep_sparse` keeps them
+  zero while fine-tuning; :class:`GradualPruner` schedules it; :func:`finalize` folds torch's prune masks.
 """
 
 from slimtorch.prune.delta import StructuralDelta, apply_delta
 from slimtorch.prune.hf import ConfigUpdate, save_pretrained
 from slimtorch.prune.structured import PruneReport, channels, channels_with_report
+from slimtorch.prune.unstructured import GradualPruner, SparsityReport, finalize, keep_sparse, weights
 
 __all__ = [
     "ConfigUpdate",
+    "GradualPruner",
     "PruneReport",
+    "SparsityReport",
     "StructuralDelta",
     "apply_delta",
     "channels",
     "channels_with_report",
+    "finalize",
+    "keep_sparse",
     "save_pretrained",
+    "weights",
 ]
