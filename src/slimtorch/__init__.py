@@ -7,6 +7,7 @@ The public API:
 - :func:`save` / :func:`load`: the slim format (safetensors with codecs and checksums), tensors in and out.
 - :func:`shrink`: any checkpoint to a slim one, dropping what only training needs.
 - :func:`save_model`: a model's weights plus, once pruned, its structural delta (no pickle).
+- :func:`recover`: fine-tune or distil a pruned model back (BatchNorm re-estimated, zeros kept).
 - :mod:`prune`: structured pruning that physically shrinks a model (``slimtorch.prune.channels``).
 - :func:`load_model`: a model built on the meta device and filled from any checkpoint, zero-copy where it
   can, decoding in parallel, staging through pinned memory to CUDA.
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 from slimtorch import prune
 from slimtorch.io.loader import LoadProfile, load, load_model, load_model_profiled
 from slimtorch.policy import ShrinkOptions
+from slimtorch.recovery import RecoverReport, recover
 from slimtorch.shrinking import ShrinkReport, save, save_model, shrink
 
 
@@ -66,6 +68,7 @@ __all__ = [
     "InspectReport",
     "LoadProfile",
     "ObjectInfo",
+    "RecoverReport",
     "ShrinkOptions",
     "ShrinkReport",
     "SlimtorchError",
@@ -79,6 +82,7 @@ __all__ = [
     "load_model_profiled",
     "open",
     "prune",
+    "recover",
     "save",
     "save_model",
     "shrink",

@@ -1,0 +1,258 @@
+"""recover: win back what pruning cost, by fine-tuning or by distilling from the original model.
+
+:func:`recover` trains a pruned student on any iterable of ``(inputs, targets)`` batches (a DataLoader):
+
+- with ``teacher``: Hinton's distillation loss, KL divergence between the temperature-softened outputs,
+  scaled by T squared, mixed with the task loss by ``alpha``; ``features`` adds FitNets-style matching of
+  intermediate outputs through a learned 1x1 adapter, since a pruned layer is narrower than its original;
+- BatchNorm statistics are re-estimated on the training data first (pruning changes what they describe);
+- zeros left by unstructured pruning stay zero (:func:`slimtorch.prune.keep_sparse`);
+- ``eval_fn`` is called every ``eval_every`` steps and at the end; training stops once it reaches
+  ``target``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from torch import nn
+
+from slimtorch.errors import SlimtorchError
+from slimtorch.prune.unstructured import PRUNABLE, keep_sparse
+
+BN_BATCHES = 50
+
+
+@dataclass(frozen=True)
+class RecoverReport:
+    """What :func:`recover` did: steps run, the last loss, the metric over time, whether it stopped early."""
+
+    steps: int
+    final_loss: float
+    metrics: list[tuple[int, float]] = field(default_factory=list)
+    stopped_early: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def recover(
+    student: nn.Module,
+    train_data: Iterable,
+    *,
+    teacher: nn.Module | None = None,
+    eval_fn: Callable[[nn.Module], float] | None = None,
+    steps: int | None = None,
+    epochs: int | None = None,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    temperature: float = 4.0,
+    alpha: float = 0.9,
+    features: Mapping[str, str] | None = None,
+    feature_weight: float = 1.0,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+    target: float | None = None,
+    eval_every: int | None = None,
+    recalibrate_bn: bool = True,
+    progress: bool | None = None,
+) -> RecoverReport:
+    """Fine-tune (or, with ``teacher``, distil into) ``student`` in place; returns a :class:`RecoverReport`.
+
+    Example:
+        >>> report = recover(pruned, loader, teacher=dense, epochs=3, eval_fn=accuracy)  # doctest: +SKIP
+    """
+    if (steps is None) == (epochs is None):
+        raise SlimtorchError("give exactly one of steps or epochs")
+    if not 0.0 <= alpha <= 1.0 or temperature <= 0:
+        raise SlimtorchError("alpha must be in [0, 1] and temperature positive")
+    total = steps if steps is not None else epochs * _length(train_data)  # type: ignore[operator]
+    if recalibrate_bn:
+        recalibrate_batchnorm(student, train_data)
+    adapters = _Matcher(student, teacher, features) if features else None
+    if adapters is not None:
+        adapters.prepare(student, teacher, next(iter(train_data))[0])  # widths known before the optimizer
+    trainable = list(student.parameters()) + (list(adapters.parameters()) if adapters else [])
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
+    every = eval_every or max(1, total // 10)
+    metrics: list[tuple[int, float]] = []
+    loss_value, step, stopped = float("nan"), 0, False
+    sparse = any(isinstance(m, PRUNABLE) and bool((m.weight == 0).any()) for m in student.modules())
+    console = Console(stderr=True)
+    with (
+        keep_sparse(student) if sparse else contextlib.nullcontext(),
+        Progress(
+            TextColumn("recovering"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+            disable=not (console.is_terminal if progress is None else progress and console.is_terminal),
+        ) as bar,
+    ):
+        task = bar.add_task("recover", total=total, status="")
+        if teacher is not None:
+            teacher.eval()
+        for inputs, targets in _batches(train_data, total):
+            student.train()
+            loss = _loss(student, teacher, inputs, targets, loss_fn, temperature, alpha)
+            if adapters is not None:
+                loss = loss + feature_weight * adapters.loss()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step, loss_value = step + 1, float(loss.detach())
+            if eval_fn is not None and (step % every == 0 or step == total):
+                metrics.append((step, _evaluate(student, eval_fn)))
+                stopped = target is not None and metrics[-1][1] >= target and step < total
+            status = f"loss {loss_value:.4f}" + (f", metric {metrics[-1][1]:.4f}" if metrics else "")
+            bar.update(task, advance=1, status=status)
+            if stopped:
+                break
+    if adapters is not None:
+        adapters.close()
+    student.eval()
+    return RecoverReport(step, loss_value, metrics, stopped)
+
+
+def recalibrate_batchnorm(model: nn.Module, data: Iterable, batches: int = BN_BATCHES) -> int:
+    """Re-estimate every BatchNorm's running mean and variance from ``batches`` batches of ``data`` (a
+    cumulative average, no gradients, weights untouched); returns the batches used."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return 0
+    momenta = [m.momentum for m in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # cumulative moving average over the batches below
+    was_training = model.training
+    model.train()
+    used = 0
+    with torch.no_grad():
+        for inputs, _ in itertools.islice(data, batches):
+            model(inputs)
+            used += 1
+    for norm, momentum in zip(norms, momenta, strict=True):
+        norm.momentum = momentum
+    model.train(was_training)
+    return used
+
+
+def distillation_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Hinton et al.: KL(softmax(t / T) || softmax(s / T)) * T^2 (the T^2 keeps gradients comparable)."""
+    return (
+        F.kl_div(
+            F.log_softmax(student_logits / temperature, dim=-1),
+            F.log_softmax(teacher_logits / temperature, dim=-1),
+            reduction="batchmean",
+            log_target=True,
+        )
+        * temperature**2
+    )
+
+
+def _loss(student, teacher, inputs, targets, loss_fn, temperature: float, alpha: float) -> torch.Tensor:
+    logits = student(inputs)
+    task = loss_fn(logits, targets)
+    if teacher is None:
+        return task
+    with torch.no_grad():
+        reference = teacher(inputs)
+    return alpha * distillation_loss(logits, reference, temperature) + (1 - alpha) * task
+
+
+class _Matcher:
+    """Forward hooks that catch named student and teacher outputs, and 1x1 adapters from each student
+    output's channels to its teacher's (pruned layers are narrower)."""
+
+    def __init__(self, student: nn.Module, teacher: nn.Module | None, pairs: Mapping[str, str]) -> None:
+        if teacher is None:
+            raise SlimtorchError("features needs a teacher")
+        students, teachers = dict(student.named_modules()), dict(teacher.named_modules())
+        self.pairs = dict(pairs)
+        self.outputs: dict[str, torch.Tensor] = {}
+        self.adapters: dict[str, nn.Module] = {}
+        self.handles = []
+        for s_name, t_name in self.pairs.items():
+            for name, modules, key in ((s_name, students, f"s:{s_name}"), (t_name, teachers, f"t:{t_name}")):
+                if name not in modules:
+                    raise SlimtorchError(f"features: no module named {name!r}")
+                self.handles.append(modules[name].register_forward_hook(self._keeper(key)))
+
+    def _keeper(self, key: str):
+        def keep(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+            self.outputs[key] = output
+
+        return keep
+
+    def prepare(self, student: nn.Module, teacher: nn.Module, inputs: torch.Tensor) -> None:
+        """One forward of both models on a batch, to size an adapter per pair."""
+        with torch.no_grad():
+            student(inputs)
+            teacher(inputs)
+        for s_name, t_name in self.pairs.items():
+            mine, theirs = self.outputs[f"s:{s_name}"], self.outputs[f"t:{t_name}"]
+            self.adapters[s_name] = _adapter(mine.shape[1], theirs.shape[1], mine.dim())
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for adapter in self.adapters.values() for p in adapter.parameters()]
+
+    def loss(self) -> torch.Tensor:
+        total = torch.zeros(())
+        for s_name, t_name in self.pairs.items():
+            mine, theirs = self.outputs[f"s:{s_name}"], self.outputs[f"t:{t_name}"].detach()
+            total = total + F.mse_loss(self.adapters[s_name](mine), theirs)
+        return total
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _adapter(width_in: int, width_out: int, rank: int) -> nn.Module:
+    if width_in == width_out:
+        return nn.Identity()
+    if rank == 4:
+        return nn.Conv2d(width_in, width_out, 1, bias=False)
+    if rank == 2:
+        return nn.Linear(width_in, width_out, bias=False)
+    raise SlimtorchError(f"features: cannot match {rank}-d outputs of different widths")
+
+
+def _evaluate(model: nn.Module, eval_fn: Callable[[nn.Module], float]) -> float:
+    model.eval()
+    with torch.no_grad():
+        return float(eval_fn(model))
+
+
+def _batches(data: Iterable, total: int):
+    """``total`` batches, going round ``data`` as many times as needed."""
+    produced = 0
+    while produced < total:
+        empty = True
+        for batch in data:
+            empty = False
+            yield batch
+            produced += 1
+            if produced >= total:
+                return
+        if empty:
+            raise SlimtorchError("the training data yielded no batch")
+
+
+def _length(data: Iterable) -> int:
+    try:
+        return len(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise SlimtorchError("epochs needs data with a length (a DataLoader); give steps instead") from None
