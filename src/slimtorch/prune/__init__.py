@@ -5,10 +5,12 @@
 - :func:`save_pretrained`: a pruned Hugging Face model as a folder ``from_pretrained`` reads.
 - :func:`weights`: zero the smallest weights (global, per layer, or N:M); :func:`keep_sparse` keeps them
   zero while fine-tuning; :class:`GradualPruner` schedules it; :func:`finalize` folds torch's prune masks.
+- :func:`scan`: each layer's sensitivity to pruning, and per-layer amounts for a global target.
 """
 
 from slimtorch.prune.delta import StructuralDelta, apply_delta
 from slimtorch.prune.hf import ConfigUpdate, save_pretrained
+from slimtorch.prune.sensitivity import SensitivityReport, scan
 from slimtorch.prune.structured import PruneReport, channels, channels_with_report
 from slimtorch.prune.unstructured import GradualPruner, SparsityReport, finalize, keep_sparse, weights
 
@@ -16,6 +18,7 @@ __all__ = [
     "ConfigUpdate",
     "GradualPruner",
     "PruneReport",
+    "SensitivityReport",
     "SparsityReport",
     "StructuralDelta",
     "apply_delta",
@@ -24,5 +27,6 @@ __all__ = [
     "finalize",
     "keep_sparse",
     "save_pretrained",
+    "scan",
     "weights",
 ]

@@ -72,11 +72,11 @@ def weights(
                     skipped[name] = problem
         elif method == "layer_magnitude" or not isinstance(amount, (int, float)):
             for module, share in targets.values():
-                _below(module.weight, _threshold([module.weight], share))
+                zero_up_to(module.weight, magnitude_threshold([module.weight], share))
         else:
-            threshold = _threshold([module.weight for module, _ in targets.values()], float(amount))
+            threshold = magnitude_threshold([module.weight for module, _ in targets.values()], float(amount))
             for module, _ in targets.values():
-                _below(module.weight, threshold)
+                zero_up_to(module.weight, threshold)
     return sparsity_of(model, [name for name in targets if name not in skipped], skipped)
 
 
@@ -112,7 +112,7 @@ def _targets(model: nn.Module, amount: float | Mapping[str, float]) -> dict[str,
     return targets
 
 
-def _threshold(tensors: list[torch.Tensor], share: float) -> float | None:
+def magnitude_threshold(tensors: list[torch.Tensor], share: float) -> float | None:
     """The magnitude at or below which ``share`` of the values lie (None: prune nothing)."""
     count = sum(t.numel() for t in tensors)
     k = math.floor(count * share)
@@ -122,7 +122,7 @@ def _threshold(tensors: list[torch.Tensor], share: float) -> float | None:
     return float(magnitudes.kthvalue(k).values)
 
 
-def _below(weight: torch.Tensor, threshold: float | None) -> None:
+def zero_up_to(weight: torch.Tensor, threshold: float | None) -> None:
     if threshold is not None:
         weight.masked_fill_(weight.abs() <= threshold, 0)
 
