@@ -17,6 +17,7 @@ demo: $(STAMP)
 	$(BIN)/slimtorch inspect demo-out/checkpoint.pt
 	$(BIN)/slimtorch shrink demo-out/checkpoint.pt -o demo-out/model-int8.safetensors --quantize int8
 	$(BIN)/slimtorch load demo-out/model-int8.safetensors --profile
+	$(BIN)/python examples/digits.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
