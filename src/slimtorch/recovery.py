@@ -78,7 +78,8 @@ def recover(
         recalibrate_batchnorm(student, train_data)
     adapters = _Matcher(student, teacher, features) if features else None
     if adapters is not None:
-        adapters.prepare(student, teacher, next(iter(train_data))[0])  # widths known before the optimizer
+        first = _to(next(iter(train_data))[0], _device_of(student))
+        adapters.prepare(student, teacher, first)  # widths known before the optimizer
     trainable = list(student.parameters()) + (list(adapters.parameters()) if adapters else [])
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
     every = eval_every or max(1, total // 10)
@@ -86,7 +87,9 @@ def recover(
     loss_value, step, stopped = float("nan"), 0, False
     sparse = any(isinstance(m, PRUNABLE) and bool((m.weight == 0).any()) for m in student.modules())
     console = Console(stderr=True)
+    device = _device_of(student)
     with (
+        contextlib.closing(adapters) if adapters is not None else contextlib.nullcontext(),
         keep_sparse(student) if sparse else contextlib.nullcontext(),
         Progress(
             TextColumn("recovering"),
@@ -103,6 +106,7 @@ def recover(
         if teacher is not None:
             teacher.eval()
         for inputs, targets in _batches(train_data, total):
+            inputs, targets = _to(inputs, device), _to(targets, device)
             student.train()
             loss = _loss(student, teacher, inputs, targets, loss_fn, temperature, alpha)
             if adapters is not None:
@@ -118,8 +122,6 @@ def recover(
             bar.update(task, advance=1, status=status)
             if stopped:
                 break
-    if adapters is not None:
-        adapters.close()
     student.eval()
     return RecoverReport(step, loss_value, metrics, stopped)
 
@@ -136,10 +138,10 @@ def recalibrate_batchnorm(model: nn.Module, data: Iterable, batches: int = BN_BA
         norm.momentum = None  # cumulative moving average over the batches below
     was_training = model.training
     model.train()
-    used = 0
+    used, device = 0, _device_of(model)
     with torch.no_grad():
         for inputs, _ in itertools.islice(data, batches):
-            model(inputs)
+            model(_to(inputs, device))
             used += 1
     for norm, momentum in zip(norms, momenta, strict=True):
         norm.momentum = momentum
@@ -203,17 +205,17 @@ class _Matcher:
             teacher(inputs)
         for s_name, t_name in self.pairs.items():
             mine, theirs = self.outputs[f"s:{s_name}"], self.outputs[f"t:{t_name}"]
-            self.adapters[s_name] = _adapter(mine.shape[1], theirs.shape[1], mine.dim())
+            self.adapters[s_name] = _adapter(mine.shape[1], theirs.shape[1], mine.dim()).to(mine.device)
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for adapter in self.adapters.values() for p in adapter.parameters()]
 
     def loss(self) -> torch.Tensor:
-        total = torch.zeros(())
+        losses = []
         for s_name, t_name in self.pairs.items():
             mine, theirs = self.outputs[f"s:{s_name}"], self.outputs[f"t:{t_name}"].detach()
-            total = total + F.mse_loss(self.adapters[s_name](mine), theirs)
-        return total
+            losses.append(F.mse_loss(self.adapters[s_name](mine), theirs))
+        return torch.stack(losses).sum()
 
     def close(self) -> None:
         for handle in self.handles:
@@ -228,6 +230,15 @@ def _adapter(width_in: int, width_out: int, rank: int) -> nn.Module:
     if rank == 2:
         return nn.Linear(width_in, width_out, bias=False)
     raise SlimtorchError(f"features: cannot match {rank}-d outputs of different widths")
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    """A batch's tensor on the model's device (other values as they are)."""
+    return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
 def _evaluate(model: nn.Module, eval_fn: Callable[[nn.Module], float]) -> float:

@@ -48,7 +48,7 @@ def weights(
 
     Args:
         amount: share of weights to zero, or ``{"glob pattern": share}`` by layer name (layers that match
-            no pattern are left alone; the first matching pattern wins).
+            no pattern are left alone; the first matching pattern wins; each layer then loses its own share).
         method: ``"global_magnitude"`` (one threshold over all layers), ``"layer_magnitude"`` (each layer
             loses ``amount``) or ``"n:m"`` (at most ``n`` non-zeros in every ``m`` consecutive weights
             along the input dimension; ``amount`` then only selects the layers).
