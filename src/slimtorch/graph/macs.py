@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from slimtorch.graph.capture import as_args
+from slimtorch.graph.layers import is_hf_conv1d
 
 
 def _conv(module: nn.Module, inputs: tuple, output: torch.Tensor) -> int:
@@ -64,6 +65,6 @@ def count_macs(
 
 def _counter(module: nn.Module):
     counter = COUNTERS.get(type(module))
-    if counter is None and type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+    if counter is None and is_hf_conv1d(module):
         return _conv1d_hf
     return counter

@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from slimtorch.errors import SlimtorchError
+from slimtorch.graph.layers import head_size, is_hf_conv1d, query_heads
 
 FEED_FORWARD_UP = ("intermediate.dense", "mlp.up_proj", "mlp.c_fc", "mlp.fc1", "intermediate.dense_act")
 HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
@@ -48,19 +49,21 @@ def config_update(model: nn.Module) -> ConfigUpdate:
                 values[key] = embeddings.weight.shape[1]
     modules = dict(model.named_modules())
     widths = {
-        m.weight.shape[-1 if _fused(m) else 0] for n, m in modules.items() if n.endswith(FEED_FORWARD_UP)
+        m.weight.shape[-1 if is_hf_conv1d(m) else 0]
+        for n, m in modules.items()
+        if n.endswith(FEED_FORWARD_UP)
     }
     _single(values, problems, config, INTERMEDIATE_KEYS, widths, "feed-forward width", unset_too=True)
-    heads = {count for m in modules.values() if (count := _query_heads(m)) is not None}
+    heads = {count for m in modules.values() if (count := query_heads(m)) is not None}
     _single(values, problems, config, HEAD_KEYS, heads, "attention head count")
     if isinstance(getattr(config, "num_key_value_heads", None), int):
         kv = {
-            m.k_proj.weight.shape[0] // _head_size(m)
+            m.k_proj.weight.shape[0] // head_size(m)
             for m in modules.values()
             if _has(m, "k_proj", "head_dim")
         }
         _single(values, problems, config, ("num_key_value_heads",), kv, "key/value head count")
-    sizes = {_head_size(m) for m in modules.values() if _query_heads(m) is not None}
+    sizes = {head_size(m) for m in modules.values() if query_heads(m) is not None}
     hidden_now = [values.get(key, getattr(config, key, None)) for key in HIDDEN_KEYS]
     hidden = next((size for size in hidden_now if isinstance(size, int)), None)
     heads_now = next((values[k] for k in HEAD_KEYS if k in values), None)
@@ -122,28 +125,5 @@ def _single(
             values[key] = next(iter(found))
 
 
-def _fused(module: nn.Module) -> bool:
-    return type(module).__name__ == "Conv1D"  # weight [in, out]
-
-
 def _has(module: nn.Module, *names: str) -> bool:
     return all(hasattr(module, name) for name in names)
-
-
-def _head_size(module: nn.Module) -> int | None:
-    sizes = [getattr(module, name, None) for name in ("attention_head_size", "head_dim")]
-    return next((size for size in sizes if isinstance(size, int)), None)
-
-
-def _query_heads(module: nn.Module) -> int | None:
-    """How many query heads an attention module has now, from its query projection's width."""
-    size = _head_size(module)
-    if size is None:
-        return None
-    for name in ("query", "q_proj"):
-        projection = getattr(module, name, None)
-        if isinstance(projection, nn.Linear):
-            return projection.weight.shape[0] // size
-    if isinstance(getattr(module, "split_size", None), int) and hasattr(module, "c_attn"):
-        return module.split_size // size
-    return None

@@ -20,6 +20,7 @@ from torch import nn
 from slimtorch.errors import SlimtorchError
 from slimtorch.graph.capture import as_args, capture
 from slimtorch.graph.channels import channel_groups
+from slimtorch.graph.layers import head_size, is_hf_conv1d, query_width
 from slimtorch.graph.macs import count_macs
 from slimtorch.graph.spaces import ChannelGroup
 from slimtorch.io.model_slots import model_slots
@@ -236,7 +237,7 @@ def _fence_fixed_sizes(
         for piece in group.slices:
             owner_name = piece.key.rpartition(".")[0]
             owner = modules.get(owner_name)
-            if owner is None or isinstance(owner, RESIZABLE) or hasattr(owner, "nf"):
+            if owner is None or isinstance(owner, RESIZABLE) or is_hf_conv1d(owner):
                 continue
             size = tensors[piece.key].shape[piece.dim]
             fixed = [
@@ -374,7 +375,7 @@ def _resize_attributes(module: nn.Module) -> dict[str, Any]:
         module.normalized_shape = tuple(weight.shape)
     elif isinstance(module, nn.Embedding):
         module.num_embeddings, module.embedding_dim = weight.shape
-    elif hasattr(module, "nf") and weight is not None and weight.dim() == 2:
+    elif is_hf_conv1d(module) and weight is not None:
         module.nf = weight.shape[1]  # Hugging Face's Conv1D (GPT-2): weight [in, out], nf = out
         if hasattr(module, "nx"):
             module.nx = weight.shape[0]
@@ -383,33 +384,19 @@ def _resize_attributes(module: nn.Module) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in after.items() if before.get(k) != v}
 
 
-HEAD_SIZES = ("attention_head_size", "head_dim", "head_size")
 HEAD_COUNTS = ("num_attention_heads", "num_heads", "n_head", "n_heads")
-QUERIES = ("query", "q_proj", "q_lin", "q")
 
 
 def _resize_heads(module: nn.Module) -> None:
     """An attention module's head count (and total head width) from its query projection's rows."""
-    head_size = next(
-        (getattr(module, a) for a in HEAD_SIZES if isinstance(getattr(module, a, None), int)), None
-    )
-    query = next(
-        (getattr(module, n) for n in QUERIES if isinstance(getattr(module, n, None), nn.Linear)), None
-    )
-    fused = getattr(
-        module, "c_attn", None
-    )  # GPT-2: q, k and v side by side in one Conv1D, weight [in, 3*width]
-    if head_size and query is None and fused is not None and hasattr(module, "split_size"):
-        width = fused.weight.shape[1] // 3
-        module.split_size = width
-        query_rows = width
-    elif not head_size or query is None:
+    size, width = head_size(module), query_width(module)
+    if not size or width is None:
         return
-    else:
-        query_rows = query.weight.shape[0]
-    heads = query_rows // head_size
+    if hasattr(module, "c_attn") and hasattr(module, "split_size"):
+        module.split_size = width  # GPT-2 splits its fused q/k/v output by this
+    heads = width // size
     for name in HEAD_COUNTS:
         if isinstance(getattr(module, name, None), int):
             setattr(module, name, heads)
     if isinstance(getattr(module, "all_head_size", None), int):
-        module.all_head_size = heads * head_size
+        module.all_head_size = heads * size
