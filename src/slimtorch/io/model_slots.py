@@ -129,11 +129,18 @@ def fills_in_place(slot: Slot, tensor: torch.Tensor) -> bool:
 
 
 def assign(slot: Slot, tensor: torch.Tensor) -> None:
-    old = slot.tensor
+    """Fill the slot's tensor in place where it can (:func:`fills_in_place`), else replace it."""
     if fills_in_place(slot, tensor):
         with torch.no_grad():
-            old.copy_(tensor)
+            slot.tensor.copy_(tensor)
         return
+    replace(slot, tensor)
+
+
+def replace(slot: Slot, tensor: torch.Tensor) -> None:
+    """Put ``tensor`` under every name of the slot (a parameter keeps its ``requires_grad``), so that
+    tied names stay one tensor."""
+    old = slot.tensor
     value = nn.Parameter(tensor, requires_grad=old.requires_grad) if slot.parameter else tensor
     for module, attr in slot.places:
         (module._parameters if slot.parameter else module._buffers)[attr] = value

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from slimtorch.errors import SlimtorchError
-from slimtorch.io.model_slots import model_slots
+from slimtorch.io.model_slots import model_slots, replace
 
 ATTRIBUTE = "_slimtorch_delta"  # where a pruned module keeps its delta until it is saved
 # The attributes a delta may set: sizes only, never code or arbitrary state from a file.
@@ -118,10 +118,7 @@ def apply_delta(model: nn.Module, delta: StructuralDelta) -> None:
         shape = next((delta.shapes[name] for name in slot.names if name in delta.shapes), None)
         if shape is None:
             continue
-        meta = torch.empty(shape, dtype=slot.tensor.dtype, device="meta")
-        value = nn.Parameter(meta, requires_grad=slot.tensor.requires_grad) if slot.parameter else meta
-        for module, attr in slot.places:
-            (module._parameters if slot.parameter else module._buffers)[attr] = value
+        replace(slot, torch.empty(shape, dtype=slot.tensor.dtype, device="meta"))
     record(model, delta)
 
 

@@ -23,7 +23,7 @@ from slimtorch.graph.channels import channel_groups
 from slimtorch.graph.layers import head_size, is_hf_conv1d, query_width
 from slimtorch.graph.macs import count_macs
 from slimtorch.graph.spaces import ChannelGroup
-from slimtorch.io.model_slots import model_slots
+from slimtorch.io.model_slots import model_slots, replace
 from slimtorch.prune.budget import ratio_for_budget
 from slimtorch.prune.delta import StructuralDelta, record
 from slimtorch.prune.importance import Importance, resolve
@@ -337,12 +337,8 @@ def _apply(model: nn.Module, groups: list[ChannelGroup], removed: dict[int, torc
     delta = StructuralDelta()
     for (key, dim), mask in keep.items():  # a weight pruned on two dims is cut twice, one dim at a time
         slot = slots[key]
-        old = slot.tensor
-        new = old.detach().index_select(dim, mask.nonzero().squeeze(1))
-        value = nn.Parameter(new, requires_grad=old.requires_grad) if slot.parameter else new
-        for module, attr in slot.places:
-            (module._parameters if slot.parameter else module._buffers)[attr] = value
-        slot.tensor = value
+        new = slot.tensor.detach().index_select(dim, mask.nonzero().squeeze(1))
+        replace(slot, new)
         delta.shapes.update({name: list(new.shape) for name in slot.names})
     for name, module in model.named_modules():
         changed = _resize_attributes(module)
