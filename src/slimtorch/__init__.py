@@ -9,6 +9,7 @@ The public API:
 - :func:`save_model`: a model's weights plus, once pruned, its structural delta (no pickle).
 - :func:`recover`: fine-tune or distil a pruned model back (BatchNorm re-estimated, zeros kept).
 - :mod:`prune`: structured pruning that physically shrinks a model (``slimtorch.prune.channels``).
+- :func:`quantize`: int8 / int4 layers that run fast on CPU and save and load as they are.
 - :func:`load_model`: a model built on the meta device and filled from any checkpoint, zero-copy where it
   can, decoding in parallel, staging through pinned memory to CUDA.
 """
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 from slimtorch import prune
 from slimtorch.io.loader import LoadProfile, load, load_model, load_model_profiled
 from slimtorch.policy import ShrinkOptions
+from slimtorch.quant import QuantizeReport, quantize, quantize_with_report
 from slimtorch.recovery import RecoverReport, recover
 from slimtorch.shrinking import ShrinkReport, save, save_model, shrink
 
@@ -68,6 +70,7 @@ __all__ = [
     "InspectReport",
     "LoadProfile",
     "ObjectInfo",
+    "QuantizeReport",
     "RecoverReport",
     "ShrinkOptions",
     "ShrinkReport",
@@ -82,6 +85,8 @@ __all__ = [
     "load_model_profiled",
     "open",
     "prune",
+    "quantize",
+    "quantize_with_report",
     "recover",
     "save",
     "save_model",

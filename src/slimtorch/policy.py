@@ -121,11 +121,7 @@ def encode_tensor(name: str, x: torch.Tensor, category: str, options: ShrinkOpti
 
 def _quantized(x: torch.Tensor, options: ShrinkOptions, sparse: bool) -> Encoded:
     if options.quantize == "int8":
-        encoded = encode(x, ["int8"])
-        codes = encoded.parts["q"]
-        if sparse and _sparse_pays(codes.numel(), count_zeros(codes), 1):
-            encoded = extend(encoded, "sparse")
-        return encoded
+        return _sparse_codes(encode(x, ["int8"]), sparse)
     group = options.group_size
     # Groups follow rows (what int4 matmul kernels want) unless rows would pad groups out.
     flat = (x.numel() // x.shape[0]) % group != 0
@@ -133,6 +129,20 @@ def _quantized(x: torch.Tensor, options: ShrinkOptions, sparse: bool) -> Encoded
     if int4_bytes(x.numel(), zeros, group, sparse) < _int4_bytes(x.numel(), group):
         return encode(x, ["sparse", ("int4", {"group_size": group})])
     return encode(x, [("int4", {"group_size": group, "flat": flat})])
+
+
+def _sparse_codes(encoded: Encoded, sparse: bool) -> Encoded:
+    """int8 codes as bitmask + non-zero codes where that is smaller (a pruned weight's zeros stay zeros)."""
+    codes = encoded.parts.get("q")
+    if sparse and codes is not None and _sparse_pays(codes.numel(), count_zeros(codes), 1):
+        return extend(encoded, "sparse")
+    return encoded
+
+
+def finish_coded(encoded: Encoded, options: ShrinkOptions) -> Encoded:
+    """A tensor that arrives encoded (a quantized layer's parts): sparse int8 codes and zstd, as asked."""
+    encoded = _sparse_codes(encoded, options.sparse == "auto")
+    return extend(encoded, "zstd") if options.entropy else encoded
 
 
 # -- sizes: what the codecs above store, shared with inspect's "what you could save" -----------------------

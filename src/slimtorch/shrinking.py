@@ -8,6 +8,7 @@ does the same for an in-memory state dict.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,14 +21,16 @@ import torch
 from slimtorch import __version__
 from slimtorch.errors import SlimtorchError
 from slimtorch.inspection import Bucket, classify, inspect
-from slimtorch.io.codecs import REGISTRY, decode
+from slimtorch.io.codecs import REGISTRY, Encoded, decode
+from slimtorch.io.codecs.chain import parse_dtype
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.io.readers.hf_folder import weight_files
 from slimtorch.io.readers.slim import SlimSource
 from slimtorch.io.source import TensorInfo, TensorSource, dtype_name
 from slimtorch.io.writer import SlimWriter
-from slimtorch.policy import ShrinkOptions, convert, encode_tensor
+from slimtorch.policy import ShrinkOptions, convert, encode_tensor, finish_coded
 from slimtorch.prune.delta import StructuralDelta, delta_of
+from slimtorch.quant.modules import QuantizedWeight
 from slimtorch.scan import find_duplicates
 
 TRAINING_ONLY = ("optimizer_state", "training_state")
@@ -102,12 +105,14 @@ class ShrinkReport:
 
 @dataclass(frozen=True)
 class _Item:
-    """A tensor to store: its output name, category, input bytes, and how to fetch its value."""
+    """A tensor to store: its output name, category, input bytes, and how to fetch its value (or its parts,
+    already encoded: a quantized layer's weight)."""
 
     name: str
     category: str
     before_bytes: int
     fetch: Callable[[], torch.Tensor]
+    encoded: Encoded | None = None
 
 
 @dataclass
@@ -181,13 +186,15 @@ def save(
     metadata: Mapping[str, Any] | None = None,
     structure: StructuralDelta | None = None,
     extra_files: Mapping[str, Path] | None = None,
+    coded: Mapping[str, Encoded] | None = None,
 ) -> ShrinkReport:
     """Save a state dict in the slim format (a valid safetensors file), atomically, with checksums.
 
     Lossless by default (raw, sparse where smaller): :func:`slimtorch.load` gives back equal tensors (a
     -0.0 comes back as 0.0). ``dtype="fp16"``, ``quantize="int8"`` or ``"int4"`` are lossy within the
     bounds documented in :mod:`slimtorch.io.codecs.lossy`. Tensors sharing memory (tied weights) are stored
-    once and come back shared.
+    once and come back shared. ``coded`` adds tensors already encoded (a quantized layer's codes and
+    scales), stored as they are.
 
     Example:
         >>> import torch, slimtorch
@@ -207,6 +214,10 @@ def save(
     )
     started = time.perf_counter()
     plan = _plan_state_dict(state_dict)
+    for name, encoded in (coded or {}).items():
+        stage = encoded.stages[0]
+        before = math.prod(stage["shape"]) * parse_dtype(stage["dtype"]).itemsize
+        plan.items.append(_Item(name, "parameters", before, lambda: torch.empty(0), encoded))
     provenance = {
         "tool": f"slimtorch {__version__}",
         "options": _describe_options(options),
@@ -220,17 +231,30 @@ def save(
 
 
 def save_model(model: torch.nn.Module, path: str | os.PathLike[str], **options: Any) -> ShrinkReport:
-    """Save a model's weights and, if it was pruned, how its structure changed: no pickle involved.
+    """Save a model's weights and, if it was pruned or quantized, how its structure changed: no pickle.
 
-    ``options`` are :func:`save`'s (``quantize="int8"``, ``dtype="bf16"`` ...). Load it back with
-    :func:`slimtorch.load_model` and the factory of the *original* model: the file tells how to reshape it.
+    ``options`` are :func:`save`'s (``quantize="int8"``, ``dtype="bf16"`` ...). Layers quantized by
+    :func:`slimtorch.quantize` are stored as their codes, scales and zero points, untouched. Load it back
+    with :func:`slimtorch.load_model` and the factory of the *original* model: the file tells how to
+    reshape it and which layers to quantize.
 
     Example:
         >>> slimtorch.prune.channels(model, example, ratio=0.5)  # doctest: +SKIP
         >>> slimtorch.save_model(model, "pruned.safetensors")  # doctest: +SKIP
         >>> slimtorch.load_model("pruned.safetensors", build_model)  # doctest: +SKIP
     """
-    return save(model.state_dict(), path, structure=delta_of(model), **options)
+    state = model.state_dict()
+    coded = {}
+    for prefix, module in model.named_modules():
+        if isinstance(module, QuantizedWeight):
+            for attr, (tensor, _) in module.SLIM_PARTS.items():
+                state.pop(_joined(prefix, attr))
+                coded[_joined(prefix, tensor)] = module.encoded()
+    return save(state, path, structure=delta_of(model), coded=coded, **options)
+
+
+def _joined(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
 
 
 # -- planning ----------------------------------------------------------------------------------------------
@@ -360,7 +384,16 @@ def _write(
         extra_files=companions,
     )
     try:
-        for item, original in _fetched(plan.items):
+        for item in (i for i in plan.items if i.encoded is not None):
+            encoded = finish_coded(item.encoded, options)  # type: ignore[arg-type]
+            stage = encoded.stages[0]
+            entry = writer.add(item.name, encoded, parse_dtype(stage["dtype"]), tuple(stage["shape"]))
+            results.append(
+                TensorResult(
+                    item.name, item.category, entry.chain, stage["dtype"], item.before_bytes, encoded.nbytes
+                )
+            )
+        for item, original in _fetched([i for i in plan.items if i.encoded is None]):
             value = convert(item.name, original.detach().cpu(), options)
             encoded = encode_tensor(item.name, value, item.category, options)
             writer.add(item.name, encoded, value.dtype, tuple(value.shape))

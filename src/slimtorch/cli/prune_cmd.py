@@ -5,13 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
 from rich.table import Table
 
-from slimtorch.cli.arguments import add_allow_global, add_command, print_json
-from slimtorch.cli.model_spec import SPEC_HELP, resolve_factory
-from slimtorch.errors import SlimtorchError
-from slimtorch.io.loader import load_model
+from slimtorch.cli.arguments import add_command, print_json
+from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.measure import measure
 from slimtorch.prune import channels_with_report
 from slimtorch.prune.hf import save_pretrained
@@ -19,7 +16,6 @@ from slimtorch.report.inspect_view import output_console
 from slimtorch.report.units import format_bytes
 from slimtorch.shrinking import save_model
 
-DEFAULT_SHAPE = (1, 3, 224, 224)
 HELP = "remove whole channels (structured pruning) and save the smaller model without pickle"
 DESCRIPTION = """\
 Builds the model, captures its graph with torch.export (no autograd needed), groups the channels that
@@ -43,7 +39,7 @@ examples:
 
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "prune", HELP, DESCRIPTION)
-    parser.add_argument("model", metavar="MODEL", help=SPEC_HELP + ", or a Hugging Face model folder")
+    add_model_arguments(parser, "1,3,224,224")
     parser.add_argument(
         "-o", "--output", required=True, metavar="OUT", help="output .safetensors file or folder"
     )
@@ -52,16 +48,6 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     budget.add_argument("--target-params", type=_count, metavar="N", help="prune until at most N parameters")
     budget.add_argument(
         "--target-macs", type=_count, metavar="N", help="prune until at most N MACs (on --input-shape)"
-    )
-    parser.add_argument(
-        "--weights", metavar="PATH", help="checkpoint to load into the model first (any format)"
-    )
-    parser.add_argument(
-        "--input-shape",
-        type=_shape,
-        default=DEFAULT_SHAPE,
-        metavar="N,C,H,W",
-        help="shape of the example input (default 1,3,224,224)",
     )
     parser.add_argument("--importance", choices=("l2", "l1", "bn_scale"), default="l2", help="default l2")
     parser.add_argument("--scope", choices=("layer", "global"), default="layer", help="default layer")
@@ -73,7 +59,6 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("--quantize", choices=("int8", "int4"), help="also quantize the saved weights")
     parser.add_argument("--runs", type=int, default=10, help="timed forward passes for latency (default 10)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    add_allow_global(parser)
     parser.set_defaults(run=run)
 
 
@@ -94,20 +79,9 @@ def _count(text: str) -> int:
     return value
 
 
-def _shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated shape: {text!r}") from None
-    if not shape or any(size < 1 for size in shape):
-        raise argparse.ArgumentTypeError(f"sizes must be positive: {text!r}")
-    return shape
-
-
 def run(args: argparse.Namespace) -> int:
-    folder = Path(args.model)
-    hugging_face = folder.is_dir() and (folder / "config.json").is_file()
-    model, example = _hugging_face(folder, args) if hugging_face else _from_factory(args)
+    loaded = command_model(args)
+    model, example, hugging_face = loaded.model, loaded.example, loaded.folder is not None
     model.eval()
     before = measure(model, example, runs=args.runs)
     _, report = channels_with_report(
@@ -180,42 +154,3 @@ def run(args: argparse.Namespace) -> int:
             f"  from_pretrained cannot rebuild it: {problem}; slimtorch.load_model can", highlight=False
         )
     return 0
-
-
-def _from_factory(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
-    factory = resolve_factory(args.model)
-    if args.weights:
-        model = load_model(args.weights, factory, allow_globals=tuple(args.allow_global))
-    else:
-        model = factory()
-        if not isinstance(model, torch.nn.Module):
-            raise SlimtorchError(f"{args.model} returned a {type(model).__name__}, not a torch.nn.Module")
-    return model, (torch.randn(args.input_shape),)
-
-
-def _hugging_face(folder: Path, args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
-    """The folder's model (its class from config.json, its weights through slimtorch's safe loader) and
-    an example input: token ids, or images for a vision config (``--input-shape`` overrides)."""
-    try:
-        import transformers
-    except ImportError:
-        raise SlimtorchError(
-            "a Hugging Face folder needs transformers: pip install 'slimtorch[hf]'"
-        ) from None
-    config = transformers.AutoConfig.from_pretrained(folder)
-    architecture = (config.architectures or [None])[0]
-    model_class = getattr(transformers, architecture or "", None)
-    if model_class is None:
-        raise SlimtorchError(
-            f"{folder}: config.json names no architecture transformers knows ({architecture})"
-        )
-    model = load_model(folder, lambda: model_class(config), allow_globals=tuple(args.allow_global))
-    if args.input_shape != DEFAULT_SHAPE:
-        shape = args.input_shape
-    elif hasattr(config, "image_size"):
-        shape = (1, getattr(config, "num_channels", 3), config.image_size, config.image_size)
-    else:
-        shape = (1, min(128, getattr(config, "max_position_embeddings", 128)))
-    if len(shape) == 2:
-        return model, (torch.randint(0, config.vocab_size, shape),)
-    return model, (torch.randn(shape),)

@@ -304,14 +304,38 @@ def _prefetch(source: TensorSource, pool: ThreadPoolExecutor, dtype: torch.dtype
     Only without staging (the CPU), where what is decoded becomes the model's memory anyway (before a
     transfer it would pile up in RAM); and only slim files have work to start (checksums, codecs). Tensors
     the model turns out not to want were decoded for nothing: a slim file holds a model's tensors only.
+    The weights of quantized layers are left alone: the layers take their parts, not the float tensor.
     """
     if not isinstance(source, SlimSource):
         return {}
     floats = {name for name, entry in source.layout.tensors.items() if entry.dtype.is_floating_point}
+    quantized = _quantized_weights(source)
     return {
         name: pool.submit(_fetch, source, name, dtype if name in floats else None, dtype is not None)
         for name in source.layout.tensors
+        if name not in quantized
     }
+
+
+def _quantized_weights(source: SlimSource) -> set[str]:
+    delta = source.layout.delta
+    layers = delta.get("quantized") if isinstance(delta, dict) else None
+    return {f"{name}.weight" if name else "weight" for name in layers} if isinstance(layers, dict) else set()
+
+
+def _fetch_part(source: TensorSource, slot: Slot) -> _Fetched:
+    """A quantized layer's buffer: one part of a coded tensor, as stored (mapped, verified)."""
+    clock = time.perf_counter()
+    name, role = slot.file_name, slot.part[1]  # type: ignore[index]
+    tensor = source.part(name, role)  # type: ignore[union-attr]
+    if tuple(tensor.shape) != tuple(slot.tensor.shape):
+        raise FormatError(
+            source.path,
+            f"part {role!r} of tensor {name!r} is {list(tensor.shape)} in the file but the model's "
+            f"{slot.names[0]!r} is {list(slot.tensor.shape)}",
+        )
+    codec = source.entry(name).chain  # type: ignore[union-attr, arg-type]
+    return _Fetched(tensor, time.perf_counter() - clock, zero_copy=len(codec.split("+")) == 1, codec=codec)
 
 
 def _fill(
@@ -329,13 +353,15 @@ def _fill(
 
     ``early`` holds fetches started before the model existed, by stored name (each serves one slot)."""
     todo = [s for s in slots if s.file_name is not None]
-    total = sum(source.info(s.file_name).nbytes for s in todo)  # type: ignore[arg-type]
+    total = sum(_stored_bytes(source, s) for s in todo)
     handed_out: set[int] = set()  # storages already given to a slot: a second slot gets a copy
     stored = source.layout.ties if isinstance(source, SlimSource) else {}
     # CUDA: convert on the device after the transfer (cheaper there, and the transfer is smaller).
     convert = stager is None
 
     def task(slot: Slot) -> Future | Callable[[], _Fetched]:
+        if slot.part is not None:
+            return lambda: _fetch_part(source, slot)
         started = early.pop(stored.get(slot.file_name, slot.file_name), None)  # type: ignore[arg-type]
         return started or (lambda: _fetch(source, slot.file_name, target_dtype(slot, dtype), convert))
 
@@ -361,13 +387,21 @@ def _fill(
             profile.decode_s += fetched.decode_s
             profile.copy_s += fetched.copy_s + copy
             profile.assign_s += time.perf_counter() - clock - copy
-            bar.advance(source.info(slot.file_name).nbytes)  # type: ignore[arg-type]
+            bar.advance(_stored_bytes(source, slot))
         if stager is not None:
             clock = time.perf_counter()
             stager.finish()
             profile.copy_s += time.perf_counter() - clock
     for unused in early.values():
         unused.cancel()
+
+
+def _stored_bytes(source: TensorSource, slot: Slot) -> int:
+    """Bytes a slot's tensor takes in memory: the part's for a quantized layer's buffer (from its shape in
+    the model, which the fetch checks), the tensor's otherwise."""
+    if slot.part is not None:
+        return slot.tensor.numel() * slot.tensor.element_size()
+    return source.info(slot.file_name).nbytes  # type: ignore[arg-type]
 
 
 def stager_for(device: torch.device | None) -> Stager | None:
@@ -411,7 +445,7 @@ def _to_target(
     dtype: torch.dtype | None,
     stager: Stager | None,
 ) -> torch.Tensor:
-    want_dtype = target_dtype(slot, dtype)
+    want_dtype = target_dtype(slot, dtype) or tensor.dtype
     want_device = device or (torch.device("cpu") if slot.tensor.is_meta else slot.tensor.device)
     if stager is not None:
         tensor = stager.copy(tensor)

@@ -3,6 +3,10 @@
 A :class:`Slot` is one tensor of the model under every name it has (tied parameters share one slot), so a
 tie is filled once and stays a tie. Matching finds each slot's tensor in the file, under a training
 wrapper prefix if the file has one, and checks shapes before anything is read.
+
+A quantized layer's buffers are the *parts* of one coded tensor of the file (``fc.qweight`` is the part
+``q`` of ``fc.weight``): its class says so in ``SLIM_PARTS``, and such a slot is filled with that part as
+stored, never decoded.
 """
 
 from __future__ import annotations
@@ -29,12 +33,16 @@ class Slot:
     tensor: torch.Tensor
     parameter: bool
     file_name: str | None = None
+    part: tuple[str, str] | None = None
+    """(coded tensor's name in the model, part role) for a quantized layer's buffer; the tensor is that
+    part as stored"""
 
 
 def model_slots(model: nn.Module) -> list[Slot]:
     """Every parameter and persistent buffer, one slot per tensor (a tied tensor has several names)."""
     slots: dict[int, Slot] = {}
     for prefix, module in model.named_modules(remove_duplicate=False):
+        coded = getattr(type(module), "SLIM_PARTS", {})
         owned = [(n, t, True) for n, t in module._parameters.items()]
         owned += [
             (n, t, False) for n, t in module._buffers.items() if n not in module._non_persistent_buffers_set
@@ -45,7 +53,10 @@ def model_slots(model: nn.Module) -> list[Slot]:
             name = f"{prefix}.{attr}" if prefix else attr
             slot = slots.get(id(tensor))
             if slot is None:
-                slots[id(tensor)] = Slot([name], [(module, attr)], tensor, parameter)
+                slots[id(tensor)] = slot = Slot([name], [(module, attr)], tensor, parameter)
+                if attr in coded:
+                    whole, role = coded[attr]
+                    slot.part = (f"{prefix}.{whole}" if prefix else whole, role)
             elif name not in slot.names:
                 slot.names.append(name)
                 slot.places.append((module, attr))
@@ -79,13 +90,17 @@ def match(source: TensorSource, slots: list[Slot], strict: bool, built: bool) ->
     used: set[str] = set()
     missing: list[str] = []
     for slot in slots:
-        found = [prefix + n for n in slot.names if prefix + n in available]
+        names = [slot.part[0]] if slot.part else slot.names
+        found = [prefix + n for n in names if prefix + n in available]
         used.update(found)
         if not found:
             if slot.tensor.is_meta or strict:
-                missing.append(slot.names[0])
+                missing.append(names[0])
             continue
         slot.file_name = found[0]
+        if slot.part:
+            _check_part(source, slot)
+            continue
         info = source.info(slot.file_name)
         if tuple(info.shape) != tuple(slot.tensor.shape):
             raise FormatError(
@@ -109,13 +124,46 @@ def match(source: TensorSource, slots: list[Slot], strict: bool, built: bool) ->
         )
 
 
+def _check_part(source: TensorSource, slot: Slot) -> None:
+    """A quantized layer's buffer takes a part of a coded tensor: the file must have coded it the same way."""
+    name = slot.file_name
+    (module, _), model_name = slot.places[0], slot.names[0]
+    if not isinstance(source, SlimSource):
+        raise FormatError(
+            source.path,
+            f"the model's {model_name!r} is part of a quantized layer, but {source.format} files store "
+            "float weights: load them into the float model, then quantize it",
+        )
+    entry = source.entry(name)  # type: ignore[arg-type]
+    expected = module.stage
+    if not entry.stages:
+        raise FormatError(
+            source.path,
+            f"tensor {name!r} is stored unquantized, but the model's layer holds {expected['codec']} codes: "
+            "load it into the float model, then quantize it",
+        )
+    stored = entry.stages[0]
+    differs = [
+        key for key in ("codec", "shape", "group_size", "flat") if stored.get(key) != expected.get(key)
+    ]
+    if differs:
+        raise FormatError(
+            source.path,
+            f"tensor {name!r} is stored as {stored.get('codec')} {stored.get('shape')}, but the model's "
+            f"quantized layer holds {expected['codec']} {expected['shape']} ({', '.join(differs)} differ)",
+        )
+
+
 def _some(names: list[str]) -> str:
     shown = ", ".join(repr(n) for n in names[:3])
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""
     return f"{len(names)} tensor{'s' if len(names) > 1 else ''} ({shown}{more})"
 
 
-def target_dtype(slot: Slot, dtype: torch.dtype | None) -> torch.dtype:
+def target_dtype(slot: Slot, dtype: torch.dtype | None) -> torch.dtype | None:
+    """The dtype a slot's tensor gets (None: as stored, for a quantized layer's parts)."""
+    if slot.part is not None:
+        return None
     if dtype is not None and slot.tensor.is_floating_point():
         return dtype
     return slot.tensor.dtype

@@ -1,9 +1,12 @@
-"""StructuralDelta: what a pruned model's class cannot rebuild by itself, saved beside its weights.
+"""StructuralDelta: what a pruned or quantized model's class cannot rebuild by itself, saved with its weights.
 
 Pruning changes tensor shapes and the attributes that describe them (``out_channels``, ``in_features``,
 ``num_features``, depthwise ``groups`` ...). The delta records those changes as plain JSON in the slim
 file's metadata, so a pruned model is saved without pickling the module: :func:`slimtorch.load_model`
 builds the original class on the meta device, :func:`apply_delta` reshapes it, and the weights fill it.
+
+Quantization swaps layers for :mod:`slimtorch.quant` ones; the delta names them and their scheme, and
+:func:`apply_delta` swaps them again, from slimtorch's own layer classes only.
 """
 
 from __future__ import annotations
@@ -52,16 +55,20 @@ class StructuralDelta:
     """state_dict key -> new shape"""
     attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """module name -> {attribute: new value} (``out_channels``, ``in_features``, ``groups`` ...)"""
+    quantized: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """module name -> how :func:`slimtorch.quantize` replaced it (``scheme``, ``group_size``, ``dtype``)"""
 
     def __bool__(self) -> bool:
-        return bool(self.shapes or self.attributes)
+        return bool(self.shapes or self.attributes or self.quantized)
 
     def merge(self, later: StructuralDelta) -> StructuralDelta:
         """This delta followed by ``later`` (a second pruning of the same model)."""
         attributes = {name: dict(values) for name, values in self.attributes.items()}
         for name, values in later.attributes.items():
             attributes.setdefault(name, {}).update(values)
-        return StructuralDelta({**self.shapes, **later.shapes}, attributes)
+        return StructuralDelta(
+            {**self.shapes, **later.shapes}, attributes, {**self.quantized, **later.quantized}
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,7 +91,13 @@ class StructuralDelta:
                     raise SlimtorchError(
                         f"the structural delta sets {module}.{name} = {setting!r}, not a size"
                     )
-        return cls({k: list(v) for k, v in shapes.items()}, {k: dict(v) for k, v in attributes.items()})
+        from slimtorch.quant.recorded import check_recorded  # quant records deltas itself: import late
+
+        return cls(
+            {k: list(v) for k, v in shapes.items()},
+            {k: dict(v) for k, v in attributes.items()},
+            check_recorded(value.get("quantized", {})),
+        )
 
 
 def delta_of(model: nn.Module) -> StructuralDelta | None:
@@ -119,6 +132,10 @@ def apply_delta(model: nn.Module, delta: StructuralDelta) -> None:
         if shape is None:
             continue
         replace(slot, torch.empty(shape, dtype=slot.tensor.dtype, device="meta"))
+    if delta.quantized:
+        from slimtorch.quant.recorded import restore  # quant records deltas itself: import late
+
+        restore(model, delta.quantized)
     record(model, delta)
 
 

@@ -142,17 +142,34 @@ def decode(
     shape: Sequence[int],
 ) -> torch.Tensor:
     """Rebuild the logical tensor from its parts; raises :class:`CodecError` on any inconsistency."""
+    primary = undo(parts, stages, keep=0)[""]
+    if primary.dtype != dtype or tuple(primary.shape) != tuple(shape):
+        raise CodecError(
+            f"parts decode to {dtype_name(primary.dtype)} {list(primary.shape)}, "
+            f"the metadata says {dtype_name(dtype)} {list(shape)}"
+        )
+    return primary
+
+
+def undo(
+    parts: Mapping[str, torch.Tensor], stages: Sequence[Mapping[str, Any]], keep: int
+) -> dict[str, torch.Tensor]:
+    """The parts as the first ``keep`` stages left them: every later stage undone, last first.
+
+    ``keep=0`` gives the logical tensor under the role ``""``; ``keep=1`` on ``int8+sparse`` gives the
+    int8 codes and their scales (what a quantized layer holds), without dequantizing anything.
+    """
     from slimtorch.io.codecs import entropy
 
     parts = dict(parts)
     stages = list(stages)
-    if stages and stages[-1].get("codec") == ENTROPY:
+    if len(stages) > keep and stages[-1].get("codec") == ENTROPY:
         parts = entropy.decompress_parts(parts, stages.pop())
     role = primary_role(stages)
     if role not in parts:
         raise CodecError(f"part {role or '(data)'!r} is missing")
-    primary = parts[role]
-    for stage in reversed(stages):
+    primary = parts.pop(role)
+    for stage in reversed(stages[keep:]):
         codec = _codec(stage)
         want_dtype, want_shape = _declared(stage)
         primary = codec.decode(primary, parts, dict(stage))
@@ -161,12 +178,8 @@ def decode(
                 f"stage {codec.name} decoded to {dtype_name(primary.dtype)} {list(primary.shape)}, "
                 f"expected {dtype_name(want_dtype)} {list(want_shape)}"
             )
-    if primary.dtype != dtype or tuple(primary.shape) != tuple(shape):
-        raise CodecError(
-            f"parts decode to {dtype_name(primary.dtype)} {list(primary.shape)}, "
-            f"the metadata says {dtype_name(dtype)} {list(shape)}"
-        )
-    return primary
+    parts[primary_role(stages[:keep])] = primary
+    return parts
 
 
 def _codec(stage: Mapping[str, Any]) -> Codec:

@@ -18,6 +18,7 @@ import torch
 
 from slimtorch.errors import FormatError
 from slimtorch.io.codecs import CodecError, decode
+from slimtorch.io.codecs.chain import undo
 from slimtorch.io.format import CHECKSUM_CHUNK, Entry, Layout
 from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
 
@@ -52,6 +53,21 @@ class SlimSource(TensorSource):
                 _check_crc(self.path, entry, role, tensor)
             parts[role] = tensor
         return parts
+
+    def part(self, name: str, role: str) -> torch.Tensor:
+        """Part ``role`` of tensor ``name`` as the first codec stage made it (a quantized layer's codes or
+        scales): mapped from the file and checksum-verified when stored as is, with any later lossless
+        stage (``sparse``, ``zstd``) undone otherwise. Never dequantized."""
+        entry = self.entry(name)
+        if len(entry.stages) <= 1 and role in entry.parts:
+            tensor = self._map(self.physical[entry.parts[role]])
+            if self.verify:
+                _check_crc(self.path, entry, role, tensor)
+            return tensor
+        try:
+            return undo(self.parts(name), entry.stages, keep=1)[role]
+        except (CodecError, KeyError) as exc:
+            raise FormatError(self.path, f"tensor {entry.name!r} has no part {role!r}: {exc}") from None
 
     def get_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows ``start:stop`` (of the first dimension) of tensor ``name``, reading only their bytes.

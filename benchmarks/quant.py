@@ -1,0 +1,299 @@
+"""Benchmark: quantized CPU inference, side by side: latency, size on disk, agreement with fp32.
+
+Run it with ``.venv/bin/python benchmarks/quant.py`` (about 5 minutes; ``--help`` lists the flags). It
+prints one table per model, thread count and batch size, one PASS/FAIL line per target of issue 7, and
+writes every measurement to benchmarks/results/quant.json. ``--check`` exits 1 when a target fails.
+
+Models (random weights, built from configs: nothing is downloaded):
+
+* ``bert``: a Hugging Face ``BertModel(BertConfig())`` encoder (BERT-base: 12 layers, 768 wide, 110 M
+  parameters), input ids of ``batch x 128`` tokens; the output compared is ``last_hidden_state``.
+* ``mlp``: two Llama-style feed-forward blocks (4096 -> 11008 -> 4096, ReLU), 180 M parameters, input
+  ``batch x 4096``.
+
+Methods:
+
+* ``fp32``: the model as built.
+* ``slimtorch int8-dynamic`` / ``int8-weight`` / ``int4-weight``: ``slimtorch.quantize(model, scheme)``
+  (embeddings included, int4 groups of 128); kernels picked by slimtorch's own timing on first use.
+* ``slimtorch int4-weight, bf16``: the model cast to bfloat16 first (inputs stay token ids or are cast).
+* ``torch.ao quantize_dynamic``: ``torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, qint8)``,
+  the advice of PyTorch's BERT tutorial (deprecated in torch 2.13; its warnings are silenced here).
+* ``torchao int8-dynamic``: ``quantize_(model, Int8DynamicActivationInt8WeightConfig())`` from
+  ``torchao.quantization``, when torchao imports (``pip install 'slimtorch[bench]'``); eager mode, no
+  torch.compile.
+
+Latency is the median of ``--runs`` calls under ``torch.no_grad`` after two warm-up calls, with the
+methods' calls interleaved round by round so that a noisy neighbour hits each alike. Size is the file each
+method's own save path writes: ``safetensors.save_file`` for fp32, ``slimtorch.save_model`` for slimtorch,
+``torch.save(state_dict)`` for the others (their packed weights are not plain tensors). Cosine is the
+cosine similarity of the flattened output with fp32's on the same input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+import slimtorch
+from slimtorch.quant import model_bytes
+
+RESULTS = Path(__file__).resolve().parent / "results" / "quant.json"
+SEQUENCE = 128
+TARGET_SPEEDUP = 1.8
+TARGET_SIZE = 0.27
+TARGET_COSINE_INT8 = 0.99
+TARGET_INT4_WEIGHTS = 0.16
+TARGET_COSINE_INT4 = 0.98
+
+
+# -- models ----------------------------------------------------------------------------------------------
+class FeedForward(nn.Module):
+    def __init__(self, width: int = 4096, hidden: int = 11008) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.relu(self.up(x)))
+
+
+def build(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    if name == "mlp":
+        return nn.Sequential(FeedForward(), FeedForward()).eval()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers.BertModel(transformers.BertConfig()).eval()
+
+
+def example(name: str, batch: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(batch)
+    if name == "mlp":
+        return torch.randn(batch, 4096, generator=generator)
+    return torch.randint(0, 30522, (batch, SEQUENCE), generator=generator)
+
+
+def output(value: Any) -> torch.Tensor:
+    hidden = getattr(value, "last_hidden_state", None)
+    return (hidden if hidden is not None else value).float()
+
+
+# -- methods ---------------------------------------------------------------------------------------------
+def methods(name: str, folder: Path) -> dict[str, tuple[nn.Module, int, dict[str, Any]]]:
+    """Every method's model, the bytes of the file it saves, and notes (weight ratios)."""
+    from safetensors.torch import save_file
+
+    base = build(name)
+    fp32_file = folder / f"{name}-fp32.safetensors"
+    save_file({k: v.contiguous() for k, v in base.state_dict().items()}, fp32_file)
+    made: dict[str, tuple[nn.Module, int, dict[str, Any]]] = {"fp32": (base, fp32_file.stat().st_size, {})}
+    for scheme in ("int8-dynamic", "int8-weight", "int4-weight"):
+        made[f"slimtorch {scheme}"] = _slimtorch(base, scheme, folder / f"{name}-{scheme}.safetensors")
+    bf16 = copy.deepcopy(base).to(torch.bfloat16)
+    made["slimtorch int4-weight, bf16"] = _slimtorch(bf16, "int4-weight", folder / f"{name}-bf16.safetensors")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the peer is deprecated and says so on every call
+        dynamic = torch.ao.quantization.quantize_dynamic(copy.deepcopy(base), {nn.Linear}, dtype=torch.qint8)
+    made["torch.ao quantize_dynamic"] = (dynamic, _torch_saved(dynamic, folder / f"{name}-ao.pt"), {})
+    torchao = _torchao(base, folder / f"{name}-torchao.pt")
+    if torchao is not None:
+        made["torchao int8-dynamic"] = torchao
+    return made
+
+
+def _slimtorch(base: nn.Module, scheme: str, path: Path) -> tuple[nn.Module, int, dict[str, Any]]:
+    model, report = slimtorch.quantize_with_report(copy.deepcopy(base), scheme)
+    slimtorch.save_model(model, path)
+    linear = [layer for layer in report.layers if layer.kind.endswith("Linear")]
+    ratio = sum(r.after_bytes for r in linear) / sum(r.before_bytes for r in linear)
+    return model, path.stat().st_size, {"linear_weight_ratio": ratio, "memory_ratio": report.ratio}
+
+
+def _torch_saved(model: nn.Module, path: Path) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.save(model.state_dict(), path)
+    return path.stat().st_size
+
+
+def _torchao(base: nn.Module, path: Path) -> tuple[nn.Module, int, dict[str, Any]] | None:
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    except ImportError:
+        return None
+    model = copy.deepcopy(base)
+    quantize_(model, Int8DynamicActivationInt8WeightConfig())
+    return model, _torch_saved(model, path), {}
+
+
+# -- measuring -------------------------------------------------------------------------------------------
+def call(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+    dtype = next(model.parameters()).dtype
+    if x.is_floating_point():
+        x = x.to(dtype)
+    return lambda: model(x)
+
+
+def measure(
+    made: dict[str, tuple[nn.Module, int, dict[str, Any]]], name: str, threads: int, batch: int, runs: int
+) -> dict[str, dict[str, float]]:
+    torch.set_num_threads(threads)
+    x = example(name, batch)
+    calls = {method: call(model, x) for method, (model, _, _) in made.items()}
+    times: dict[str, list[float]] = {method: [] for method in made}
+    with torch.no_grad():
+        reference = output(calls["fp32"]())
+        cosines = {}
+        for method, run in calls.items():
+            run()  # warm-up: slimtorch times its kernel candidates here
+            got = output(run())
+            cosines[method] = float(
+                F.cosine_similarity(got.flatten().double(), reference.flatten().double(), 0)
+            )
+        for _ in range(runs):
+            for method, run in calls.items():
+                start = time.perf_counter()
+                run()
+                times[method].append(time.perf_counter() - start)
+    fp32 = statistics.median(times["fp32"])
+    fp32_size = made["fp32"][1]
+    return {
+        method: {
+            "latency_ms": statistics.median(times[method]) * 1e3,
+            "speedup": fp32 / statistics.median(times[method]),
+            "size_ratio": made[method][1] / fp32_size,
+            "cosine": cosines[method],
+        }
+        for method in made
+    }
+
+
+def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
+    print(f"\n{title}")
+    print(f"  {'method':32} {'latency':>11} {'vs fp32':>8} {'size':>7} {'cosine':>9}")
+    for method, row in rows.items():
+        print(
+            f"  {method:32} {row['latency_ms']:9.2f}ms {row['speedup']:7.2f}x "
+            f"{row['size_ratio']:6.3f}x {row['cosine']:9.5f}"
+        )
+
+
+# -- targets ---------------------------------------------------------------------------------------------
+def targets(results: dict[str, Any], notes: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    checks = []
+    for batch in results.get("bert", {}).get("1", {}):
+        rows = results["bert"]["1"][batch]
+        ours, peer = rows["slimtorch int8-dynamic"], rows["torch.ao quantize_dynamic"]
+        checks.append(
+            (
+                f"BERT int8-dynamic, 1 thread, batch {batch}: >= {TARGET_SPEEDUP}x faster than fp32",
+                ours["speedup"] >= TARGET_SPEEDUP,
+                f"{ours['speedup']:.2f}x",
+            )
+        )
+        checks.append(
+            (
+                f"BERT int8-dynamic, 1 thread, batch {batch}: at least as fast as quantize_dynamic",
+                ours["latency_ms"] <= peer["latency_ms"],
+                f"{peer['latency_ms'] / ours['latency_ms']:.2f}x its speed",
+            )
+        )
+    if "bert" in notes:
+        any_rows = next(iter(next(iter(results["bert"].values())).values()))
+        ours = any_rows["slimtorch int8-dynamic"]
+        checks.append(
+            (
+                f"BERT int8-dynamic file <= {TARGET_SIZE}x fp32 (embeddings quantized)",
+                ours["size_ratio"] <= TARGET_SIZE,
+                f"{ours['size_ratio']:.3f}x",
+            )
+        )
+        checks.append(
+            (
+                f"BERT int8-dynamic output cosine >= {TARGET_COSINE_INT8}",
+                min(
+                    r["slimtorch int8-dynamic"]["cosine"]
+                    for t in results["bert"].values()
+                    for r in t.values()
+                )
+                >= TARGET_COSINE_INT8,
+                f"{ours['cosine']:.5f}",
+            )
+        )
+    for name, model_notes in notes.items():
+        ratio = model_notes["slimtorch int4-weight"]["linear_weight_ratio"]
+        checks.append(
+            (
+                f"{name} int4-weight Linear weights <= {TARGET_INT4_WEIGHTS}x fp32",
+                ratio <= TARGET_INT4_WEIGHTS,
+                f"{ratio:.3f}x",
+            )
+        )
+        worst = min(r["slimtorch int4-weight"]["cosine"] for t in results[name].values() for r in t.values())
+        checks.append(
+            (
+                f"{name} int4-weight output cosine >= {TARGET_COSINE_INT4}",
+                worst >= TARGET_COSINE_INT4,
+                f"{worst:.5f}",
+            )
+        )
+    return checks
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", nargs="+", default=["bert", "mlp"], choices=["bert", "mlp"])
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--runs", type=int, default=7, help="timed calls per method (median; default 7)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target fails")
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    notes: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.models:
+            made = methods(name, Path(folder))
+            notes[name] = {method: extra for method, (_, _, extra) in made.items()}
+            fp32_bytes = model_bytes(made["fp32"][0])
+            print(f"\n== {name}: {fp32_bytes / 2**20:.0f} MiB of fp32 parameters ==")
+            for threads in args.threads:
+                for batch in args.batches:
+                    rows = measure(made, name, threads, batch, args.runs)
+                    results.setdefault(name, {}).setdefault(str(threads), {})[str(batch)] = rows
+                    shape = f"{batch}x{SEQUENCE} tokens" if name == "bert" else f"{batch}x4096"
+                    print_table(f"{name}, {threads} thread(s), input {shape}", rows)
+            del made
+    checks = targets(results, notes)
+    print()
+    for label, ok, value in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {label}: {value}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    machine = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
+    RESULTS.write_text(json.dumps({"machine": machine, "results": results, "notes": notes}, indent=2))
+    print(f"\nwrote {RESULTS}")
+    return 1 if args.check and not all(ok for _, ok, _ in checks) else 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

@@ -1,0 +1,35 @@
+"""Quantization that is fast on CPU and stays quantized on disk.
+
+- :func:`quantize` / :func:`quantize_with_report`: swap ``nn.Linear`` and ``nn.Embedding`` layers for
+  quantized ones (``int8-dynamic``, ``int8-weight``, ``int4-weight``).
+- :mod:`slimtorch.quant.modules`: the quantized layers; their buffers are the slim format's codec parts.
+- :mod:`slimtorch.quant.kernels`: the int8 / int4 kernels, and the fastest one here, found by timing.
+"""
+
+from slimtorch.quant.convert import LayerResult, QuantizeReport, model_bytes, quantize, quantize_with_report
+from slimtorch.quant.kernels import CHOICES
+from slimtorch.quant.modules import (
+    SCHEMES,
+    Int4Embedding,
+    Int4WeightLinear,
+    Int8DynamicLinear,
+    Int8Embedding,
+    Int8WeightLinear,
+    QuantizedWeight,
+)
+
+__all__ = [
+    "CHOICES",
+    "SCHEMES",
+    "Int4Embedding",
+    "Int4WeightLinear",
+    "Int8DynamicLinear",
+    "Int8Embedding",
+    "Int8WeightLinear",
+    "LayerResult",
+    "QuantizeReport",
+    "QuantizedWeight",
+    "model_bytes",
+    "quantize",
+    "quantize_with_report",
+]

@@ -1,0 +1,62 @@
+"""What a saved model's structural delta says about its quantized layers, checked, and how to rebuild them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from slimtorch.errors import SlimtorchError
+from slimtorch.graph.layers import is_hf_conv1d
+from slimtorch.io.codecs.chain import parse_dtype
+from slimtorch.io.codecs.lossy import INT4_GROUP_SIZES
+from slimtorch.quant.modules import SCHEMES, quantized_on_meta
+
+FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+DEFAULT_GROUP = 128
+
+
+def quantizable_type(module: nn.Module) -> bool:
+    """``nn.Linear``, ``nn.Embedding`` (not subclasses, whose owners may read the weight) or HF ``Conv1D``."""
+    return type(module) in (nn.Linear, nn.Embedding) or is_hf_conv1d(module)
+
+
+def restore(model: nn.Module, quantized: dict[str, dict[str, Any]]) -> None:
+    """Swap the float layers a saved model had quantized for empty quantized ones (on the meta device),
+    as its structural delta says; :func:`slimtorch.load_model` then fills their parts from the file."""
+    modules = dict(model.named_modules())
+    for name, how in quantized.items():
+        module = modules.get(name)
+        if module is None or not quantizable_type(module):
+            what = "which the model does not have" if module is None else f"a {type(module).__name__}"
+            raise SlimtorchError(f"the file quantized module {name!r}, {what}")
+        dtype = parse_dtype(how["dtype"])
+        put_module(
+            model,
+            name,
+            quantized_on_meta(module, how["scheme"], how.get("group_size") or DEFAULT_GROUP, dtype),
+        )
+
+
+def check_recorded(quantized: object) -> dict[str, dict[str, Any]]:
+    """The ``quantized`` map of a file's structural delta, checked: known schemes, sizes and dtypes only."""
+    if not isinstance(quantized, dict):
+        raise SlimtorchError("the structural delta's quantized layers are not an object")
+    for name, how in quantized.items():
+        ok = (
+            isinstance(how, dict)
+            and how.get("scheme") in SCHEMES
+            and how.get("dtype") in FLOAT_NAMES
+            and (how.get("group_size") is None or how.get("group_size") in INT4_GROUP_SIZES)
+        )
+        if not ok:
+            raise SlimtorchError(f"the structural delta quantizes {name!r} as {how!r}, not a known scheme")
+    return {name: dict(how) for name, how in quantized.items()}
+
+
+def put_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Replace the submodule called ``name`` (a dotted path) with ``module``."""
+    parent, _, attr = name.rpartition(".")
+    if not attr:
+        raise SlimtorchError("quantize takes a model holding layers, not a single layer")
+    setattr(model.get_submodule(parent), attr, module)

@@ -1,0 +1,311 @@
+"""slimtorch.quantize: layers swapped for int8 / int4 ones that agree with the float model, stay quantized
+on disk, load back quantized with identical outputs, and never touch torch's deprecated quantization."""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import slimtorch
+from slimtorch.cli.main import main
+from slimtorch.io.codecs import encode
+from slimtorch.quant import kernels
+from slimtorch.quant.modules import Int4WeightLinear, Int8DynamicLinear, Int8WeightLinear
+from tests.zoo.models import MLP
+
+SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight")
+WORST_COSINE = {"int8-dynamic": 0.999, "int8-weight": 0.999, "int4-weight": 0.98}
+
+
+class TokenMLP(nn.Module):
+    """An embedding, a 2-layer MLP over 256 features, a head: what quantize swaps, in one small model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(300, 256)
+        self.up = nn.Linear(256, 512)
+        self.down = nn.Linear(512, 256)
+        self.head = nn.Linear(256, 10, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        return self.head(h + self.down(F.gelu(self.up(h))))
+
+
+def _ids(batch: int = 4, seq: int = 16) -> torch.Tensor:
+    return torch.randint(0, 300, (batch, seq), generator=torch.Generator().manual_seed(1))
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(F.cosine_similarity(a.detach().flatten().double(), b.detach().flatten().double(), dim=0))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_each_scheme_swaps_every_layer_and_agrees_with_the_float_model(scheme: str) -> None:
+    model = TokenMLP().eval()
+    expected = model(_ids())
+    _, report = slimtorch.quantize_with_report(model, scheme, calibration=[_ids()])
+    kinds = {type(m).__name__ for m in (model.embed, model.up, model.down, model.head)}
+    assert all(kind.startswith("Int") for kind in kinds), kinds
+    assert _cosine(model(_ids()), expected) >= WORST_COSINE[scheme]
+    assert report.output_cosine is not None and report.output_cosine >= WORST_COSINE[scheme]
+    assert {layer.name for layer in report.layers} == {"embed", "up", "down", "head"}
+    assert all(layer.output_error is not None and layer.output_error < 0.15 for layer in report.layers)
+
+
+def test_int8_shrinks_weights_4x_and_int4_at_most_016x_of_fp32() -> None:
+    _, int8 = slimtorch.quantize_with_report(TokenMLP(), "int8-dynamic")
+    _, int4 = slimtorch.quantize_with_report(TokenMLP(), "int4-weight", group_size=128)
+    assert 0.25 < int8.weight_ratio < 0.26  # one byte a weight plus a float32 scale a row
+    assert int4.weight_ratio <= 0.16
+    assert int4.after_bytes < int8.after_bytes < 0.3 * int8.before_bytes
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_save_then_load_model_gives_identical_outputs_and_quantized_layers(scheme: str, tmp_path) -> None:
+    model = slimtorch.quantize(TokenMLP().eval(), scheme, group_size=64)
+    expected = model(_ids())
+    report = slimtorch.save_model(model, tmp_path / "q.safetensors")
+    chains = {t.name: t.chain for t in report.tensors}
+    assert chains["up.weight"] == ("int8" if scheme.startswith("int8") else "int4")
+    loaded, profile = slimtorch.load_model_profiled(tmp_path / "q.safetensors", TokenMLP)
+    assert type(loaded.up) is type(model.up) and type(loaded.embed) is type(model.embed)
+    assert torch.equal(loaded(_ids()), expected)
+    parts = sum(len(type(m).SLIM_PARTS) for m in loaded.modules() if hasattr(type(m), "SLIM_PARTS"))
+    assert profile.zero_copy >= parts  # codes and scales mapped from the file, not decoded
+    assert profile.by_codec.get("raw", 0) <= 2  # the two biases
+
+
+def test_a_quantized_file_still_decodes_to_float_weights_for_any_slim_reader(tmp_path) -> None:
+    model = TokenMLP()
+    original = model.up.weight.detach().clone()
+    slimtorch.save_model(slimtorch.quantize(model, "int8-weight"), tmp_path / "q.safetensors")
+    weights = slimtorch.load(tmp_path / "q.safetensors")
+    assert weights["up.weight"].dtype == torch.float32 and weights["up.weight"].shape == original.shape
+    assert (weights["up.weight"] - original).abs().max() <= original.abs().amax(1).max() / 254 + 1e-7
+
+
+def test_hugging_face_bert_and_gpt2_round_trip_quantized(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from tests.zoo.transformers_models import TRANSFORMERS, example, main_output
+
+    for name in ("bert", "gpt2"):
+        model = TRANSFORMERS[name]().eval()
+        expected = main_output(model(*example(name)))
+        _, report = slimtorch.quantize_with_report(model, "int8-dynamic")
+        assert _cosine(main_output(model(*example(name))), expected) > 0.99
+        if name == "gpt2":  # Conv1D layers are quantized; the tied embedding and LM head are not
+            assert type(model.transformer.h[0].attn.c_attn) is Int8DynamicLinear
+            assert "tied" in report.skipped["transformer.wte"]
+        quantized = main_output(model(*example(name)))
+        slimtorch.save_model(model, tmp_path / f"{name}.safetensors")
+        loaded = slimtorch.load_model(tmp_path / f"{name}.safetensors", TRANSFORMERS[name]).eval()
+        assert torch.equal(main_output(loaded(*example(name))), quantized)
+
+
+def test_pruned_zeros_stay_sparse_in_the_codes_and_load_back_exactly(tmp_path) -> None:
+    model = TokenMLP().eval()
+    slimtorch.prune.weights(model, 0.9, method="layer_magnitude")
+    slimtorch.quantize(model, "int8-dynamic", embeddings=False)
+    expected = model(_ids())
+    report = slimtorch.save_model(model, tmp_path / "q.safetensors")
+    assert {t.name: t.chain for t in report.tensors}["up.weight"] == "int8+sparse"
+    loaded = slimtorch.load_model(tmp_path / "q.safetensors", TokenMLP)
+    assert torch.equal(loaded(_ids()), expected)
+
+
+def test_int8_dynamic_kernels_give_bit_identical_outputs() -> None:
+    layer = nn.Linear(256, 384)
+    x = torch.randn(33, 256)
+    outputs = {}
+    for kernel in Int8DynamicLinear.KERNELS:
+        if kernel == "onednn" and not kernels.onednn_available():
+            continue
+        quantized = slimtorch.quantize(nn.Sequential(copy.deepcopy(layer)), "int8-dynamic", kernel=kernel)
+        outputs[kernel] = quantized(x)
+    assert set(outputs) >= {"int_mm", "reference"}
+    assert all(torch.equal(out, outputs["int_mm"]) for out in outputs.values())
+    assert _cosine(outputs["int_mm"], layer(x)) > 0.9995
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_only_kernels_agree_with_dequantize(dtype: torch.dtype) -> None:
+    layer = nn.Linear(256, 192).to(dtype)
+    x = torch.randn(5, 256, dtype=dtype)
+    for scheme, cls in (("int8-weight", Int8WeightLinear), ("int4-weight", Int4WeightLinear)):
+        results = []
+        for kernel in cls.KERNELS:
+            quantized = slimtorch.quantize(nn.Sequential(copy.deepcopy(layer)), scheme, kernel=kernel)
+            results.append(quantized(x))
+        assert all(r.dtype == dtype for r in results)
+        tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
+        assert torch.allclose(results[0].float(), results[1].float(), rtol=tolerance, atol=tolerance)
+
+
+def test_no_deprecation_or_other_warning_from_quantize_forward_save_and_load(tmp_path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's quantized tensors warn on creation: none may be made
+        for scheme in SCHEMES:
+            kernels.CHOICES.clear()
+            model = slimtorch.quantize(TokenMLP().eval(), scheme, calibration=[_ids()])
+            model(_ids(1, 1))
+            model(_ids(8, 128))
+            slimtorch.save_model(model, tmp_path / f"{scheme}.safetensors")
+            slimtorch.load_model(tmp_path / f"{scheme}.safetensors", TokenMLP)(_ids())
+
+
+def test_kernel_choice_takes_the_fastest_agreeing_candidate_and_remembers_it() -> None:
+    choice = kernels.KernelChoice()
+    x = torch.randn(64, 64)
+    calls = {"slow": 0}
+
+    def slow() -> torch.Tensor:
+        calls["slow"] += 1
+        return sum((x @ x for _ in range(20)), torch.zeros(()))
+
+    def broken() -> torch.Tensor:
+        raise RuntimeError("no kernel for this shape")
+
+    reference = slow()
+    candidates = {
+        "slow": slow,
+        "wrong": lambda: torch.zeros_like(reference),  # fast, and disagrees: never chosen
+        "broken": broken,
+        "fast": lambda: reference.clone(),
+    }
+    assert choice.best("key", candidates, reference="slow") == "fast"
+    before = calls["slow"]
+    assert choice.best("key", candidates, reference="slow") == "fast"
+    assert calls["slow"] == before  # measured once per key
+
+
+def test_batch_sizes_share_a_measurement_up_to_the_next_power_of_two() -> None:
+    assert [kernels.batch_bucket(n) for n in (0, 1, 2, 3, 100, 128, 129)] == [1, 1, 2, 4, 128, 128, 256]
+
+
+def test_shared_input_codes_follow_in_place_changes() -> None:
+    codes = kernels.SharedInputCodes()
+    x = torch.randn(4, 8)
+    first = codes.codes(x, x)
+    assert codes.codes(x, x)[0] is first[0]  # the same tensor again: quantized once
+    x.mul_(2)
+    again = codes.codes(x, x)
+    assert again[0] is not first[0] and torch.allclose(again[1], first[1] * 2)
+    with torch.inference_mode():
+        y = torch.randn(4, 8)
+        assert codes.codes(y, y)[0] is not codes.codes(y, y)[0]  # no version counter: never cached
+
+
+def test_quantized_model_can_be_deep_copied_after_running() -> None:
+    model = slimtorch.quantize(TokenMLP().eval(), "int8-dynamic")
+    expected = model(_ids())
+    assert torch.equal(copy.deepcopy(model)(_ids()), expected)
+
+
+def test_layers_that_stay_float_are_reported_with_the_reason() -> None:
+    model = nn.ModuleDict(
+        {
+            "conv": nn.Conv2d(3, 8, 3),
+            "attn": nn.MultiheadAttention(64, 4),
+            "keep": nn.Linear(64, 64),
+            "embed": nn.Embedding(10, 64),
+            "head": nn.Linear(64, 10),
+        }
+    )
+    tied = nn.Linear(10, 64)
+    model["tied"] = tied
+    model["tied2"] = nn.Linear(10, 64)
+    model["tied2"].weight = tied.weight
+    _, report = slimtorch.quantize_with_report(model, "int8-dynamic", skip=["kee*"])
+    assert "convolution" in report.skipped["conv"]
+    assert "NonDynamicallyQuantizableLinear" in report.skipped["attn.out_proj"]
+    assert "skip pattern 'kee*'" in report.skipped["keep"]
+    assert "tied" in report.skipped["tied"] and "tied" in report.skipped["tied2"]
+    assert {layer.name for layer in report.layers} == {"embed", "head"}
+
+
+def test_bfloat16_model_stays_bfloat16_and_round_trips(tmp_path) -> None:
+    model = slimtorch.quantize(TokenMLP().to(torch.bfloat16).eval(), "int4-weight")
+    out = model(_ids())
+    assert out.dtype == torch.bfloat16
+    slimtorch.save_model(model, tmp_path / "bf16.safetensors")
+    loaded = slimtorch.load_model(tmp_path / "bf16.safetensors", lambda: TokenMLP().to(torch.bfloat16))
+    assert torch.equal(loaded(_ids()), out)
+
+
+def test_bad_options_are_clear_errors() -> None:
+    with pytest.raises(slimtorch.SlimtorchError, match="unknown scheme 'int3'"):
+        slimtorch.quantize(MLP(), "int3")
+    with pytest.raises(slimtorch.SlimtorchError, match="group size must be even"):
+        slimtorch.quantize(MLP(), "int4-weight", group_size=33)
+    with pytest.raises(slimtorch.SlimtorchError, match="kernel 'int4pack' does not compute int8-dynamic"):
+        slimtorch.quantize(MLP(), "int8-dynamic", kernel="int4pack")
+
+
+def test_a_float_file_into_a_quantized_model_is_refused_naming_the_layer(tmp_path) -> None:
+    slimtorch.save_model(TokenMLP(), tmp_path / "float.safetensors")
+    quantized = slimtorch.quantize(TokenMLP(), "int8-dynamic")
+    with pytest.raises(slimtorch.FormatError, match=r"'embed.weight' is stored unquantized.*then quantize"):
+        slimtorch.load_model(tmp_path / "float.safetensors", quantized)
+    torch.save(TokenMLP().state_dict(), tmp_path / "float.pt")
+    with pytest.raises(slimtorch.FormatError, match="load them into the float model, then quantize"):
+        slimtorch.load_model(tmp_path / "float.pt", quantized)
+
+
+def test_an_unknown_scheme_in_a_file_is_refused_with_exit_2(tmp_path, capsys) -> None:
+    slimtorch.save_model(slimtorch.quantize(TokenMLP(), "int8-dynamic"), tmp_path / "q.safetensors")
+    from safetensors.torch import load_file, save_file
+
+    from slimtorch.io.readers.safetensors_file import read_metadata
+
+    metadata = read_metadata(tmp_path / "q.safetensors")
+    body = json.loads(metadata["slimtorch"])
+    body["delta"]["quantized"]["up"]["scheme"] = "os.system"
+    metadata["slimtorch"] = json.dumps(body)
+    save_file(load_file(tmp_path / "q.safetensors"), tmp_path / "bad.safetensors", metadata=metadata)
+    with pytest.raises(slimtorch.FormatError, match="not a known scheme"):
+        slimtorch.load_model(tmp_path / "bad.safetensors", TokenMLP)
+    assert main(["load", str(tmp_path / "bad.safetensors"), "--model", "tests.test_quantize:TokenMLP"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a known scheme" in err[0]
+
+
+def test_int4_codes_of_a_layer_equal_what_the_codec_writes() -> None:
+    layer = nn.Linear(256, 64)
+    quantized = slimtorch.quantize(nn.Sequential(layer), "int4-weight", group_size=64)[0]
+    encoded = encode(layer.weight.detach(), [("int4", {"group_size": 64, "flat": False})])
+    assert all(torch.equal(quantized.parts()[role], part) for role, part in encoded.parts.items())
+
+
+def test_cli_quantizes_reports_and_writes_a_file_load_model_reads(tmp_path, capsys) -> None:
+    out = tmp_path / "mlp.safetensors"
+    args = ["quantize", "tests.zoo.models:MLP", "-o", str(out), "--input-shape", "8,64", "--runs", "2"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "cosine similarity" in text and "Int8DynamicLinear" in text and "wrote" in text
+    loaded = slimtorch.load_model(out, MLP)
+    assert type(loaded.layers[0]) is Int8DynamicLinear
+    assert main([*args, "--scheme", "int4-weight", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"] == "slimtorch.quantize/1" and data["scheme"] == "int4-weight"
+    assert data["output_cosine"] > 0.98 and data["file_bytes"] == out.stat().st_size
+
+
+def test_cli_bad_group_size_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    args = [
+        "quantize",
+        "tests.zoo.models:MLP",
+        "-o",
+        str(tmp_path / "x.safetensors"),
+        "--input-shape",
+        "2,64",
+    ]
+    assert main([*args, "--scheme", "int4-weight", "--group-size", "33"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["slimtorch: error: int4 group size must be even, 32 to 256, not 33"]
