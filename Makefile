@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/load.py
 	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/prune.py
+	$(BIN)/python benchmarks/quant.py
 
 clean:
 	rm -rf $(VENV) demo-out build dist

@@ -27,6 +27,7 @@ from slimtorch.graph.capture import as_args
 from slimtorch.io.codecs.chain import CodecError
 from slimtorch.io.codecs.lossy import INT4_GROUP_SIZES
 from slimtorch.prune.delta import StructuralDelta, record
+from slimtorch.quant.gptq import InputMoments
 from slimtorch.quant.modules import (
     LINEAR,
     SCHEMES,
@@ -106,7 +107,9 @@ def quantize(
         group_size: inputs sharing one int4 scale and zero point (even, 32 to 256).
         skip: module names or patterns (``"classifier"``, ``"*.pooler.*"``) that stay float.
         calibration: sample inputs (each a tensor, a tuple of arguments or a dict of keyword arguments);
-            with them the report measures each layer's output error and the model's output agreement.
+            with them the report measures each layer's output error and the model's output agreement,
+            and ``int4-weight`` chooses its codes by GPTQ (errors spread where these inputs feel them
+            least) instead of rounding each weight.
         embeddings: quantize ``nn.Embedding`` too (int8 or int4 rows).
         kernel: force one kernel (``"onednn"``, ``"int_mm"``, ``"dequantize"``, ``"int8pack"``,
             ``"int4pack"``); None times the candidates on first use and keeps the fastest.
@@ -149,11 +152,14 @@ def quantize_with_report(
     model.eval()
     try:
         with torch.no_grad():
-            references = [_outputs(_call(model, sample)) for sample in inputs]
+            linear = {n: m for n, m in targets if not isinstance(m, nn.Embedding)}
+            moments = InputMoments(linear if scheme == "int4-weight" else {})
+            with moments.recording():
+                references = [_outputs(_call(model, sample)) for sample in inputs]
             originals, layers = {}, []
             for name, module in targets:
                 try:
-                    quantized = quantized_from(module, scheme, group_size)
+                    quantized = quantized_from(module, scheme, group_size, moments.hessian(name))
                 except CodecError as exc:  # inf or nan in a weight: a scale cannot hold them
                     skipped[name] = f"its weight cannot be quantized ({exc})"
                     continue

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -29,7 +30,8 @@ from slimtorch.io.codecs.chain import parse_dtype
 from slimtorch.io.codecs.lossy import INT4, INT8
 from slimtorch.io.source import dtype_name
 from slimtorch.quant import kernels
-from slimtorch.quant.kernels import CHOICES
+from slimtorch.quant.gptq import gptq_int4
+from slimtorch.quant.kernels import BF16_AGREEMENT, CHOICES
 
 
 class QuantizedWeight(nn.Module):
@@ -46,10 +48,12 @@ class QuantizedWeight(nn.Module):
 
     def _init_parts(self, parts: dict[str, torch.Tensor], stage: dict[str, Any]) -> None:
         for attr, (_, role) in self.SLIM_PARTS.items():
-            self.register_buffer(attr, parts[role])
+            self.register_buffer(attr, parts[role].contiguous())  # kernels and the writer read it flat
         self.stage = stage
         self.kernel = None
-        self._prepared: dict[str, tuple[Any, Any]] = {}  # kernel -> (what it was made from, packed state)
+        # (kernel, variant) -> (what it was made from, packed state); kept for the kernels chosen here
+        self._prepared: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._chosen: set[str] = set()
 
     @property
     def weight_dtype(self) -> torch.dtype:
@@ -71,17 +75,27 @@ class QuantizedWeight(nn.Module):
         stage = {**self.stage, "dtype": dtype_name(dtype or self.weight_dtype)}
         return codec.decode(primary, parts, stage)
 
-    def prepared(self, name: str, make: Callable[[], Any]) -> Any:
-        """State a kernel builds once from the buffers (a packed weight), rebuilt if the buffers change."""
+    def prepared(self, kernel: str, make: Callable[[], Any], variant: str = "") -> Any:
+        """State ``kernel`` builds once from the buffers (a packed weight), rebuilt if the buffers change."""
         source = tuple((t.data_ptr(), t._version) for t in self.parts().values())
-        made = self._prepared.get(name)
+        made = self._prepared.get((kernel, variant))
         if made is None or made[0] != source:
-            made = self._prepared[name] = (source, make())
+            made = self._prepared[kernel, variant] = (source, make())
         return made[1]
 
-    def run(self, x2d: torch.Tensor, candidates: dict[str, Callable[[], torch.Tensor]]) -> torch.Tensor:
-        """Run the forced kernel, or the one measured fastest for this shape and batch size."""
+    def run(
+        self,
+        x2d: torch.Tensor,
+        candidates: dict[str, Callable[[], torch.Tensor]],
+        tolerance: dict[str, float] | None = None,
+    ) -> torch.Tensor:
+        """Run the forced kernel, or the one measured fastest for this shape and batch size (among those
+        within ``tolerance``, relative L2, of the reference). A forced kernel that cannot run this input
+        (a ``-bf16`` one on bfloat16 inputs, a fused one on a shape it does not take) gives way to its
+        plain twin, else to the reference."""
         name = self.kernel
+        if name is not None and name not in candidates:
+            name = name.removesuffix("-bf16") if name.removesuffix("-bf16") in candidates else self.REFERENCE
         if name is None:
             key = (
                 type(self).__name__,
@@ -92,15 +106,17 @@ class QuantizedWeight(nn.Module):
                 x2d.device.type,
                 torch.get_num_threads(),
             )
-            name = CHOICES.best(key, candidates, self.REFERENCE)
-            for unused in set(self._prepared) - {name}:
-                del self._prepared[unused]  # a packed copy of a kernel that lost is only memory
+            name = CHOICES.best(key, candidates, self.REFERENCE, tolerance or {})
+            if name not in self._chosen:
+                self._chosen.add(name)
+                for unused in [k for k in self._prepared if k[0] not in self._chosen]:
+                    del self._prepared[unused]  # a packed copy of a kernel that lost is only memory
         return candidates[name]()
 
     def __getstate__(self) -> dict[str, Any]:
         # Packed weights are a cache (and oneDNN's cannot be copied): copies rebuild them on first use.
         state = self.__dict__.copy()
-        state["_prepared"] = {}
+        state["_prepared"], state["_chosen"] = {}, set()
         return state
 
 
@@ -148,26 +164,61 @@ class Int8DynamicLinear(_QuantizedLinear):
         return self.run(x2d, candidates)
 
 
-class Int8WeightLinear(_QuantizedLinear):
-    """``nn.Linear`` with int8 weights (one scale per output channel), computed in the input's dtype."""
+class _WeightOnlyLinear(_QuantizedLinear):
+    """Weight-only layers: float activations times dequantized weights, by one of four kernels.
 
-    SCHEME = "int8-weight"
-    SLIM_PARTS: ClassVar = {"qweight": ("weight", "q"), "weight_scale": ("weight", "scale")}
-    KERNELS = ("dequantize", "int8pack")
+    ``dequantize`` (the weight dequantized, then ``F.linear``) or the fused kernel, each in the input's
+    dtype, and, for float32 inputs on the CPU, the same two computed in bfloat16 (``-bf16``): where the
+    CPU multiplies bfloat16 natively they are several times faster, and their extra error, at most
+    :data:`BF16_AGREEMENT` of the output (checked when they are chosen), is below the weights' own.
+    """
+
     REFERENCE = "dequantize"
+    FUSED: ClassVar[str]
 
     def _matmul(self, x: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x2d.dtype)
-        candidates = {"dequantize": lambda: F.linear(x2d, self.dequantized(x2d.dtype), bias)}
-        if x2d.device.type == "cpu":
-            scale = self.prepared(f"int8pack-{x2d.dtype}", lambda: self.weight_scale.to(x2d.dtype))
-            candidates["int8pack"] = lambda: _plus(torch._weight_int8pack_mm(x2d, self.qweight, scale), bias)
-        return self.run(x2d, candidates)
+        dtypes = {"": x2d.dtype}
+        if x2d.dtype == torch.float32 and x2d.device.type == "cpu":
+            dtypes["-bf16"] = torch.bfloat16
+        candidates: dict[str, Callable[[], torch.Tensor]] = {}
+        for suffix, dtype in dtypes.items():
+            candidates["dequantize" + suffix] = partial(self._dequantize_linear, x2d, dtype, bias)
+            if x2d.device.type == "cpu" and self._fused_fits():
+                candidates[self.FUSED + suffix] = partial(self._fused_linear, x2d, dtype, bias)
+        tolerance = {name: BF16_AGREEMENT for name in candidates if name.endswith("-bf16")}
+        return self.run(x2d, candidates, tolerance)
+
+    def _dequantize_linear(self, x2d: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None):
+        return _plus(F.linear(x2d.to(dtype), self.dequantized(dtype)).to(x2d.dtype), bias)
+
+    def _fused_linear(self, x2d: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None):
+        return _plus(self._fused(kernels.aligned(x2d.to(dtype)), dtype).to(x2d.dtype), bias)
+
+    def _fused_fits(self) -> bool:
+        return True
+
+    def _fused(self, x2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
 
 
-class Int4WeightLinear(_QuantizedLinear):
+class Int8WeightLinear(_WeightOnlyLinear):
+    """``nn.Linear`` with int8 weights (one scale per output channel) and float activations."""
+
+    SCHEME = "int8-weight"
+    SLIM_PARTS: ClassVar = {"qweight": ("weight", "q"), "weight_scale": ("weight", "scale")}
+    KERNELS = ("dequantize", "int8pack", "dequantize-bf16", "int8pack-bf16")
+    FUSED = "int8pack"
+
+    def _fused(self, x2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        weight = self.prepared("int8pack", lambda: kernels.aligned(self.qweight))
+        scale = self.prepared("int8pack", lambda: self.weight_scale.to(dtype), variant=str(dtype))
+        return torch._weight_int8pack_mm(x2d, weight, scale)
+
+
+class Int4WeightLinear(_WeightOnlyLinear):
     """``nn.Linear`` with 4-bit weights, a scale and a zero point per group of ``group_size`` inputs of each
-    output channel, computed in the input's dtype."""
+    output channel, and float activations."""
 
     SCHEME = "int4-weight"
     SLIM_PARTS: ClassVar = {
@@ -175,25 +226,20 @@ class Int4WeightLinear(_QuantizedLinear):
         "weight_scale": ("weight", "scale"),
         "weight_zero": ("weight", "zero"),
     }
-    KERNELS = ("dequantize", "int4pack")
-    REFERENCE = "dequantize"
+    KERNELS = ("dequantize", "int4pack", "dequantize-bf16", "int4pack-bf16")
+    FUSED = "int4pack"
 
-    def _matmul(self, x: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x2d.dtype)
-        candidates = {"dequantize": lambda: F.linear(x2d, self.dequantized(x2d.dtype), bias)}
-        group = self.stage["group_size"]
-        if x2d.device.type == "cpu" and self.in_features % group == 0:
+    def _fused_fits(self) -> bool:
+        return self.in_features % self.stage["group_size"] == 0
 
-            def fused() -> torch.Tensor:
-                packed, scales = self.prepared(f"int4pack-{x2d.dtype}", lambda: self._int4pack(x2d.dtype))
-                return _plus(torch._weight_int4pack_mm_for_cpu(x2d, packed, group, scales), bias)
-
-            candidates["int4pack"] = fused
-        return self.run(x2d, candidates)
-
-    def _int4pack(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        packed = kernels.int4pack_weight(self.qweight, self.in_features)
-        return packed, kernels.int4pack_scales(self.weight_scale, self.weight_zero, dtype)
+    def _fused(self, x2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        packed = self.prepared("int4pack", lambda: kernels.int4pack_weight(self.qweight, self.in_features))
+        scales = self.prepared(
+            "int4pack",
+            lambda: kernels.int4pack_scales(self.weight_scale, self.weight_zero, dtype),
+            variant=str(dtype),
+        )
+        return torch._weight_int4pack_mm_for_cpu(x2d, packed, self.stage["group_size"], scales)
 
 
 def _plus(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -254,9 +300,16 @@ def codec_chain(scheme: str, group_size: int) -> list:
     return ["int8"] if scheme.startswith("int8") else [("int4", {"group_size": group_size, "flat": False})]
 
 
-def quantized_from(module: nn.Module, scheme: str, group_size: int) -> QuantizedWeight:
-    """The quantized twin of an ``nn.Linear`` or ``nn.Embedding``, its weight encoded by the codecs."""
-    encoded = encode(float_weight(module).detach(), codec_chain(scheme, group_size))
+def quantized_from(
+    module: nn.Module, scheme: str, group_size: int, hessian: torch.Tensor | None = None
+) -> QuantizedWeight:
+    """The quantized twin of an ``nn.Linear`` or ``nn.Embedding``, its weight encoded by the codecs; with
+    the layer's input moments ``hessian``, int4 codes are chosen by GPTQ instead of rounding."""
+    weight = float_weight(module).detach()
+    encoded = None
+    if hessian is not None and scheme == "int4-weight":
+        encoded = gptq_int4(weight, hessian, group_size)
+    encoded = encoded or encode(weight, codec_chain(scheme, group_size))
     return _build(module, scheme, encoded)
 
 

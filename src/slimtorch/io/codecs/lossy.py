@@ -143,7 +143,7 @@ class Int4:
             g = _grouped(rows[block], group_size, padded)
             low, high = g.amin(dim=2), g.amax(dim=2)
             scales[block], zeros[block] = (high - low) / 15, low
-        side_dtype = torch.float16 if _fits_fp16(scales, zeros) else torch.float32
+        side_dtype = torch.float16 if fits_fp16(scales, zeros) else torch.float32
         scales, zeros = scales.to(side_dtype), zeros.to(side_dtype)
         # Decoding computes code * scale + zero in float32; if code 15 overflows there (a group spanning more
         # than float32's range), the group would come back as inf or NaN, so refuse it here.
@@ -200,7 +200,7 @@ def _grouped(rows: torch.Tensor, group_size: int, padded: int) -> torch.Tensor:
     return values.reshape(values.shape[0], -1, group_size)
 
 
-def _fits_fp16(scales: torch.Tensor, zeros: torch.Tensor) -> bool:
+def fits_fp16(scales: torch.Tensor, zeros: torch.Tensor) -> bool:
     """float16 keeps scales and zero points to 2**-11 relative only inside its normal range."""
     for side in (scales.abs(), zeros.abs()):
         nonzero = side[side > 0]

@@ -1,0 +1,136 @@
+"""GPTQ: 4-bit codes chosen with the layer's inputs in view (Frantar et al., 2022), from calibration data.
+
+Rounding each weight to its nearest code ignores that errors in different inputs cancel or add up in the
+layer's output. GPTQ quantizes one input column at a time and spreads each column's rounding error over
+the columns not yet quantized, weighted by the inverse of the inputs' second moments ``H = X^T X / n``,
+so that the output ``X W^T`` moves as little as possible. Scales and zero points are taken per group
+from the weights as updated so far. The result is stored in exactly the ``int4`` codec's layout, so
+nothing downstream (saving, loading, kernels) knows the codes were chosen this way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from slimtorch.io.codecs import Encoded
+from slimtorch.io.codecs.lossy import fits_fp16
+from slimtorch.io.source import dtype_name
+
+DAMPING = 0.01  # of the mean diagonal, added to H: keeps it invertible, as in the paper
+BLOCK = 128  # columns updated together before their error is pushed to the rest (lazy batch updates)
+
+
+class InputMoments:
+    """``X^T X`` and the row count of each watched layer's inputs, gathered by forward pre-hooks."""
+
+    def __init__(self, layers: dict[str, nn.Module]) -> None:
+        self.layers = layers
+        self.sums: dict[str, torch.Tensor] = {}
+        self.rows: dict[str, int] = {}
+
+    @contextmanager
+    def recording(self) -> Iterator[InputMoments]:
+        handles = [layer.register_forward_pre_hook(self._hook(name)) for name, layer in self.layers.items()]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _hook(self, name: str):
+        def record(_layer: nn.Module, args: tuple) -> None:
+            x = args[0].detach()
+            x = x.reshape(-1, x.shape[-1]).to(torch.float32)
+            product = x.t() @ x
+            self.sums[name] = self.sums[name] + product if name in self.sums else product
+            self.rows[name] = self.rows.get(name, 0) + x.shape[0]
+
+        return record
+
+    def hessian(self, name: str) -> torch.Tensor | None:
+        """``X^T X / n`` of the layer's inputs (None: the layer never ran during calibration)."""
+        if name not in self.sums:
+            return None
+        return self.sums[name] / max(self.rows[name], 1)
+
+
+def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int) -> Encoded | None:
+    """The int4 codec's parts for ``weight`` (out, in), codes chosen by GPTQ; None when ``in`` is not a
+    whole number of groups or ``H`` cannot be inverted (the caller then rounds to nearest)."""
+    rows, cols = weight.shape
+    if cols % group_size:
+        return None
+    inverse = _inverse_cholesky(hessian.clone(), weight)
+    if inverse is None:
+        return None
+    # Columns of the weight are rows here: each step reads and updates contiguous memory.
+    w = weight.detach().to(torch.float32).t().contiguous()
+    w[torch.diag(hessian) == 0] = 0  # inputs that were always zero: any value gives the same output
+    groups = cols // group_size
+    scales = torch.empty(groups, rows, dtype=torch.float32)
+    zeros = torch.empty(groups, rows, dtype=torch.float32)
+    codes = torch.empty(cols, rows, dtype=torch.float32)
+    block = group_size * math.ceil(BLOCK / group_size)
+    for start in range(0, cols, block):
+        stop = min(start + block, cols)
+        work = w[start:stop].clone()
+        errors = torch.empty_like(work)
+        local = inverse[start:stop, start:stop]
+        for i in range(stop - start):
+            g, first = divmod(start + i, group_size)
+            if first == 0:
+                scales[g], zeros[g] = _group_range(work[i : i + group_size])
+                inverse_scale = torch.where(scales[g] > 0, scales[g], 1).reciprocal_()
+            code = codes[start + i]
+            torch.mul(work[i] - zeros[g], inverse_scale, out=code).round_().clamp_(0, 15)
+            error = errors[i]
+            torch.addcmul(zeros[g], code, scales[g], out=error)
+            error.neg_().add_(work[i]).div_(local[i, i])
+            work[i:].addr_(local[i, i:], error, alpha=-1)
+        w[stop:] -= inverse[start:stop, stop:].t() @ errors
+    codes = codes.to(torch.uint8).t().contiguous()
+    scales, zeros = scales.t().contiguous(), zeros.t().contiguous()
+    side = torch.float16 if fits_fp16(scales, zeros) else torch.float32
+    parts = {
+        "q4": codes[:, 0::2] | (codes[:, 1::2] << 4),
+        "scale": scales.to(side),
+        "zero": zeros.to(side),
+    }
+    stage = {
+        "codec": "int4",
+        "dtype": dtype_name(weight.dtype),
+        "shape": [rows, cols],
+        "group_size": group_size,
+        "flat": False,
+    }
+    return Encoded(parts, [stage])
+
+
+def _group_range(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point of each output's group (``values`` is (group, outputs)), already rounded to
+    float16 where the codec will store them so (codes are chosen against the values decoding uses)."""
+    low, high = values.amin(dim=0), values.amax(dim=0)
+    scale, zero = (high - low) / 15, low
+    if fits_fp16(scale.unsqueeze(1), zero.unsqueeze(1)):
+        scale, zero = scale.half().float(), zero.half().float()
+    return scale, zero
+
+
+def _inverse_cholesky(hessian: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """The upper Cholesky factor of ``H^-1`` (what the column updates read), with damping."""
+    dead = torch.diag(hessian) == 0
+    hessian[dead, dead] = 1
+    damping = DAMPING * float(torch.diag(hessian).mean())
+    for _ in range(4):  # more damping if H is too ill-conditioned to factor
+        try:
+            lower = torch.linalg.cholesky(hessian + damping * torch.eye(len(hessian)))
+            inverse = torch.cholesky_inverse(lower)
+            return torch.linalg.cholesky(inverse, upper=True)
+        except RuntimeError:
+            damping *= 10
+    return None
