@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -377,3 +378,25 @@ def test_gptq_falls_back_to_rounding_where_groups_do_not_tile_the_inputs() -> No
     )
     pairs = zip(expected[0].parts().values(), with_data[0].parts().values(), strict=True)
     assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_int8_dynamic_outputs_are_bit_identical_after_loading_in_another_process(tmp_path) -> None:
+    # Its kernels are exact integer products, so whichever one a new process measures fastest agrees.
+    import subprocess
+    import sys
+
+    model = slimtorch.quantize(TokenMLP().eval(), "int8-dynamic")
+    slimtorch.save_model(model, tmp_path / "q.safetensors")
+    torch.save({"ids": _ids(), "out": model(_ids())}, tmp_path / "expected.pt")
+    script = (
+        "import sys, torch, slimtorch\n"
+        "from tests.test_quantize import TokenMLP\n"
+        f"expected = torch.load({str(tmp_path / 'expected.pt')!r})\n"
+        f"model = slimtorch.load_model({str(tmp_path / 'q.safetensors')!r}, TokenMLP)\n"
+        "sys.exit(0 if torch.equal(model(expected['ids']), expected['out']) else 1)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -19,6 +19,7 @@ is simply never chosen.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -112,14 +113,10 @@ def onednn_int8_linear(
     return scale_back(product, row_scale, bias)
 
 
-_zero_cache: dict[int, torch.Tensor] = {}
-
-
+@functools.lru_cache(maxsize=256)
 def _zero_points(n: int) -> torch.Tensor:
-    zeros = _zero_cache.get(n)
-    if zeros is None:
-        zeros = _zero_cache[n] = torch.zeros(n, dtype=torch.int32)
-    return zeros
+    """The weight zero points oneDNN asks for: all zero (the weight codes are symmetric), made once."""
+    return torch.zeros(n, dtype=torch.int32)
 
 
 def int_mm_int8_linear(

@@ -186,7 +186,8 @@ class _WeightOnlyLinear(_QuantizedLinear):
             candidates["dequantize" + suffix] = partial(self._dequantize_linear, x2d, dtype, bias)
             if x2d.device.type == "cpu" and self._fused_fits():
                 candidates[self.FUSED + suffix] = partial(self._fused_linear, x2d, dtype, bias)
-        tolerance = {name: BF16_AGREEMENT for name in candidates if name.endswith("-bf16")}
+        half = x2d.dtype in (torch.bfloat16, torch.float16)  # products that round like bfloat16 ones
+        tolerance = {name: BF16_AGREEMENT for name in candidates if half or name.endswith("-bf16")}
         return self.run(x2d, candidates, tolerance)
 
     def _dequantize_linear(self, x2d: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None):
