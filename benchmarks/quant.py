@@ -206,10 +206,10 @@ def measure(
 
 def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
     print(f"\n{title}")
-    print(f"  {'method':32} {'latency':>11} {'vs fp32':>8} {'size':>7} {'cosine':>9}")
+    print(f"  {'method':36} {'latency':>11} {'vs fp32':>8} {'size':>7} {'cosine':>9}")
     for method, row in rows.items():
         print(
-            f"  {method:32} {row['latency_ms']:9.2f}ms {row['speedup']:7.2f}x "
+            f"  {method:36} {row['latency_ms']:9.2f}ms {row['speedup']:7.2f}x "
             f"{row['size_ratio']:6.3f}x {row['cosine']:9.5f}"
         )
 

@@ -240,7 +240,7 @@ def test_layers_that_stay_float_are_reported_with_the_reason() -> None:
     model["tied2"] = nn.Linear(10, 64)
     model["tied2"].weight = tied.weight
     _, report = slimtorch.quantize_with_report(model, "int8-dynamic", skip=["kee*"])
-    assert "convolution" in report.skipped["conv"]
+    assert "no convolution kernel" in report.skipped["conv"]
     assert "NonDynamicallyQuantizableLinear" in report.skipped["attn.out_proj"]
     assert "skip pattern 'kee*'" in report.skipped["keep"]
     assert "tied" in report.skipped["tied"] and "tied" in report.skipped["tied2"]
@@ -400,3 +400,29 @@ def test_int8_dynamic_outputs_are_bit_identical_after_loading_in_another_process
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("scheme", ["int8-weight", "int4-weight"])
+def test_weight_only_schemes_quantize_convolutions_and_round_trip_them(scheme: str, tmp_path) -> None:
+    from tests.zoo.models import SmallCNN
+
+    model = SmallCNN().eval()
+    images = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    expected = model(images)
+    _, report = slimtorch.quantize_with_report(model, scheme, group_size=32)
+    assert {layer.name for layer in report.layers} == {"features.0", "features.3", "head"}
+    assert type(model.features[0]).__name__.endswith("WeightConv")
+    assert _cosine(model(images), expected) > (0.999 if scheme == "int8-weight" else 0.98)
+    quantized = model(images)
+    slimtorch.save_model(model, tmp_path / "cnn.safetensors")
+    loaded = slimtorch.load_model(tmp_path / "cnn.safetensors", SmallCNN).eval()
+    assert type(loaded.features[3]) is type(model.features[3])
+    assert torch.equal(loaded(images), quantized)
+
+
+def test_int8_dynamic_leaves_convolutions_float_and_says_why() -> None:
+    from tests.zoo.models import SmallCNN
+
+    _, report = slimtorch.quantize_with_report(SmallCNN(), "int8-dynamic")
+    assert "no convolution kernel" in report.skipped["features.0"]
+    assert [layer.name for layer in report.layers] == ["head"]

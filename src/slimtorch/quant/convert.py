@@ -24,17 +24,14 @@ from torch import nn
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.graph.capture import as_args
+from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.io.codecs.chain import CodecError
 from slimtorch.io.codecs.lossy import INT4_GROUP_SIZES
 from slimtorch.prune.delta import StructuralDelta, record
+from slimtorch.quant.build import CONV, LINEAR, SCHEMES, float_weight, quantized_from
+from slimtorch.quant.conv import quantizable_conv
 from slimtorch.quant.gptq import InputMoments
-from slimtorch.quant.modules import (
-    LINEAR,
-    SCHEMES,
-    QuantizedWeight,
-    float_weight,
-    quantized_from,
-)
+from slimtorch.quant.modules import QuantizedWeight
 from slimtorch.quant.recorded import put_module, quantizable_type
 
 
@@ -145,14 +142,14 @@ def quantize_with_report(
 ) -> tuple[nn.Module, QuantizeReport]:
     """:func:`quantize`, plus a :class:`QuantizeReport` of sizes and errors."""
     _check_options(scheme, group_size, kernel)
-    targets, skipped = _targets(model, tuple(skip), embeddings)
+    targets, skipped = _targets(model, scheme, tuple(skip), embeddings)
     inputs = list(calibration) if calibration is not None else []
     before = model_bytes(model)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            linear = {n: m for n, m in targets if not isinstance(m, nn.Embedding)}
+            linear = {n: m for n, m in targets if type(m) is nn.Linear or is_hf_conv1d(m)}
             moments = InputMoments(linear if scheme == "int4-weight" else {})
             with moments.recording():
                 references = [_outputs(_call(model, sample)) for sample in inputs]
@@ -209,7 +206,7 @@ def _check_options(scheme: str, group_size: int, kernel: str | None) -> None:
 
 
 def _targets(
-    model: nn.Module, skip: tuple[str, ...], embeddings: bool
+    model: nn.Module, scheme: str, skip: tuple[str, ...], embeddings: bool
 ) -> tuple[list[tuple[str, nn.Module]], dict[str, str]]:
     owners: dict[int, list[str]] = {}
     for name, module in model.named_modules():
@@ -220,7 +217,7 @@ def _targets(
     for name, module in model.named_modules():
         if isinstance(module, QuantizedWeight):
             continue
-        why = _why_not(name, module, skip, embeddings, owners)
+        why = _why_not(name, module, scheme, skip, embeddings, owners)
         if why is None:
             targets.append((name, module))
         elif why:
@@ -229,14 +226,21 @@ def _targets(
 
 
 def _why_not(
-    name: str, module: nn.Module, skip: tuple[str, ...], embeddings: bool, owners: dict[int, list[str]]
+    name: str,
+    module: nn.Module,
+    scheme: str,
+    skip: tuple[str, ...],
+    embeddings: bool,
+    owners: dict[int, list[str]],
 ) -> str | None:
     """Why a layer stays float; None: it is quantized; "": not a layer anyone would expect quantized."""
     if isinstance(module, (nn.Linear, nn.Embedding)) and not quantizable_type(module):
         base = "Linear" if isinstance(module, nn.Linear) else "Embedding"
         return f"{type(module).__name__} subclasses nn.{base}; its owner may use the weight directly"
-    if isinstance(module, nn.modules.conv._ConvNd):
-        return "convolutions keep float weights (no int8 convolution kernel here)"
+    if isinstance(module, nn.modules.conv._ConvNd) and (scheme not in CONV or not quantizable_conv(module)):
+        if scheme not in CONV:
+            return f"{scheme} has no convolution kernel (int8-weight and int4-weight quantize convolutions)"
+        return "transposed, or padded other than with zeros: only plain zero-padded convolutions are swapped"
     if not quantizable_type(module):
         return ""
     pattern = next((p for p in skip if fnmatch.fnmatchcase(name, p)), None)

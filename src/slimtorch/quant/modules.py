@@ -8,14 +8,14 @@ them as the coded tensor ``<layer>.weight`` (any slim reader decodes it to the f
 ``SLIM_PARTS`` tells the loader which buffer holds which part: ``{"qweight": ("weight", "q"), ...}``.
 
 Layers: :class:`Int8DynamicLinear` (int8 weights and activations), :class:`Int8WeightLinear` and
-:class:`Int4WeightLinear` (weight-only, computed in the input's dtype), :class:`Int8Embedding` and
-:class:`Int4Embedding` (rows dequantized as they are looked up). They are for inference: nothing in
-them trains: they compute without autograd, so no gradient flows through them.
+:class:`Int4WeightLinear` (weight-only, float activations), :class:`Int8Embedding` and
+:class:`Int4Embedding` (rows dequantized as they are looked up); convolutions are in
+:mod:`slimtorch.quant.conv`, and :mod:`slimtorch.quant.build` makes any of them. They are for
+inference: nothing in them trains; they compute without autograd, so no gradient flows through them.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any, ClassVar
@@ -24,13 +24,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from slimtorch.graph.layers import is_hf_conv1d
-from slimtorch.io.codecs import Encoded, encode
+from slimtorch.io.codecs import Encoded
 from slimtorch.io.codecs.chain import parse_dtype
 from slimtorch.io.codecs.lossy import INT4, INT8
 from slimtorch.io.source import dtype_name
 from slimtorch.quant import kernels
-from slimtorch.quant.gptq import gptq_int4
 from slimtorch.quant.kernels import BF16_AGREEMENT, CHOICES
 
 
@@ -113,6 +111,29 @@ class QuantizedWeight(nn.Module):
                     del self._prepared[unused]  # a packed copy of a kernel that lost is only memory
         return candidates[name]()
 
+    def weight_only(
+        self,
+        x: torch.Tensor,
+        plain: Callable[[torch.dtype], torch.Tensor],
+        fused: tuple[str, Callable[[torch.dtype], torch.Tensor]] | None = None,
+    ) -> torch.Tensor:
+        """A weight-only product by the fastest of: ``plain(dtype)`` (the weight dequantized, then the
+        float op) and ``fused`` (a kernel reading the codes), each in ``x``'s dtype and, for float32
+        inputs on the CPU, in bfloat16 (``-bf16``): where the CPU multiplies bfloat16 natively that is
+        several times faster, and its extra error, at most :data:`BF16_AGREEMENT` of the output (checked
+        when it is chosen), stays below the weights' own rounding error."""
+        dtypes = {"": x.dtype}
+        if x.dtype == torch.float32 and x.device.type == "cpu":
+            dtypes["-bf16"] = torch.bfloat16
+        candidates: dict[str, Callable[[], torch.Tensor]] = {}
+        for suffix, dtype in dtypes.items():
+            candidates["dequantize" + suffix] = partial(plain, dtype)
+            if fused is not None:
+                candidates[fused[0] + suffix] = partial(fused[1], dtype)
+        half = x.dtype in (torch.bfloat16, torch.float16)  # products that round like bfloat16 ones
+        tolerance = {name: BF16_AGREEMENT for name in candidates if half or name.endswith("-bf16")}
+        return self.run(x, candidates, tolerance)
+
     def __getstate__(self) -> dict[str, Any]:
         # Packed weights are a cache (and oneDNN's cannot be copied): copies rebuild them on first use.
         state = self.__dict__.copy()
@@ -165,36 +186,22 @@ class Int8DynamicLinear(_QuantizedLinear):
 
 
 class _WeightOnlyLinear(_QuantizedLinear):
-    """Weight-only layers: float activations times dequantized weights, by one of four kernels.
-
-    ``dequantize`` (the weight dequantized, then ``F.linear``) or the fused kernel, each in the input's
-    dtype, and, for float32 inputs on the CPU, the same two computed in bfloat16 (``-bf16``): where the
-    CPU multiplies bfloat16 natively they are several times faster, and their extra error, at most
-    :data:`BF16_AGREEMENT` of the output (checked when they are chosen), is below the weights' own.
-    """
+    """Weight-only layers: float activations times dequantized weights (see :meth:`weight_only`)."""
 
     REFERENCE = "dequantize"
     FUSED: ClassVar[str]
 
     def _matmul(self, x: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x2d.dtype)
-        dtypes = {"": x2d.dtype}
-        if x2d.dtype == torch.float32 and x2d.device.type == "cpu":
-            dtypes["-bf16"] = torch.bfloat16
-        candidates: dict[str, Callable[[], torch.Tensor]] = {}
-        for suffix, dtype in dtypes.items():
-            candidates["dequantize" + suffix] = partial(self._dequantize_linear, x2d, dtype, bias)
-            if x2d.device.type == "cpu" and self._fused_fits():
-                candidates[self.FUSED + suffix] = partial(self._fused_linear, x2d, dtype, bias)
-        half = x2d.dtype in (torch.bfloat16, torch.float16)  # products that round like bfloat16 ones
-        tolerance = {name: BF16_AGREEMENT for name in candidates if half or name.endswith("-bf16")}
-        return self.run(x2d, candidates, tolerance)
 
-    def _dequantize_linear(self, x2d: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None):
-        return _plus(F.linear(x2d.to(dtype), self.dequantized(dtype)).to(x2d.dtype), bias)
+        def plain(dtype: torch.dtype) -> torch.Tensor:
+            return _plus(F.linear(x2d.to(dtype), self.dequantized(dtype)).to(x2d.dtype), bias)
 
-    def _fused_linear(self, x2d: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None):
-        return _plus(self._fused(kernels.aligned(x2d.to(dtype)), dtype).to(x2d.dtype), bias)
+        def fused(dtype: torch.dtype) -> torch.Tensor:
+            return _plus(self._fused(kernels.aligned(x2d.to(dtype)), dtype).to(x2d.dtype), bias)
+
+        usable = x2d.device.type == "cpu" and self._fused_fits()
+        return self.weight_only(x2d, plain, (self.FUSED, fused) if usable else None)
 
     def _fused_fits(self) -> bool:
         return True
@@ -287,68 +294,3 @@ class Int4Embedding(_QuantizedEmbedding):
         stage = {**self.stage, "shape": [ids.numel(), self.embedding_dim]}
         parts = {"scale": self.weight_scale[ids], "zero": self.weight_zero[ids]}
         return INT4.decode(self.qweight[ids], parts, stage)
-
-
-# -- building ---------------------------------------------------------------------------------------------
-LINEAR = {cls.SCHEME: cls for cls in (Int8DynamicLinear, Int8WeightLinear, Int4WeightLinear)}
-EMBEDDING = {"int8-dynamic": Int8Embedding, "int8-weight": Int8Embedding, "int4-weight": Int4Embedding}
-SCHEMES = tuple(LINEAR)
-QUANTIZED = (*LINEAR.values(), Int8Embedding, Int4Embedding)
-
-
-def codec_chain(scheme: str, group_size: int) -> list:
-    """The codec stage a scheme's weights go through (int4 groups follow rows, as its kernels want)."""
-    return ["int8"] if scheme.startswith("int8") else [("int4", {"group_size": group_size, "flat": False})]
-
-
-def quantized_from(
-    module: nn.Module, scheme: str, group_size: int, hessian: torch.Tensor | None = None
-) -> QuantizedWeight:
-    """The quantized twin of an ``nn.Linear`` or ``nn.Embedding``, its weight encoded by the codecs; with
-    the layer's input moments ``hessian``, int4 codes are chosen by GPTQ instead of rounding."""
-    weight = float_weight(module).detach()
-    encoded = None
-    if hessian is not None and scheme == "int4-weight":
-        encoded = gptq_int4(weight, hessian, group_size)
-    encoded = encoded or encode(weight, codec_chain(scheme, group_size))
-    return _build(module, scheme, encoded)
-
-
-def quantized_on_meta(module: nn.Module, scheme: str, group_size: int, dtype: torch.dtype) -> QuantizedWeight:
-    """The same layer with empty parts on the meta device, for :func:`slimtorch.load_model` to fill."""
-    shape = list(float_weight_shape(module))
-    rows, cols = shape[0], math.prod(shape[1:])
-    stage: dict[str, Any] = {"dtype": dtype_name(dtype), "shape": shape}
-    if scheme.startswith("int8"):
-        stage = {"codec": "int8", **stage}
-        parts = {"q": _meta(shape, torch.int8), "scale": _meta([rows], torch.float32)}
-    else:
-        stage = {"codec": "int4", **stage, "group_size": group_size, "flat": False}
-        groups = -(-cols // group_size)
-        parts = {
-            "q4": _meta([rows, groups * group_size // 2], torch.uint8),
-            "scale": _meta([rows, groups], torch.float16),
-            "zero": _meta([rows, groups], torch.float16),
-        }
-    return _build(module, scheme, Encoded(parts, [stage]))
-
-
-def _meta(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, device="meta")
-
-
-def float_weight(module: nn.Module) -> torch.Tensor:
-    """The weight as (out, in): Hugging Face's ``Conv1D`` (GPT-2) stores it transposed."""
-    return module.weight.t() if is_hf_conv1d(module) else module.weight
-
-
-def float_weight_shape(module: nn.Module) -> tuple[int, ...]:
-    return tuple(float_weight(module).shape)
-
-
-def _build(module: nn.Module, scheme: str, encoded: Encoded) -> QuantizedWeight:
-    if isinstance(module, nn.Embedding):
-        return EMBEDDING[scheme](module.num_embeddings, module.embedding_dim, module.padding_idx, encoded)
-    bias = module.bias if isinstance(module.bias, torch.Tensor) else None
-    out_features, in_features = float_weight_shape(module)
-    return LINEAR[scheme](in_features, out_features, bias, encoded)

@@ -10,15 +10,17 @@ from slimtorch.errors import SlimtorchError
 from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.io.codecs.chain import parse_dtype
 from slimtorch.io.codecs.lossy import INT4_GROUP_SIZES
-from slimtorch.quant.modules import SCHEMES, quantized_on_meta
+from slimtorch.quant.build import CONV, SCHEMES, quantized_on_meta
+from slimtorch.quant.conv import quantizable_conv
 
 FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 DEFAULT_GROUP = 128
 
 
 def quantizable_type(module: nn.Module) -> bool:
-    """``nn.Linear``, ``nn.Embedding`` (not subclasses, whose owners may read the weight) or HF ``Conv1D``."""
-    return type(module) in (nn.Linear, nn.Embedding) or is_hf_conv1d(module)
+    """``nn.Linear``, ``nn.Embedding`` (not subclasses, whose owners may read the weight), HF ``Conv1D``
+    or a zero-padded ``nn.Conv1d/2d/3d``."""
+    return type(module) in (nn.Linear, nn.Embedding) or is_hf_conv1d(module) or quantizable_conv(module)
 
 
 def restore(model: nn.Module, quantized: dict[str, dict[str, Any]]) -> None:
@@ -27,7 +29,11 @@ def restore(model: nn.Module, quantized: dict[str, dict[str, Any]]) -> None:
     modules = dict(model.named_modules())
     for name, how in quantized.items():
         module = modules.get(name)
-        if module is None or not quantizable_type(module):
+        if (
+            module is None
+            or not quantizable_type(module)
+            or (quantizable_conv(module) and how["scheme"] not in CONV)
+        ):
             what = "which the model does not have" if module is None else f"a {type(module).__name__}"
             raise SlimtorchError(f"the file quantized module {name!r}, {what}")
         dtype = parse_dtype(how["dtype"])

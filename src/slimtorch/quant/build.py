@@ -1,0 +1,89 @@
+"""Building quantized layers: from a float layer (its weight encoded by the codecs, or by GPTQ), or empty
+on the meta device for :func:`slimtorch.load_model` to fill; the registries of layer classes by scheme."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from slimtorch.graph.layers import is_hf_conv1d
+from slimtorch.io.codecs import Encoded, encode
+from slimtorch.io.source import dtype_name
+from slimtorch.quant.conv import Int4WeightConv, Int8WeightConv, quantizable_conv
+from slimtorch.quant.gptq import gptq_int4
+from slimtorch.quant.modules import (
+    Int4Embedding,
+    Int4WeightLinear,
+    Int8DynamicLinear,
+    Int8Embedding,
+    Int8WeightLinear,
+    QuantizedWeight,
+)
+
+LINEAR = {cls.SCHEME: cls for cls in (Int8DynamicLinear, Int8WeightLinear, Int4WeightLinear)}
+EMBEDDING = {"int8-dynamic": Int8Embedding, "int8-weight": Int8Embedding, "int4-weight": Int4Embedding}
+CONV = {cls.SCHEME: cls for cls in (Int8WeightConv, Int4WeightConv)}
+SCHEMES = tuple(LINEAR)
+
+
+def codec_chain(scheme: str, group_size: int) -> list:
+    """The codec stage a scheme's weights go through (int4 groups follow rows, as its kernels want)."""
+    return ["int8"] if scheme.startswith("int8") else [("int4", {"group_size": group_size, "flat": False})]
+
+
+def quantized_from(
+    module: nn.Module, scheme: str, group_size: int, hessian: torch.Tensor | None = None
+) -> QuantizedWeight:
+    """The quantized twin of an ``nn.Linear`` or ``nn.Embedding``, its weight encoded by the codecs; with
+    the layer's input moments ``hessian``, int4 codes are chosen by GPTQ instead of rounding."""
+    weight = float_weight(module).detach()
+    encoded = None
+    if hessian is not None and scheme == "int4-weight":
+        encoded = gptq_int4(weight, hessian, group_size)
+    encoded = encoded or encode(weight, codec_chain(scheme, group_size))
+    return _build(module, scheme, encoded)
+
+
+def quantized_on_meta(module: nn.Module, scheme: str, group_size: int, dtype: torch.dtype) -> QuantizedWeight:
+    """The same layer with empty parts on the meta device, for :func:`slimtorch.load_model` to fill."""
+    shape = list(float_weight_shape(module))
+    rows, cols = shape[0], math.prod(shape[1:])
+    stage: dict[str, Any] = {"dtype": dtype_name(dtype), "shape": shape}
+    if scheme.startswith("int8"):
+        stage = {"codec": "int8", **stage}
+        parts = {"q": _meta(shape, torch.int8), "scale": _meta([rows], torch.float32)}
+    else:
+        stage = {"codec": "int4", **stage, "group_size": group_size, "flat": False}
+        groups = -(-cols // group_size)
+        parts = {
+            "q4": _meta([rows, groups * group_size // 2], torch.uint8),
+            "scale": _meta([rows, groups], torch.float16),
+            "zero": _meta([rows, groups], torch.float16),
+        }
+    return _build(module, scheme, Encoded(parts, [stage]))
+
+
+def _meta(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def float_weight(module: nn.Module) -> torch.Tensor:
+    """The weight as (out, in): Hugging Face's ``Conv1D`` (GPT-2) stores it transposed."""
+    return module.weight.t() if is_hf_conv1d(module) else module.weight
+
+
+def float_weight_shape(module: nn.Module) -> tuple[int, ...]:
+    return tuple(float_weight(module).shape)
+
+
+def _build(module: nn.Module, scheme: str, encoded: Encoded) -> QuantizedWeight:
+    if quantizable_conv(module):
+        return CONV[scheme](module, module.bias, encoded)
+    if isinstance(module, nn.Embedding):
+        return EMBEDDING[scheme](module.num_embeddings, module.embedding_dim, module.padding_idx, encoded)
+    bias = module.bias if isinstance(module.bias, torch.Tensor) else None
+    out_features, in_features = float_weight_shape(module)
+    return LINEAR[scheme](in_features, out_features, bias, encoded)
