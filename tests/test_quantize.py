@@ -426,3 +426,12 @@ def test_int8_dynamic_leaves_convolutions_float_and_says_why() -> None:
     _, report = slimtorch.quantize_with_report(SmallCNN(), "int8-dynamic")
     assert "no convolution kernel" in report.skipped["features.0"]
     assert [layer.name for layer in report.layers] == ["head"]
+
+
+def test_a_weight_holding_inf_stays_float_with_the_reason() -> None:
+    model = TokenMLP()
+    with torch.no_grad():
+        model.down.weight[0, 0] = float("inf")
+    _, report = slimtorch.quantize_with_report(model, "int8-dynamic")
+    assert "cannot be quantized" in report.skipped["down"] and type(model.down) is nn.Linear
+    assert type(model.up) is Int8DynamicLinear

@@ -33,6 +33,9 @@ from slimtorch.quant.conv import quantizable_conv
 from slimtorch.quant.gptq import InputMoments
 from slimtorch.quant.modules import QuantizedWeight
 from slimtorch.quant.recorded import put_module, quantizable_type
+from slimtorch.report.progress import ByteProgress
+
+PROGRESS_DELAY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ def quantize(
     calibration: Iterable[Any] | None = None,
     embeddings: bool = True,
     kernel: str | None = None,
+    progress: bool | None = None,
 ) -> nn.Module:
     """Quantize a model's ``nn.Linear`` and ``nn.Embedding`` layers in place; returns the model.
 
@@ -109,7 +113,9 @@ def quantize(
             least) instead of rounding each weight.
         embeddings: quantize ``nn.Embedding`` too (int8 or int4 rows).
         kernel: force one kernel (``"onednn"``, ``"int_mm"``, ``"dequantize"``, ``"int8pack"``,
-            ``"int4pack"``); None times the candidates on first use and keeps the fastest.
+            ``"int4pack"``, and the weight-only ones with ``-bf16``); None times the candidates on
+            first use and keeps the fastest.
+        progress: a progress bar on stderr for work over a second; None: only on a terminal.
 
     Example:
         >>> import slimtorch, torch
@@ -126,6 +132,7 @@ def quantize(
         calibration=calibration,
         embeddings=embeddings,
         kernel=kernel,
+        progress=progress,
     )
     return model
 
@@ -139,6 +146,7 @@ def quantize_with_report(
     calibration: Iterable[Any] | None = None,
     embeddings: bool = True,
     kernel: str | None = None,
+    progress: bool | None = None,
 ) -> tuple[nn.Module, QuantizeReport]:
     """:func:`quantize`, plus a :class:`QuantizeReport` of sizes and errors."""
     _check_options(scheme, group_size, kernel)
@@ -154,16 +162,20 @@ def quantize_with_report(
             with moments.recording():
                 references = [_outputs(_call(model, sample)) for sample in inputs]
             originals, layers = {}, []
-            for name, module in targets:
-                try:
-                    quantized = quantized_from(module, scheme, group_size, moments.hessian(name))
-                except CodecError as exc:  # inf or nan in a weight: a scale cannot hold them
-                    skipped[name] = f"its weight cannot be quantized ({exc})"
-                    continue
-                quantized.kernel = kernel if kernel in type(quantized).KERNELS else None
-                put_module(model, name, quantized)
-                originals[name] = module
-                layers.append(_layer_result(name, module, quantized))
+            total = sum(_weight_bytes(module) for _, module in targets)
+            with ByteProgress("quantizing", total, delay=PROGRESS_DELAY_S, enabled=progress) as bar:
+                for name, module in targets:
+                    try:
+                        quantized = quantized_from(module, scheme, group_size, moments.hessian(name))
+                    except CodecError as exc:  # inf or nan in a weight: a scale cannot hold them
+                        skipped[name] = f"its weight cannot be quantized ({exc})"
+                        continue
+                    finally:
+                        bar.advance(_weight_bytes(module))
+                    quantized.kernel = kernel if kernel in type(quantized).KERNELS else None
+                    put_module(model, name, quantized)
+                    originals[name] = module
+                    layers.append(_layer_result(name, module, quantized))
             record(model, StructuralDelta(quantized=_recorded(originals, scheme, group_size)))
             output_errors, agreement = _calibrate(model, inputs, references, originals)
     finally:
@@ -181,6 +193,10 @@ def quantize_with_report(
         *agreement,
     )
     return model, report
+
+
+def _weight_bytes(module: nn.Module) -> int:
+    return module.weight.numel() * module.weight.element_size()
 
 
 def model_bytes(model: nn.Module) -> int:
