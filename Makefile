@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(BIN)/slimtorch shrink demo-out/checkpoint.pt -o demo-out/model-int8.safetensors --quantize int8
 	$(BIN)/slimtorch load demo-out/model-int8.safetensors --profile
 	$(BIN)/python examples/digits.py
+	$(BIN)/python examples/quantize_bert.py --out demo-out/bert-int8.safetensors
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
