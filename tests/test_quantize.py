@@ -435,3 +435,12 @@ def test_a_weight_holding_inf_stays_float_with_the_reason() -> None:
     _, report = slimtorch.quantize_with_report(model, "int8-dynamic")
     assert "cannot be quantized" in report.skipped["down"] and type(model.down) is nn.Linear
     assert type(model.up) is Int8DynamicLinear
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_quantize_and_run_under_inference_mode(scheme: str) -> None:
+    with torch.inference_mode():
+        model = TokenMLP().eval()
+        expected = model(_ids())
+        slimtorch.quantize(model, scheme)
+        assert _cosine(model(_ids()), expected) > WORST_COSINE[scheme]

@@ -75,7 +75,8 @@ class QuantizedWeight(nn.Module):
 
     def prepared(self, kernel: str, make: Callable[[], Any], variant: str = "") -> Any:
         """State ``kernel`` builds once from the buffers (a packed weight), rebuilt if the buffers change."""
-        source = tuple((t.data_ptr(), t._version) for t in self.parts().values())
+        # inference-mode tensors have no version counter: their identity alone has to do
+        source = tuple((t.data_ptr(), 0 if t.is_inference() else t._version) for t in self.parts().values())
         made = self._prepared.get((kernel, variant))
         if made is None or made[0] != source:
             made = self._prepared[kernel, variant] = (source, make())
