@@ -8,14 +8,12 @@ channel, or int4 groups along each output channel's ``in / groups * kh * kw`` va
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from slimtorch.io.codecs import Encoded
-from slimtorch.quant.modules import QuantizedWeight
+from slimtorch.quant.modules import INT4_PARTS, INT8_PARTS, QuantizedWeight
 
 CONVOLVE = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 SETTINGS = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups")
@@ -52,18 +50,14 @@ class Int8WeightConv(_QuantizedConv):
     """``nn.Conv1d/2d/3d`` with int8 weights, one scale per output channel."""
 
     SCHEME = "int8-weight"
-    SLIM_PARTS: ClassVar = {"qweight": ("weight", "q"), "weight_scale": ("weight", "scale")}
+    SLIM_PARTS = INT8_PARTS
 
 
 class Int4WeightConv(_QuantizedConv):
     """``nn.Conv1d/2d/3d`` with 4-bit weights in groups along each output channel."""
 
     SCHEME = "int4-weight"
-    SLIM_PARTS: ClassVar = {
-        "qweight": ("weight", "q4"),
-        "weight_scale": ("weight", "scale"),
-        "weight_zero": ("weight", "zero"),
-    }
+    SLIM_PARTS = INT4_PARTS
 
 
 def quantizable_conv(module: nn.Module) -> bool:

@@ -31,6 +31,14 @@ from slimtorch.io.source import dtype_name
 from slimtorch.quant import kernels
 from slimtorch.quant.kernels import BF16_AGREEMENT, CHOICES
 
+# Which buffer holds which part of the coded tensor ``weight``, for each codec (see the module docstring).
+INT8_PARTS = {"qweight": ("weight", "q"), "weight_scale": ("weight", "scale")}
+INT4_PARTS = {
+    "qweight": ("weight", "q4"),
+    "weight_scale": ("weight", "scale"),
+    "weight_zero": ("weight", "zero"),
+}
+
 
 class QuantizedWeight(nn.Module):
     """What every quantized layer shares: codec parts as buffers, the stage that made them, a kernel."""
@@ -168,7 +176,7 @@ class Int8DynamicLinear(_QuantizedLinear):
     row on each call; the product is exact in int32. The fastest kernel on this machine is chosen."""
 
     SCHEME = "int8-dynamic"
-    SLIM_PARTS: ClassVar = {"qweight": ("weight", "q"), "weight_scale": ("weight", "scale")}
+    SLIM_PARTS = INT8_PARTS
     KERNELS = ("onednn", "int_mm", "reference")
     REFERENCE = "reference"
 
@@ -215,7 +223,7 @@ class Int8WeightLinear(_WeightOnlyLinear):
     """``nn.Linear`` with int8 weights (one scale per output channel) and float activations."""
 
     SCHEME = "int8-weight"
-    SLIM_PARTS: ClassVar = {"qweight": ("weight", "q"), "weight_scale": ("weight", "scale")}
+    SLIM_PARTS = INT8_PARTS
     KERNELS = ("dequantize", "int8pack", "dequantize-bf16", "int8pack-bf16")
     FUSED = "int8pack"
 
@@ -230,11 +238,7 @@ class Int4WeightLinear(_WeightOnlyLinear):
     output channel, and float activations."""
 
     SCHEME = "int4-weight"
-    SLIM_PARTS: ClassVar = {
-        "qweight": ("weight", "q4"),
-        "weight_scale": ("weight", "scale"),
-        "weight_zero": ("weight", "zero"),
-    }
+    SLIM_PARTS = INT4_PARTS
     KERNELS = ("dequantize", "int4pack", "dequantize-bf16", "int4pack-bf16")
     FUSED = "int4pack"
 
@@ -274,7 +278,7 @@ class Int8Embedding(_QuantizedEmbedding):
     """``nn.Embedding`` with int8 rows, one scale each; only the rows looked up are dequantized."""
 
     SCHEME = "int8"
-    SLIM_PARTS: ClassVar = {"qweight": ("weight", "q"), "weight_scale": ("weight", "scale")}
+    SLIM_PARTS = INT8_PARTS
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.qweight[ids].to(self.weight_dtype)
@@ -285,11 +289,7 @@ class Int4Embedding(_QuantizedEmbedding):
     """``nn.Embedding`` with 4-bit rows in groups; only the rows looked up are dequantized."""
 
     SCHEME = "int4"
-    SLIM_PARTS: ClassVar = {
-        "qweight": ("weight", "q4"),
-        "weight_scale": ("weight", "scale"),
-        "weight_zero": ("weight", "zero"),
-    }
+    SLIM_PARTS = INT4_PARTS
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
         stage = {**self.stage, "shape": [ids.numel(), self.embedding_dim]}
