@@ -10,6 +10,8 @@ The public API:
 - :func:`recover`: fine-tune or distil a pruned model back (BatchNorm re-estimated, zeros kept).
 - :mod:`prune`: structured pruning that physically shrinks a model (``slimtorch.prune.channels``).
 - :func:`quantize`: int8 / int4 layers that run fast on CPU and save and load as they are.
+- :mod:`memory`: a training step's peak memory, predicted on fake tensors (``slimtorch.memory.estimate``)
+  and measured (``slimtorch.memory.profile``).
 - :func:`load_model`: a model built on the meta device and filled from any checkpoint, zero-copy where it
   can, decoding in parallel, staging through pinned memory to CUDA.
 """
@@ -32,7 +34,7 @@ from slimtorch.io.source import ObjectInfo, TensorInfo, TensorSource
 
 __version__ = "0.1.0"
 
-from slimtorch import prune
+from slimtorch import memory, prune
 from slimtorch.io.loader import LoadProfile, load, load_model, load_model_profiled
 from slimtorch.policy import ShrinkOptions
 from slimtorch.quant import QuantizeReport, quantize, quantize_with_report
@@ -83,6 +85,7 @@ __all__ = [
     "load",
     "load_model",
     "load_model_profiled",
+    "memory",
     "open",
     "prune",
     "quantize",

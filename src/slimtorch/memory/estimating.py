@@ -1,0 +1,276 @@
+"""``estimate`` and ``profile``: a step's peak memory and where it goes, simulated or measured.
+
+Both run the same step (:mod:`slimtorch.memory.step`): ``estimate`` on fake tensors, so it needs no memory
+for the model's weights or activations and works for models larger than RAM; ``profile`` on real ones.
+The peak is broken down by what its bytes are (parameters, gradients, optimizer state, activations saved
+for backward, inputs, temporaries), by phase (forward, backward, optimizer) and, for activations, by the
+module that saved them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from slimtorch.errors import SlimtorchError
+from slimtorch.memory.step import StepPlan, StepRecord, run_step
+from slimtorch.memory.timeline import StorageTimeline
+
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "inputs", "temporaries")
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """The peak of one step at one batch size."""
+
+    batch_size: int | None
+    peak_bytes: int
+    peak_phase: str
+    """where the peak happened: forward, backward or optimizer"""
+    peak_module: str
+    breakdown: dict[str, int]
+    """bytes at the peak, by category (see :data:`CATEGORIES`)"""
+    phases: dict[str, int]
+    """the highest live bytes within each phase"""
+    modules: dict[str, int]
+    """activations alive at the forward pass's peak, by the module that saved them, largest first"""
+    allocator_peak_bytes: int | None = None
+    """``profile`` only: the allocator's own high-water mark over the step (CUDA's max_memory_allocated,
+    or the C library's heap in use on the CPU, measured after every op)"""
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Peaks at each batch size, and the peak as a line in the batch size (fixed + per-sample bytes)."""
+
+    mode: str
+    precision: str
+    optimizer: str | None
+    device: str
+    checkpointing: Any
+    steps: list[StepMemory] = field(default_factory=list)
+    fixed_bytes: int | None = None
+    per_sample_bytes: float | None = None
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(step.peak_bytes for step in self.steps)
+
+    def predict(self, batch_size: int) -> int:
+        """The peak at ``batch_size`` from the line through the measured batch sizes."""
+        if self.fixed_bytes is None or self.per_sample_bytes is None:
+            raise SlimtorchError("predicting needs estimates at two or more batch sizes")
+        return int(self.fixed_bytes + self.per_sample_bytes * batch_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "slimtorch.memory/1", **asdict(self), "peak_bytes": self.peak_bytes}
+
+
+def estimate(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    batch_sizes: Sequence[int] | None = None,
+    mode: str = "train",
+    optimizer: str = "adamw",
+    precision: str = "fp32",
+    checkpointing: str | Sequence[str] | None = None,
+    device: str = "cuda",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+) -> MemoryReport:
+    """Predict a training (or inference) step's peak memory without running it for real.
+
+    The forward pass, the backward pass and the optimizer step run on fake tensors (shapes, no data), so
+    the model may be built on the meta device and be larger than RAM. Every storage the step would
+    allocate and free is recorded; the report gives the peak, what it is made of, where it happens, and
+    how it grows with the batch size.
+
+    Args:
+        model: the model (its weights are never touched; a meta-device model is enough).
+        example_inputs: one batch: a tensor, a tuple of arguments or a dict of keyword arguments.
+        batch_sizes: batch sizes to simulate (the inputs' first dimension is resized); None: as given.
+        mode: ``"train"`` (forward, backward, optimizer step) or ``"inference"`` (forward, no grad).
+        optimizer: ``"adamw"``, ``"adam"``, ``"sgd"``, ``"sgd-no-momentum"``, ``"adagrad"``, ``"rmsprop"``.
+        precision: ``"fp32"``, ``"bf16-mixed"`` / ``"fp16-mixed"`` (fp32 weights, autocast), ``"bf16"`` /
+            ``"fp16"`` (weights in that dtype).
+        checkpointing: None, ``"blocks"`` (each entry of the longest ``nn.ModuleList``, non-reentrant)
+            or module names.
+        device: ``"cuda"`` (sizes rounded as CUDA's caching allocator rounds them) or ``"cpu"``.
+        loss_fn: output -> scalar loss (default: the sum of the first floating-point output).
+
+    Example:
+        >>> import slimtorch, torch
+        >>> layers = (torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10))
+        >>> model = torch.nn.Sequential(*layers)
+        >>> report = slimtorch.memory.estimate(model, torch.randn(64, 1024), batch_sizes=[64, 128])
+        >>> report.steps[0].breakdown["optimizer_state"] == 2 * report.steps[0].breakdown["parameters"]
+        True
+    """
+    plan = _plan(mode, optimizer, precision, checkpointing, device)
+    steps = [
+        _measured(run_step(model, example_inputs, b, plan, fake=True, loss_fn=loss_fn), b)
+        for b in _sizes(batch_sizes)
+    ]
+    return _report(plan, steps)
+
+
+def profile(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    batch_sizes: Sequence[int] | None = None,
+    mode: str = "train",
+    optimizer: str = "adamw",
+    precision: str = "fp32",
+    checkpointing: str | Sequence[str] | None = None,
+    device: str = "cpu",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+) -> MemoryReport:
+    """The same step as :func:`estimate`, run for real (on copies of the weights): the same breakdown,
+    measured, plus the allocator's own high-water mark to check both against."""
+    plan = _plan(mode, optimizer, precision, checkpointing, device)
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise SlimtorchError("profile(device='cuda') needs a CUDA device; this torch sees none")
+    steps = []
+    for batch_size in _sizes(batch_sizes):
+        sampler = _sampler(plan)
+        record = run_step(
+            model, example_inputs, batch_size, plan, fake=False, loss_fn=loss_fn, timeline=sampler
+        )
+        steps.append(_measured(record, batch_size, sampler.allocator_peak()))
+    return _report(plan, steps)
+
+
+def _plan(mode: str, optimizer: str, precision: str, checkpointing: Any, device: str) -> StepPlan:
+    which = checkpointing if checkpointing is None or isinstance(checkpointing, str) else tuple(checkpointing)
+    return StepPlan(mode, optimizer, precision, which, device)
+
+
+def _sizes(batch_sizes: Sequence[int] | None) -> list[int | None]:
+    if batch_sizes is None:
+        return [None]
+    sizes = list(batch_sizes)
+    if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
+        raise SlimtorchError(f"batch sizes must be positive integers, not {batch_sizes!r}")
+    return sizes
+
+
+def _measured(record: StepRecord, batch_size: int | None, allocator: int | None = None) -> StepMemory:
+    peak = record.timeline.peak()
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    for key, nbytes in peak.live.items():
+        breakdown[_category(record, key)] += nbytes
+    modules: dict[str, int] = {}
+    for key, nbytes in record.timeline.peak("forward").live.items():
+        if _category(record, key) == "activations":
+            owner = record.timeline.saved.get(key, "")
+            modules[owner] = modules.get(owner, 0) + nbytes
+    ranked = dict(sorted(modules.items(), key=lambda item: -item[1]))
+    return StepMemory(
+        batch_size,
+        peak.bytes,
+        peak.phase,
+        peak.module,
+        breakdown,
+        dict(record.timeline.phase_peaks),
+        ranked,
+        allocator,
+    )
+
+
+def _category(record: StepRecord, key: int) -> str:
+    for category, keys in (
+        ("parameters", record.parameters),
+        ("buffers", record.buffers),
+        ("gradients", record.gradients),
+        ("optimizer_state", record.optimizer_state),
+        ("inputs", record.inputs),
+    ):
+        if key in keys:
+            return category
+    return "activations" if key in record.timeline.saved else "temporaries"
+
+
+def _report(plan: StepPlan, steps: list[StepMemory]) -> MemoryReport:
+    fixed = per_sample = None
+    sized = [(s.batch_size, s.peak_bytes) for s in steps if s.batch_size is not None]
+    if len({b for b, _ in sized}) >= 2:
+        n = len(sized)
+        mean_b = sum(b for b, _ in sized) / n
+        mean_p = sum(p for _, p in sized) / n
+        per_sample = sum((b - mean_b) * (p - mean_p) for b, p in sized) / sum(
+            (b - mean_b) ** 2 for b, _ in sized
+        )
+        fixed = int(mean_p - per_sample * mean_b)
+    optimizer = plan.optimizer if plan.mode == "train" else None
+    return MemoryReport(
+        plan.mode, plan.precision, optimizer, plan.device, plan.checkpointing, steps, fixed, per_sample
+    )
+
+
+# -- the allocator's view ---------------------------------------------------------------------------------
+class _AllocatorSampler(StorageTimeline):
+    """A timeline that also reads the allocator's bytes in use after every op."""
+
+    def __init__(self, rounding: int, read: Callable[[], int]) -> None:
+        super().__init__(rounding)
+        self._read = read
+        self._start = read()
+        self._high = self._start
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self._high = max(self._high, self._read())
+        return out
+
+    def allocator_peak(self) -> int:
+        """Bytes in use at the highest, counted from before the step made its tensors (weights, inputs)."""
+        return self._high - self._start
+
+
+def _sampler(plan: StepPlan) -> StorageTimeline:
+    if torch.device(plan.device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return _AllocatorSampler(512, torch.cuda.memory_allocated)
+    heap = _heap_in_use()
+    return _AllocatorSampler(1, heap) if heap is not None else StorageTimeline(1)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _heap_in_use() -> Callable[[], int] | None:
+    """glibc's bytes in use (its arenas plus mmap'd chunks): where torch's CPU tensors live."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    function = getattr(libc, "mallinfo2", None)
+    if function is None:
+        return None
+    function.restype = _MallInfo2
+
+    def read() -> int:
+        info = function()
+        return int(info.uordblks + info.hblkhd)
+
+    return read

@@ -1,0 +1,143 @@
+"""Which tensor storages are alive at every moment of a step, recorded as every op runs.
+
+:class:`StorageTimeline` is a dispatch mode: each aten op's outputs are looked at, a storage seen for the
+first time is an allocation, and a weak reference on every tensor that uses it frees it when the last of
+them dies (PyTorch keeps a tensor's Python object alive as long as C++ holds the tensor, so tensors saved
+for backward count until backward releases them). It works the same on real tensors and on fake ones
+(``FakeTensorMode``), which is what lets :func:`slimtorch.memory.estimate` run a step of a model larger
+than RAM: fake tensors have shapes and storages, no data.
+
+What it cannot see: scratch memory an op allocates and frees inside its own kernel (a convolution's
+workspace), and anything that is not a tensor.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+@dataclass
+class Event:
+    key: int
+    nbytes: int
+    """positive: allocated; negative: freed"""
+    phase: str
+    module: str
+
+
+@dataclass
+class Peak:
+    """The largest total of live bytes, where it happened, and which storages made it up."""
+
+    bytes: int = 0
+    phase: str = ""
+    module: str = ""
+    live: dict[int, int] = field(default_factory=dict)
+    """storage key -> bytes, at the peak"""
+
+
+class StorageTimeline(TorchDispatchMode):
+    """Record storage allocations and frees of every op run inside it; ``rounding`` is the allocator's
+    granularity (512 bytes for CUDA's caching allocator, 1 for the CPU)."""
+
+    def __init__(self, rounding: int = 1) -> None:
+        super().__init__()
+        self.rounding = rounding
+        self.events: list[Event] = []
+        self.live: dict[int, int] = {}
+        """storage key -> bytes, for the storages alive now"""
+        self._users: dict[int, int] = {}
+        # A storage's address is reused once it is freed: each allocation gets a key of its own.
+        self._keys: dict[int, int] = {}  # address -> key, while alive
+        self._addresses: dict[int, int] = {}  # key -> address
+        self.current = 0
+        self.phase = "setup"
+        self.modules: list[str] = []
+        self.phase_peaks: dict[str, int] = {}
+        self.saved: dict[int, str] = {}
+        """storages saved for backward -> the module that saved them"""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor):
+                self.track(value)
+        return out
+
+    def key_of(self, tensor: torch.Tensor) -> int | None:
+        """The key of ``tensor``'s storage, if it is one this timeline saw allocated and still alive."""
+        return self._keys.get(tensor.untyped_storage()._cdata)
+
+    def track(self, tensor: torch.Tensor) -> int:
+        """Count ``tensor``'s storage as alive until its last tensor dies; returns the storage's key."""
+        storage = tensor.untyped_storage()
+        address = storage._cdata
+        key = self._keys.get(address)
+        if key is None:
+            key = self._keys[address] = len(self._addresses)
+            self._addresses[key] = address
+            nbytes = -(-storage.nbytes() // self.rounding) * self.rounding
+            self.live[key] = nbytes
+            self._users[key] = 0
+            self.current += nbytes
+            self.events.append(Event(key, nbytes, self.phase, self.module))
+            if self.current > self.phase_peaks.get(self.phase, 0):
+                self.phase_peaks[self.phase] = self.current
+        self._users[key] += 1
+        weakref.finalize(tensor, self._release, key)
+        return key
+
+    def _release(self, key: int) -> None:
+        self._users[key] -= 1
+        if self._users[key] == 0:
+            nbytes = self.live.pop(key)
+            del self._users[key]
+            del self._keys[self._addresses[key]]
+            self.current -= nbytes
+            self.events.append(Event(key, -nbytes, self.phase, self.module))
+
+    @property
+    def module(self) -> str:
+        return self.modules[-1] if self.modules else ""
+
+    @contextmanager
+    def in_phase(self, phase: str) -> Iterator[None]:
+        self.phase = phase
+        self.phase_peaks.setdefault(phase, self.current)
+        yield
+
+    def peak(self, phase: str | None = None) -> Peak:
+        """Replay the events: the moment with the most live bytes (within ``phase``, if given), and what
+        was alive then."""
+        live: dict[int, int] = {}
+        current = best = 0
+        best_at = -1
+        for index, event in enumerate(self.events):
+            current += event.nbytes
+            if current > best and (phase is None or event.phase == phase):
+                best, best_at = current, index
+        for event in self.events[: best_at + 1]:
+            if event.nbytes > 0:
+                live[event.key] = event.nbytes
+            else:
+                live.pop(event.key, None)
+        at = self.events[best_at] if best_at >= 0 else Event(0, 0, "", "")
+        return Peak(best, at.phase, at.module, live)
+
+    def watch_saved(self) -> torch.autograd.graph.saved_tensors_hooks:
+        """Hooks that note every tensor autograd saves for backward (the activations), and where."""
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            key = self.key_of(tensor)
+            if key is not None:
+                self.saved.setdefault(key, self.module)
+            return tensor
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)

@@ -1,0 +1,147 @@
+"""slimtorch.memory: a step's peak predicted on fake tensors equals the one measured on real tensors,
+agrees with the allocator's own count, and breaks down into what a training step is known to hold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import slimtorch
+from slimtorch.memory import estimate, profile
+from slimtorch.memory.estimating import _heap_in_use
+
+
+class Blocks(nn.Module):
+    """Four residual MLP blocks in an nn.ModuleList (what checkpointing="blocks" finds), and a head."""
+
+    def __init__(self, width: int = 256, hidden: int = 1024) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width)) for _ in range(4)
+        )
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+def _params_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_adamw_step_holds_weights_gradients_and_two_moments() -> None:
+    model = Blocks()
+    step = estimate(model, torch.randn(32, 256), device="cpu").steps[0]
+    weights = _params_bytes(model)
+    assert step.breakdown["parameters"] == weights
+    assert step.breakdown["gradients"] == weights
+    # exp_avg and exp_avg_sq per parameter, plus a 4-byte step counter each
+    assert step.breakdown["optimizer_state"] == 2 * weights + 4 * len(list(model.parameters()))
+    assert step.peak_phase == "optimizer"
+
+
+def test_the_estimate_on_fake_tensors_equals_the_same_step_run_for_real() -> None:
+    model, x = Blocks(), torch.randn(64, 256)
+    for mode in ("train", "inference"):
+        fake = estimate(model, x, batch_sizes=[8, 64], mode=mode, device="cpu")
+        real = profile(model, x, batch_sizes=[8, 64], mode=mode, device="cpu")
+        assert [s.peak_bytes for s in fake.steps] == [s.peak_bytes for s in real.steps]
+        assert [s.breakdown for s in fake.steps] == [s.breakdown for s in real.steps]
+
+
+@pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
+def test_the_estimate_is_within_10_percent_of_the_heap_the_real_step_used() -> None:
+    model, x = Blocks(512, 2048), torch.randn(256, 512)
+    predicted = estimate(model, x, device="cpu").steps[0].peak_bytes
+    measured = profile(model, x, device="cpu").steps[0].allocator_peak_bytes
+    assert measured is not None and abs(predicted / measured - 1) < 0.10
+
+
+def test_inference_holds_no_gradients_and_keeps_no_activations() -> None:
+    model, x = Blocks(), torch.randn(64, 256)
+    train = estimate(model, x, device="cpu").steps[0]
+    infer = estimate(model, x, mode="inference", device="cpu").steps[0]
+    assert infer.breakdown["gradients"] == infer.breakdown["optimizer_state"] == 0
+    assert infer.breakdown["activations"] == 0 and infer.peak_bytes < train.peak_bytes / 3
+
+
+def test_checkpointing_blocks_cuts_the_forward_peak_and_matches_a_real_run() -> None:
+    model, x = Blocks(), torch.randn(512, 256)
+    plain = estimate(model, x, device="cpu").steps[0]
+    blocks = estimate(model, x, checkpointing="blocks", device="cpu").steps[0]
+    assert blocks.phases["forward"] < plain.phases["forward"] - 4 * 512 * 1024 * 4  # most hidden states gone
+    assert blocks.peak_bytes == profile(model, x, checkpointing="blocks", device="cpu").steps[0].peak_bytes
+    assert not any(name == "forward" for name in vars(model.blocks[0]))  # the model is left as it was
+
+
+def test_activations_are_attributed_to_the_modules_that_saved_them() -> None:
+    step = estimate(Blocks(), torch.randn(64, 256), device="cpu").steps[0]
+    hidden, width = 64 * 1024 * 4, 64 * 256 * 4  # float32 bytes of a block's hidden and outer widths
+    for block in range(4):
+        assert step.modules[f"blocks.{block}.1"] == hidden  # GELU keeps its input
+        assert step.modules[f"blocks.{block}.2"] == hidden  # the second Linear keeps the GELU's output
+    for block in (1, 2, 3):  # block 0's first Linear keeps the model's input, counted as an input
+        assert step.modules[f"blocks.{block}.0"] == width
+    assert "blocks.0.0" not in step.modules and step.modules["head"] == width
+
+
+def test_the_peak_grows_on_a_line_in_the_batch_size_and_predicts_another() -> None:
+    model, x = Blocks(), torch.randn(8, 256)
+    report = estimate(model, x, batch_sizes=[16, 32, 64], mode="inference", device="cpu")
+    at_128 = estimate(model, x, batch_sizes=[128], mode="inference", device="cpu").steps[0].peak_bytes
+    assert report.per_sample_bytes and report.per_sample_bytes > 0
+    assert abs(report.predict(128) / at_128 - 1) < 0.01
+
+
+def test_optimizer_and_precision_change_what_the_step_holds() -> None:
+    model, x = Blocks(), torch.randn(32, 256)
+    weights = _params_bytes(model)
+    sgd = estimate(model, x, optimizer="sgd", device="cpu").steps[0]
+    plain = estimate(model, x, optimizer="sgd-no-momentum", device="cpu").steps[0]
+    bf16 = estimate(model, x, precision="bf16", device="cpu").steps[0]
+    assert sgd.breakdown["optimizer_state"] == weights and plain.breakdown["optimizer_state"] == 0
+    assert bf16.breakdown["parameters"] == weights // 2
+
+
+def test_cuda_sizes_are_rounded_like_the_caching_allocator() -> None:
+    model = nn.Linear(3, 5)  # 15 weights + 5 biases: 60 and 20 bytes, 512 each on CUDA
+    step = estimate(model, torch.randn(2, 3), mode="inference", device="cuda").steps[0]
+    assert step.breakdown["parameters"] == 2 * 512
+
+
+def test_a_model_built_on_meta_is_estimated_without_memory_for_its_weights() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(*(nn.Linear(8192, 8192) for _ in range(16)))  # 4 GiB of float32
+    step = estimate(model, torch.randn(4, 8192), device="cuda").steps[0]
+    assert step.breakdown["parameters"] > 4 * 2**30 and step.breakdown["optimizer_state"] > 8 * 2**30
+
+
+def test_a_hugging_face_model_is_estimated_and_its_layers_named() -> None:
+    pytest.importorskip("transformers")
+    from tests.zoo.transformers_models import TRANSFORMERS
+
+    model = TRANSFORMERS["llama"]()
+    report = estimate(model, torch.randint(0, 100, (2, 32)), batch_sizes=[2, 4], device="cpu")
+    assert report.steps[1].peak_bytes > report.steps[0].peak_bytes
+    forward = estimate(model, torch.randint(0, 100, (2, 32)), device="cpu", checkpointing="blocks")
+    assert forward.steps[0].phases["forward"] < report.steps[0].phases["forward"]
+
+
+def test_bad_options_are_clear_errors() -> None:
+    model, x = Blocks(), torch.randn(4, 256)
+    cases = [
+        (dict(optimizer="lion"), "unknown optimizer 'lion'"),
+        (dict(precision="fp8"), "unknown precision 'fp8'"),
+        (dict(mode="eval"), "mode must be train or inference"),
+        (dict(device="mps"), "device must be cpu or cuda"),
+        (dict(batch_sizes=[0]), "batch sizes must be positive"),
+        (dict(checkpointing=["nope"]), "names no module"),
+    ]
+    for options, message in cases:
+        with pytest.raises(slimtorch.SlimtorchError, match=message):
+            estimate(model, x, **options)
+    with pytest.raises(slimtorch.SlimtorchError, match="found no repeated blocks"):
+        estimate(nn.Linear(4, 4), torch.randn(2, 4), checkpointing="blocks")
