@@ -34,6 +34,7 @@ bench: $(STAMP)
 	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/prune.py
 	$(BIN)/python benchmarks/quant.py
+	$(BIN)/python benchmarks/memory.py
 
 clean:
 	rm -rf $(VENV) demo-out build dist

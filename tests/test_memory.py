@@ -56,6 +56,7 @@ def test_the_estimate_on_fake_tensors_equals_the_same_step_run_for_real() -> Non
 def test_the_estimate_is_within_10_percent_of_the_heap_the_real_step_used() -> None:
     model, x = Blocks(512, 2048), torch.randn(256, 512)
     predicted = estimate(model, x, device="cpu").steps[0].peak_bytes
+    profile(model, x, device="cpu")  # warm-up: libraries allocate their own buffers on first use
     measured = profile(model, x, device="cpu").steps[0].allocator_peak_bytes
     assert measured is not None and abs(predicted / measured - 1) < 0.10
 
@@ -145,3 +146,30 @@ def test_bad_options_are_clear_errors() -> None:
             estimate(model, x, **options)
     with pytest.raises(slimtorch.SlimtorchError, match="found no repeated blocks"):
         estimate(nn.Linear(4, 4), torch.randn(2, 4), checkpointing="blocks")
+
+
+def test_cli_prints_the_breakdown_and_the_largest_batch_in_a_budget(capsys) -> None:
+    from slimtorch.cli.main import main
+
+    args = ["memory", "tests.test_memory:Blocks", "--input-shape", "8,256", "--device", "cpu"]
+    assert main([*args, "--batch", "8", "64", "--budget", "40MB"]) == 0
+    text = capsys.readouterr().out
+    assert "optimizer state" in text and "per sample" in text and "largest batch predicted to fit" in text
+    assert main([*args, "--batch", "8", "64", "--json", "--checkpointing", "blocks"]) == 0
+    data = __import__("json").loads(capsys.readouterr().out)
+    assert data["schema"] == "slimtorch.memory/1" and len(data["steps"]) == 2
+    assert data["steps"][0]["breakdown"]["parameters"] == _params_bytes(Blocks())
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(capsys) -> None:
+    from slimtorch.cli.main import main
+
+    args = ["memory", "tests.test_memory:Blocks", "--input-shape", "8,256"]
+    assert main([*args, "--checkpointing", "nothing.here"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "names no module" in err[0]
+    assert main(["memory", "no_such_module:factory"]) == 2
+    assert "cannot import" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--budget", "lots"])
+    assert exit_info.value.code == 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -87,6 +88,13 @@ def _from_factory(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
 def _hugging_face(folder: Path, args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
     """The folder's model (its class from config.json, its weights through slimtorch's safe loader) and
     an example input: token ids, or images for a vision config (``--input-shape`` overrides)."""
+    config, model_class = _hf_class(folder)
+    model = load_model(folder, lambda: model_class(config), allow_globals=tuple(args.allow_global))
+    return model, _example(config, args.input_shape)
+
+
+def _hf_class(folder: Path) -> tuple[Any, Any]:
+    """config.json read by transformers, and the model class its ``architectures`` names."""
     try:
         import transformers
     except ImportError:
@@ -103,13 +111,33 @@ def _hugging_face(folder: Path, args: argparse.Namespace) -> tuple[torch.nn.Modu
         raise SlimtorchError(
             f"{folder}: config.json names no architecture transformers knows ({architecture})"
         )
-    model = load_model(folder, lambda: model_class(config), allow_globals=tuple(args.allow_global))
-    if args.input_shape != DEFAULT_SHAPE:
-        sizes = args.input_shape
+    return config, model_class
+
+
+def meta_model(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
+    """The model built on the meta device (shapes, no memory, no weights read) and an example input:
+    what a memory estimate needs, for models larger than RAM too."""
+    folder = Path(args.model)
+    if folder.is_dir() and (folder / "config.json").is_file():
+        config, model_class = _hf_class(folder)
+        with torch.device("meta"):
+            return model_class(config), _example(config, args.input_shape)
+    factory = resolve_factory(args.model)
+    with torch.device("meta"):
+        model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise SlimtorchError(f"{args.model} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model, (torch.randn(args.input_shape),)
+
+
+def _example(config: Any, input_shape: tuple[int, ...]) -> tuple:
+    """Token ids for a text config, images for a vision one; ``--input-shape`` overrides the size."""
+    if input_shape != DEFAULT_SHAPE:
+        sizes = input_shape
     elif hasattr(config, "image_size"):
         sizes = (1, getattr(config, "num_channels", 3), config.image_size, config.image_size)
     else:
         sizes = (1, min(128, getattr(config, "max_position_embeddings", 128)))
     if len(sizes) == 2:
-        return model, (torch.randint(0, config.vocab_size, sizes),)
-    return model, (torch.randn(sizes),)
+        return (torch.randint(0, config.vocab_size, sizes),)
+    return (torch.randn(sizes),)

@@ -139,7 +139,7 @@ def _forward_backward(
     with timeline.in_phase("backward"):
         loss.backward()
         del loss
-    trainable = [t for t in tensors.values() if t.requires_grad]
+    trainable = list({id(t): t for t in tensors.values() if t.requires_grad}.values())  # tied ones once
     record.gradients = {timeline.key_of(t.grad) for t in trainable if t.grad is not None} - {None}
     with timeline.in_phase("optimizer"):
         optimizer = OPTIMIZERS[plan.optimizer](trainable)

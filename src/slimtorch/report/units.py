@@ -10,7 +10,9 @@ def format_bytes(n: float) -> str:
     value = float(n)
     for unit in _UNITS:
         if abs(value) < 1024 or unit == _UNITS[-1]:
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+            if unit == "B":
+                return f"{int(value)} {unit}"
+            return f"{value:.0f} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}"  # not 1e+03
         value /= 1024
     raise AssertionError("unreachable")
 

@@ -1,0 +1,143 @@
+"""`slimtorch memory MODEL --batch 32 --optimizer adamw --precision bf16-mixed`: a training step's peak
+memory, predicted without running it, and what it is made of."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from slimtorch.cli.arguments import add_command, print_json
+from slimtorch.cli.model_input import DEFAULT_SHAPE, meta_model, shape
+from slimtorch.cli.model_spec import SPEC_HELP
+from slimtorch.memory import CATEGORIES, OPTIMIZERS, PRECISIONS, MemoryReport, estimate
+from slimtorch.report.inspect_view import output_console
+from slimtorch.report.units import format_bytes, format_share, parse_size
+
+HELP = "predict a training (or inference) step's peak memory, and what it is made of, without running it"
+DESCRIPTION = """\
+Builds the model on the meta device (no memory, no weights read) and runs one step, forward, backward
+and optimizer, on fake tensors that have shapes but no data, recording every tensor the step would
+allocate and free. Prints the peak, where it happens, and what it holds: parameters, gradients,
+optimizer state, activations kept for backward, inputs and temporaries; the activations by module; and,
+with several --batch values, the peak as a line in the batch size. With --budget, whether the step fits
+and the largest batch that would.
+
+Sizes on CUDA are rounded as its caching allocator rounds them. Mixed precision is simulated with CPU
+autocast, whose op lists match CUDA's for the layers that matter (linear, matmul, convolution).
+
+examples:
+  slimtorch memory ./llama-folder --batch 1 --input-shape 1,2048 --precision bf16-mixed
+  slimtorch memory ./llama-folder --batch 1 2 4 8 --checkpointing blocks --budget 80GB
+  slimtorch memory mypkg.models:resnet50 --batch 64 --input-shape 1,3,224,224 --optimizer sgd --device cpu
+"""
+
+
+def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    parser = add_command(commands, common, "memory", HELP, DESCRIPTION)
+    parser.add_argument("model", metavar="MODEL", help=SPEC_HELP + ", or a Hugging Face model folder")
+    parser.add_argument(
+        "--input-shape",
+        type=shape,
+        default=DEFAULT_SHAPE,
+        metavar="N,...",
+        help="shape of one example input (default 1,3,224,224; token ids of 1,128 for a text model)",
+    )
+    parser.add_argument(
+        "--batch", type=int, nargs="+", metavar="N", help="batch sizes (default: the input's)"
+    )
+    parser.add_argument("--mode", choices=("train", "inference"), default="train", help="default train")
+    parser.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adamw", help="default adamw")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="default fp32")
+    parser.add_argument(
+        "--checkpointing",
+        nargs="+",
+        metavar="MODULE",
+        help="activation checkpointing: 'blocks' (each layer of the longest nn.ModuleList) or module names",
+    )
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="default cuda")
+    parser.add_argument("--budget", type=_size, metavar="SIZE", help="memory to fit in, e.g. 24GB or 80GiB")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(run=run)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    model, example = meta_model(args)
+    checkpointing = args.checkpointing
+    if checkpointing == ["blocks"]:
+        checkpointing = "blocks"
+    report = estimate(
+        model,
+        example,
+        batch_sizes=args.batch,
+        mode=args.mode,
+        optimizer=args.optimizer,
+        precision=args.precision,
+        checkpointing=checkpointing,
+        device=args.device,
+    )
+    fits = _largest_batch(report, args.budget) if args.budget else None
+    if args.json:
+        print_json({**report.to_dict(), "budget_bytes": args.budget, "largest_batch_in_budget": fits})
+        return 0
+    _render(args, report, fits)
+    return 0
+
+
+def _largest_batch(report: MemoryReport, budget: int) -> int | None:
+    """The largest batch whose predicted peak fits ``budget`` (None: the line needs two batch sizes)."""
+    if report.per_sample_bytes is None or report.fixed_bytes is None or report.per_sample_bytes <= 0:
+        return None
+    return max(0, int((budget - report.fixed_bytes) // report.per_sample_bytes))
+
+
+def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) -> None:
+    console = output_console()
+    what = f"{args.mode}, {args.precision}" + (f", {args.optimizer}" if args.mode == "train" else "")
+    table = Table(title=f"{args.model}: {what}, on {args.device}", title_justify="left", header_style="dim")
+    table.add_column("at the peak")
+    for step in report.steps:
+        table.add_column(f"batch {step.batch_size or args.input_shape[0]}", justify="right")
+    for category in CATEGORIES:
+        values = [step.breakdown[category] for step in report.steps]
+        if any(values):
+            cells = (_cell(v, s.peak_bytes) for v, s in zip(values, report.steps, strict=True))
+            table.add_row(category.replace("_", " "), *cells)
+    table.add_row("peak", *(format_bytes(s.peak_bytes) for s in report.steps), style="bold")
+    table.add_row("in phase", *(f"{s.peak_phase}" for s in report.steps))
+    console.print(table)
+    last = report.steps[-1]
+    phases = ", ".join(
+        f"{name} {format_bytes(value)}" for name, value in last.phases.items() if name != "setup"
+    )
+    console.print(f"highest by phase (last batch): {phases}", highlight=False)
+    if last.modules:
+        top = list(last.modules.items())[:5]
+        console.print(
+            "activations kept for backward, largest: "
+            + ", ".join(f"{name or '(model)'} {format_bytes(value)}" for name, value in top),
+            highlight=False,
+        )
+    if report.per_sample_bytes is not None:
+        console.print(
+            f"peak = {format_bytes(report.fixed_bytes)} + {format_bytes(report.per_sample_bytes)} per sample",
+            highlight=False,
+        )
+    if args.budget:
+        verdict = "fits" if report.peak_bytes <= args.budget else "does NOT fit"
+        console.print(
+            f"budget {format_bytes(args.budget)}: the largest batch asked {verdict}", highlight=False
+        )
+        if fits is not None:
+            console.print(f"  largest batch predicted to fit: {fits}", highlight=False)
+
+
+def _cell(value: int, peak: int) -> str:
+    return f"{format_bytes(value)} ({format_share(value, peak)})"
