@@ -10,6 +10,13 @@ fails). For each zoo model, batch size and mode (train with AdamW, inference) it
   autograd's own records);
 * the ratio, and PASS when it is within 10%.
 
+Then the batch-size finders: the largest BERT (256 wide) training batch under an artificial budget
+(``--budget-mib``, default 400; a step whose measured peak is over it raises the CPU allocator's
+out-of-memory error), found exhaustively (the truth), by ``slimtorch.memory.find_batch_size``, by
+accelerate's ``find_executable_batch_size`` (from 128, 90% after each failure) and by Lightning's
+``Tuner.scale_batch_size`` (binsearch, one step a trial): the batch each finds and the real steps it ran.
+Target: within 5% of the truth in at most 3 real steps.
+
 Then it estimates a 7B-parameter Llama (``LlamaConfig`` of Llama-2-7B, built on the meta device) for
 batch 1, sequence 2048, AdamW, bf16-mixed, on CUDA, in a fresh process, and reports its wall time and the
 process's peak resident memory (``VmHWM``; targets: < 60 s, < 2 GB).
@@ -21,6 +28,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -143,6 +151,105 @@ def compare(name: str, mode: str) -> list[dict[str, Any]]:
     return rows
 
 
+# -- batch-size finders ----------------------------------------------------------------------------------
+class BudgetedStep:
+    """One real training step of the model at a batch size, under an artificial budget: a step whose
+    measured peak is over it raises the CPU allocator's out-of-memory error, as running out would, so that
+    every finder meets the same limit. Counts the steps it ran."""
+
+    def __init__(self, model: nn.Module, tokens: torch.Tensor, budget: int) -> None:
+        self.model, self.tokens, self.budget, self.steps = model, tokens, budget, 0
+        self.resident = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+    def run(self, batch_size: int) -> None:
+        optimizer = torch.optim.AdamW(self.model.parameters())
+        self.model(self.tokens[:batch_size]).last_hidden_state.float().sum().backward()
+        optimizer.step()
+        self.model.zero_grad(set_to_none=True)
+
+    def peak(self, batch_size: int) -> int:
+        return memory.measure_peak(lambda: self.run(batch_size), "cpu", self.resident)
+
+    def __call__(self, batch_size: int) -> int:
+        self.steps += 1
+        peak = self.peak(batch_size)
+        if peak > self.budget:
+            message = f"DefaultCPUAllocator: can't allocate memory: {peak} bytes of a {self.budget} budget"
+            raise torch.OutOfMemoryError(message)
+        return batch_size
+
+
+def finders(budget: int) -> dict[str, Any]:
+    """slimtorch, accelerate and Lightning finding the largest batch of BERT (256 wide) in ``budget``."""
+    torch.manual_seed(0)
+    model = bert().train()
+    tokens = torch.randint(0, 30522, (1024, 128))
+    truth = BudgetedStep(model, tokens, budget)
+    truth.run(2)  # warm-up, untimed: libraries allocate their own buffers on first use
+    largest = 0
+    while truth.peak(largest + 1) <= budget:  # exhaustive: every batch size until one does not fit
+        largest += 1
+    results = {"true largest (exhaustive)": {"batch": largest, "steps": largest + 1}}
+    report = memory.estimate(model, tokens[:8], batch_sizes=[8, 16], device="cpu")
+    ours = BudgetedStep(model, tokens, budget)
+    found = memory.find_batch_size(ours, report, budget=budget)
+    results["slimtorch find_batch_size"] = {"batch": found.batch_size, "steps": ours.steps}
+    for name, finder in (("accelerate find_executable_batch_size", _accelerate), ("Lightning", _lightning)):
+        step = BudgetedStep(model, tokens, budget)
+        try:
+            results[name] = {"batch": finder(step), "steps": step.steps}
+        except ImportError as missing:
+            results[name] = {"batch": None, "steps": None, "missing": str(missing)}
+    return results
+
+
+def _accelerate(step: BudgetedStep) -> int:
+    from accelerate.utils import find_executable_batch_size
+
+    @find_executable_batch_size(starting_batch_size=128)  # its documented default
+    def train(batch_size: int) -> int:
+        return step(batch_size)
+
+    return train()
+
+
+def _lightning(step: BudgetedStep) -> int:
+    import lightning
+    from lightning.pytorch.tuner import Tuner
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Module(lightning.LightningModule):
+        """Runs the budgeted step; its own optimizer over a dummy weight is what makes Lightning count
+        steps (a trial is one optimizer step)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch_size = 2
+            self.dummy = nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            step(self.batch_size)
+            return (self.dummy * 0).sum()
+
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(TensorDataset(torch.zeros(1 << 16)), batch_size=self.batch_size)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD([self.dummy], lr=0.0)
+
+    trainer = lightning.Trainer(
+        default_root_dir=tempfile.mkdtemp(prefix="slimtorch-lightning-"),  # its finder saves a checkpoint
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    # binsearch: double until out of memory, then bisect (the closer of its two modes); one step a trial
+    return Tuner(trainer).scale_batch_size(Module(), mode="binsearch", steps_per_trial=1, init_val=2)
+
+
 def llama_7b() -> dict[str, Any]:
     script = LLAMA_7B.format(src=str(ROOT / "src"))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
@@ -157,6 +264,7 @@ def main() -> int:
     )
     parser.add_argument("--models", nargs="+", default=list(ZOO), choices=list(ZOO))
     parser.add_argument("--skip-7b", action="store_true", help="leave out the 7B-parameter Llama estimate")
+    parser.add_argument("--budget-mib", type=int, default=400, help="the batch-size finders' budget")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target fails")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -175,6 +283,18 @@ def main() -> int:
             f"worst ratio {max(rows, key=lambda r: abs(r['ratio'] - 1))['ratio']:.3f}",
         )
     ]
+    found = finders(args.budget_mib * 2**20)
+    print(f"\nlargest BERT (256 wide, 4 layers, 128 tokens) training batch in {args.budget_mib} MiB, AdamW:")
+    for name, row in found.items():
+        print(f"  {name:40} batch {row['batch']!s:>5}   real steps {row['steps']!s:>4}")
+    truth, ours = found["true largest (exhaustive)"]["batch"], found["slimtorch find_batch_size"]
+    checks.append(
+        (
+            "find_batch_size within 5% of the true largest, in <= 3 real steps",
+            ours["batch"] >= 0.95 * truth and ours["batch"] <= truth and ours["steps"] <= 3,
+            f"{ours['batch']} of {truth} in {ours['steps']} steps",
+        )
+    )
     big = None if args.skip_7b else llama_7b()
     if big is not None:
         print(
@@ -190,7 +310,7 @@ def main() -> int:
     for label, ok, value in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {label}: {value}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows, "llama_7b": big}, indent=2))
+    RESULTS.write_text(json.dumps({"rows": rows, "llama_7b": big, "finders": found}, indent=2))
     print(f"\nwrote {RESULTS}")
     return 1 if args.check and not all(ok for _, ok, _ in checks) else 0
 

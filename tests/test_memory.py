@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import slimtorch
+from slimtorch import memory
 from slimtorch.memory import estimate, profile
 from slimtorch.memory.estimating import _heap_in_use
 
@@ -173,3 +174,147 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([*args, "--budget", "lots"])
     assert exit_info.value.code == 2
+
+
+class _Budgeted:
+    """A real training step of ``Blocks`` that runs out of memory, as the CPU allocator says it, above a
+    budget (measured the way find_batch_size measures); counts its calls."""
+
+    def __init__(self, model: nn.Module, budget: int) -> None:
+        self.model, self.budget, self.calls = model, budget, 0
+        self.resident = _params_bytes(model)
+
+    def run(self, batch_size: int) -> None:
+        optimizer = torch.optim.AdamW(self.model.parameters())
+        self.model(torch.randn(batch_size, 256)).sum().backward()
+        optimizer.step()
+        self.model.zero_grad(set_to_none=True)
+
+    def __call__(self, batch_size: int) -> None:
+        self.calls += 1
+        if memory.measure_peak(lambda: self.run(batch_size), "cpu", self.resident) > self.budget:
+            raise torch.OutOfMemoryError("DefaultCPUAllocator: can't allocate memory: over the budget")
+
+
+@pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
+def test_find_batch_size_lands_near_the_true_largest_in_at_most_3_real_steps() -> None:
+    model = Blocks()
+    step = _Budgeted(model, budget=10**12)
+    step.run(3000)  # BLAS keeps the work buffers of the largest product it has seen: grow them first
+    budget = memory.measure_peak(lambda: step.run(1500), "cpu", step.resident)  # 1500 fits, just
+    step.budget = budget
+    report = estimate(model, torch.randn(8, 256), batch_sizes=[64, 128], device="cpu")
+    found = memory.find_batch_size(step, report, budget=budget, margin=0.0)
+    assert step.calls <= 3 and len(found.trials) == step.calls
+    assert any(t.fits and t.batch_size == found.batch_size for t in found.trials)  # a real step ran at it
+    assert 0.9 * 1500 <= found.batch_size <= 1.05 * 1500
+
+
+def test_find_batch_size_backs_off_after_running_out_of_memory() -> None:
+    report = estimate(Blocks(), torch.randn(8, 256), batch_sizes=[64, 128], device="cpu")
+    budget = report.predict(1000)
+    limit = int(0.85 * report.largest_batch(budget))  # the real limit is lower than the estimate says
+
+    def step(batch_size: int) -> None:
+        if batch_size > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    found = memory.find_batch_size(step, report, budget=budget, margin=0.0, max_trials=3)
+    assert not found.trials[0].fits and found.batch_size <= limit
+    assert [t.batch_size for t in found.trials] == sorted((t.batch_size for t in found.trials), reverse=True)
+
+
+def test_out_of_memory_is_told_by_type_then_message() -> None:
+    assert memory.is_out_of_memory(torch.OutOfMemoryError("anything"))
+    assert memory.is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: 8 GB"))
+    assert memory.is_out_of_memory(RuntimeError("CUDA error: out of memory"))
+    assert not memory.is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not memory.is_out_of_memory(ValueError("out of memory"))
+
+
+def test_find_batch_size_lets_other_errors_through_and_needs_two_batch_sizes() -> None:
+    report = estimate(Blocks(), torch.randn(8, 256), batch_sizes=[8, 16], device="cpu")
+
+    def broken(batch_size: int) -> None:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        memory.find_batch_size(broken, report, budget=10**9)
+    single = estimate(Blocks(), torch.randn(8, 256), device="cpu")
+    with pytest.raises(slimtorch.SlimtorchError, match="two or more batch sizes"):
+        memory.find_batch_size(broken, single, budget=10**9)
+    with pytest.raises(slimtorch.SlimtorchError, match="give find_batch_size a budget"):
+        memory.find_batch_size(broken, report, device="cpu")
+
+
+def test_find_batch_size_agrees_across_ranks(tmp_path) -> None:
+    import torch.distributed as dist
+
+    report = estimate(Blocks(), torch.randn(8, 256), batch_sizes=[64, 128], mode="inference", device="cpu")
+    budget = report.predict(3000)
+    expected = report.largest_batch(budget)
+
+    def step(batch_size: int) -> None:  # fits up to the prediction, not a sample more
+        if batch_size > expected:
+            raise torch.OutOfMemoryError("CUDA out of memory.")
+
+    alone = memory.find_batch_size(step, report, budget=budget, margin=0.0).batch_size
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        assert memory.find_batch_size(step, report, budget=budget, margin=0.0).batch_size == alone == expected
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int = 5) -> list[float]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(steps):
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
+def test_fit_meets_60_percent_of_the_peak_and_trains_exactly_as_before() -> None:
+    import copy
+
+    torch.manual_seed(0)
+    base, x = Blocks(), torch.randn(2048, 256)
+    y = torch.randint(0, 10, (2048,))
+    resident = _params_bytes(base)
+
+    def peak(model: nn.Module) -> int:
+        def step() -> None:
+            optimizer = torch.optim.AdamW(model.parameters())
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            model.zero_grad(set_to_none=True)
+
+        return memory.measure_peak(step, "cpu", resident)
+
+    peak(copy.deepcopy(base))  # warm-up
+    budget = int(0.6 * peak(copy.deepcopy(base)))
+    fitted = copy.deepcopy(base)
+    plan = memory.fit(
+        fitted, budget, x, device="cpu", loss_fn=lambda out: nn.functional.cross_entropy(out, y)
+    )
+    assert plan.checkpointed and plan.precision == "fp32" and plan.fits
+    assert peak(copy.deepcopy(fitted)) <= budget
+    assert _train(fitted, x, y) == _train(copy.deepcopy(base), x, y)  # checkpointing is exact
+    plan.remove()
+    assert "forward" not in vars(fitted.blocks[0]) and "forward" not in vars(fitted)
+
+
+def test_fit_turns_to_mixed_precision_when_checkpointing_is_not_enough_and_refuses_the_impossible() -> None:
+    model, x = Blocks(), torch.randn(4096, 256)
+    every = estimate(model, x, checkpointing="blocks", device="cpu").steps[0].peak_bytes
+    plan = memory.fit(model, int(every * 0.97), x, device="cpu")
+    assert plan.precision == "bf16-mixed" and plan.fits
+    plan.remove()
+    with pytest.raises(slimtorch.SlimtorchError, match="no plan fits"):
+        memory.fit(model, 10**6, x, device="cpu")
+    assert "forward" not in vars(model)  # a refused plan leaves nothing applied

@@ -92,10 +92,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _largest_batch(report: MemoryReport, budget: int) -> int | None:
-    """The largest batch whose predicted peak fits ``budget`` (None: the line needs two batch sizes)."""
-    if report.per_sample_bytes is None or report.fixed_bytes is None or report.per_sample_bytes <= 0:
-        return None
-    return max(0, int((budget - report.fixed_bytes) // report.per_sample_bytes))
+    """The largest batch whose predicted peak fits ``budget`` (None: the lines need two batch sizes)."""
+    return report.largest_batch(budget) if report.phase_lines else None
 
 
 def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) -> None:

@@ -57,16 +57,32 @@ class MemoryReport:
     steps: list[StepMemory] = field(default_factory=list)
     fixed_bytes: int | None = None
     per_sample_bytes: float | None = None
+    """the peak as a line in the batch size, fitted over ``steps`` (two or more batch sizes)"""
+    phase_lines: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """phase -> (fixed, per-sample bytes) of that phase's highest point: the overall peak moves from the
+    optimizer step (weights and moments, fixed) to the backward pass (activations) as batches grow"""
 
     @property
     def peak_bytes(self) -> int:
         return max(step.peak_bytes for step in self.steps)
 
     def predict(self, batch_size: int) -> int:
-        """The peak at ``batch_size`` from the line through the measured batch sizes."""
-        if self.fixed_bytes is None or self.per_sample_bytes is None:
-            raise SlimtorchError("predicting needs estimates at two or more batch sizes")
-        return int(self.fixed_bytes + self.per_sample_bytes * batch_size)
+        """The peak at ``batch_size``: the highest of the phases' lines through the estimated sizes."""
+        if not self.phase_lines:
+            raise SlimtorchError("predicting needs estimates at two or more batch sizes (batch_sizes=[...])")
+        return int(max(fixed + slope * batch_size for fixed, slope in self.phase_lines.values()))
+
+    def largest_batch(self, budget: float, *, scale: float = 1.0, limit: int = 1 << 24) -> int:
+        """The largest batch whose predicted peak, times ``scale``, fits ``budget`` (0: not even one)."""
+        if scale * self.predict(1) > budget:
+            return 0
+        low, high = 1, 2
+        while high < limit and scale * self.predict(high) <= budget:
+            low, high = high, high * 2
+        while high - low > 1:  # the peak never shrinks as the batch grows: bisect
+            middle = (low + high) // 2
+            low, high = (middle, high) if scale * self.predict(middle) <= budget else (low, middle)
+        return low
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": "slimtorch.memory/1", **asdict(self), "peak_bytes": self.peak_bytes}
@@ -198,20 +214,49 @@ def _category(record: StepRecord, key: int) -> str:
 
 
 def _report(plan: StepPlan, steps: list[StepMemory]) -> MemoryReport:
-    fixed = per_sample = None
-    sized = [(s.batch_size, s.peak_bytes) for s in steps if s.batch_size is not None]
-    if len({b for b, _ in sized}) >= 2:
-        n = len(sized)
-        mean_b = sum(b for b, _ in sized) / n
-        mean_p = sum(p for _, p in sized) / n
-        per_sample = sum((b - mean_b) * (p - mean_p) for b, p in sized) / sum(
-            (b - mean_b) ** 2 for b, _ in sized
-        )
-        fixed = int(mean_p - per_sample * mean_b)
+    sized = [s for s in steps if s.batch_size is not None]
+    overall = _line([(s.batch_size, s.peak_bytes) for s in sized])  # type: ignore[misc]
+    phases = {name for s in sized for name in s.phases if name != "setup"}
+    lines = {}
+    for name in sorted(phases):
+        line = _line([(s.batch_size, s.phases.get(name, 0)) for s in sized])  # type: ignore[misc]
+        if line is not None:
+            lines[name] = line
     optimizer = plan.optimizer if plan.mode == "train" else None
+    fixed, per_sample = (int(overall[0]), overall[1]) if overall else (None, None)
     return MemoryReport(
-        plan.mode, plan.precision, optimizer, plan.device, plan.checkpointing, steps, fixed, per_sample
+        plan.mode, plan.precision, optimizer, plan.device, plan.checkpointing, steps, fixed, per_sample, lines
     )
+
+
+def _line(points: list[tuple[int, int]]) -> tuple[float, float] | None:
+    """Least-squares (intercept, slope) through (batch size, bytes); None below two batch sizes."""
+    if len({b for b, _ in points}) < 2:
+        return None
+    n = len(points)
+    mean_b = sum(b for b, _ in points) / n
+    mean_p = sum(p for _, p in points) / n
+    slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / sum((b - mean_b) ** 2 for b, _ in points)
+    return mean_p - slope * mean_b, slope
+
+
+def measure_peak(step: Callable[[], Any], device: str = "cpu", resident: int = 0) -> int:
+    """The peak bytes of running ``step``: CUDA's ``max_memory_allocated`` (everything allocated on the
+    device); on the CPU, the heap the step adds at its highest plus ``resident`` (what it found already
+    allocated: the model's weights)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    heap = _heap_in_use()
+    if heap is None:
+        raise SlimtorchError("measuring CPU memory needs glibc's mallinfo2 (Linux)")
+    sampler = _AllocatorSampler(1, heap)
+    with sampler:
+        step()
+    return sampler.allocator_peak() + resident
 
 
 # -- the allocator's view ---------------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""``find_batch_size``: the largest batch that fits, predicted from the estimate, confirmed by real steps.
+
+The usual finders learn the limit by crashing into it: accelerate retries at 90% after every
+out-of-memory error, Lightning doubles until one, then bisects. Here the estimate (each phase's peak as a
+line in the batch size) predicts the answer before any real step runs; a real step at that size measures
+the true peak, whose ratio to the prediction corrects it; a second step confirms the corrected answer.
+Out-of-memory errors (told by their type first, their message second) make it back off, and a safety
+margin keeps the answer clear of the edge. With ``torch.distributed`` initialised, every rank takes the
+smallest answer of all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from slimtorch.errors import SlimtorchError
+from slimtorch.memory.estimating import MemoryReport, measure_peak
+
+OOM_MESSAGES = (
+    "out of memory",
+    "can't allocate memory",
+    "cudnn_status_not_supported",  # cuDNN's way of saying it ran out of workspace
+    "cuda error: out of memory",
+)
+BACK_OFF = 0.9
+
+
+@dataclass(frozen=True)
+class Trial:
+    batch_size: int
+    fits: bool
+    peak_bytes: int | None
+    """measured peak of the step (None when it ran out of memory before the end)"""
+
+
+@dataclass(frozen=True)
+class BatchSizeResult:
+    batch_size: int
+    predicted: int
+    """what the estimate alone predicted"""
+    budget_bytes: int
+    trials: list[Trial] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "slimtorch.batch-size/1", **asdict(self)}
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` means the step ran out of memory: ``torch.OutOfMemoryError`` (CUDA, and others
+    that raise it), else a RuntimeError whose message says so (the CPU allocator, older backends)."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    if isinstance(error, (RuntimeError, MemoryError)):
+        text = " ".join(str(a) for a in error.args).lower()
+        return isinstance(error, MemoryError) or any(message in text for message in OOM_MESSAGES)
+    return False
+
+
+def find_batch_size(
+    train_step: Callable[[int], Any],
+    report: MemoryReport,
+    *,
+    budget: int | None = None,
+    margin: float = 0.02,
+    max_trials: int = 3,
+    device: str | None = None,
+) -> BatchSizeResult:
+    """The largest batch size whose training step fits ``budget``, in at most ``max_trials`` real steps.
+
+    Args:
+        train_step: runs one real step at the batch size it is given (forward, backward, optimizer). On
+            the CPU it should make what it needs besides the model (optimizer, batch) itself: its peak
+            is measured as the heap it adds plus the model's weights.
+        report: :func:`slimtorch.memory.estimate` of the step at two or more batch sizes.
+        budget: bytes the step may use; default: the CUDA device's free memory (required on the CPU).
+        margin: share of the budget kept free, for what a step's peak varies by.
+        max_trials: real steps at most (each measured; an out-of-memory error counts as one). The answer
+            is always a batch size a real step ran at within the budget.
+        device: where ``train_step`` runs (default: the report's device).
+
+    Example:
+        >>> report = slimtorch.memory.estimate(model, batch, batch_sizes=[8, 16])  # doctest: +SKIP
+        >>> find_batch_size(lambda n: step(model, data(n)), report).batch_size  # doctest: +SKIP
+        112
+    """
+    device = device or report.device
+    budget = budget if budget is not None else _free_memory(device)
+    if not report.phase_lines:
+        raise SlimtorchError(
+            "find_batch_size needs an estimate at two or more batch sizes (batch_sizes=[...])"
+        )
+    usable = budget * (1 - margin)
+    resident = sum(report.steps[0].breakdown[k] for k in ("parameters", "buffers"))
+    predicted = report.largest_batch(usable)
+    if predicted < 1:
+        raise SlimtorchError(
+            f"even batch 1 is predicted to need {report.predict(1):,} bytes, over the budget of {budget:,}"
+        )
+    trials: list[Trial] = []
+    best, too_big, scale = 0, None, 1.0
+    candidate = predicted
+    for _ in range(max_trials):
+        trial = _try(train_step, candidate, device, budget, resident)
+        trials.append(trial)
+        expected = report.predict(candidate)
+        if trial.peak_bytes is not None:  # ran to the end: how far off the estimate was, there
+            scale = trial.peak_bytes / expected
+        else:  # out of memory before the end: it needed more than the budget, by an unknown share
+            scale = max(scale, budget / expected) / BACK_OFF
+        if trial.fits:
+            best = max(best, candidate)
+        else:
+            too_big = min(too_big or candidate, candidate)
+        following = report.largest_batch(usable, scale=scale)
+        if too_big is not None:
+            following = min(following, too_big - 1)
+        if following <= best or any(t.batch_size == following for t in trials):
+            break
+        candidate = following
+    if best < 1:
+        raise SlimtorchError(f"no batch size fitted {budget:,} bytes in {len(trials)} trial steps")
+    return BatchSizeResult(_agreed(best), predicted, budget, trials)
+
+
+def _try(train_step: Callable[[int], Any], batch_size: int, device: str, budget: int, resident: int) -> Trial:
+    """One real step: it fits if it neither ran out of memory nor peaked above the budget."""
+    try:
+        peak = measure_peak(lambda: train_step(batch_size), device, resident)
+    except Exception as error:  # the step's own errors are the user's, except running out of memory
+        if not is_out_of_memory(error):
+            raise
+        _release(device)
+        return Trial(batch_size, False, None)
+    return Trial(batch_size, peak <= budget, peak)
+
+
+def _release(device: str) -> None:
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _free_memory(device: str) -> int:
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    raise SlimtorchError(
+        "give find_batch_size a budget= in bytes on the CPU (there is no free-memory figure)"
+    )
+
+
+def _agreed(batch_size: int) -> int:
+    """The smallest batch size of all ranks, when ``torch.distributed`` runs: every rank steps alike."""
+    distributed = torch.distributed
+    if not (distributed.is_available() and distributed.is_initialized()):
+        return batch_size
+    value = torch.tensor([batch_size], dtype=torch.int64)
+    if distributed.get_backend() == "nccl":
+        value = value.cuda()
+    distributed.all_reduce(value, op=distributed.ReduceOp.MIN)
+    return int(value.item())
