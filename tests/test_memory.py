@@ -318,3 +318,21 @@ def test_fit_turns_to_mixed_precision_when_checkpointing_is_not_enough_and_refus
     with pytest.raises(slimtorch.SlimtorchError, match="no plan fits"):
         memory.fit(model, 10**6, x, device="cpu")
     assert "forward" not in vars(model)  # a refused plan leaves nothing applied
+
+
+def test_cli_draws_memory_over_the_step(tmp_path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    from slimtorch.cli.main import main
+
+    chart = tmp_path / "memory.png"
+    args = ["memory", "tests.test_memory:Blocks", "--input-shape", "8,256", "--device", "cpu"]
+    assert main([*args, "--batch", "8", "64", "--budget", "40MB", "--chart", str(chart)]) == 0
+    assert f"wrote {chart}" in capsys.readouterr().out
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
+
+
+def test_the_curve_follows_the_step_through_its_phases() -> None:
+    step = estimate(Blocks(), torch.randn(64, 256), device="cpu").steps[0]
+    phases = [phase for phase, _ in step.curve]
+    assert phases.index("forward") < phases.index("backward") < phases.index("optimizer")
+    assert max(nbytes for _, nbytes in step.curve) == step.peak_bytes

@@ -12,6 +12,7 @@ from slimtorch.cli.model_input import DEFAULT_SHAPE, meta_model, shape
 from slimtorch.cli.model_spec import SPEC_HELP
 from slimtorch.memory import CATEGORIES, OPTIMIZERS, PRECISIONS, MemoryReport, estimate
 from slimtorch.report.inspect_view import output_console
+from slimtorch.report.memory_chart import write_chart
 from slimtorch.report.units import format_bytes, format_share, parse_size
 
 HELP = "predict a training (or inference) step's peak memory, and what it is made of, without running it"
@@ -21,14 +22,14 @@ and optimizer, on fake tensors that have shapes but no data, recording every ten
 allocate and free. Prints the peak, where it happens, and what it holds: parameters, gradients,
 optimizer state, activations kept for backward, inputs and temporaries; the activations by module; and,
 with several --batch values, the peak as a line in the batch size. With --budget, whether the step fits
-and the largest batch that would.
+and the largest batch that would; with --chart, a PNG of memory over the step.
 
 Sizes on CUDA are rounded as its caching allocator rounds them. Mixed precision is simulated with CPU
 autocast, whose op lists match CUDA's for the layers that matter (linear, matmul, convolution).
 
 examples:
   slimtorch memory ./llama-folder --batch 1 --input-shape 1,2048 --precision bf16-mixed
-  slimtorch memory ./llama-folder --batch 1 2 4 8 --checkpointing blocks --budget 80GB
+  slimtorch memory ./llama-folder --batch 1 2 4 8 --checkpointing blocks --budget 80GB --chart mem.png
   slimtorch memory mypkg.models:resnet50 --batch 64 --input-shape 1,3,224,224 --optimizer sgd --device cpu
 """
 
@@ -57,6 +58,9 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     )
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="default cuda")
     parser.add_argument("--budget", type=_size, metavar="SIZE", help="memory to fit in, e.g. 24GB or 80GiB")
+    parser.add_argument(
+        "--chart", metavar="PNG", help="also draw memory over the step to this PNG (needs matplotlib)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
 
@@ -84,10 +88,16 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
     )
     fits = _largest_batch(report, args.budget) if args.budget else None
+    chart = None
+    if args.chart:
+        what = f"{args.model}: {args.mode}, {args.precision}, on {args.device}"
+        chart = write_chart(report, args.chart, title=what, budget=args.budget)
     if args.json:
         print_json({**report.to_dict(), "budget_bytes": args.budget, "largest_batch_in_budget": fits})
         return 0
     _render(args, report, fits)
+    if chart is not None:
+        output_console().print(f"wrote {chart}", highlight=False)
     return 0
 
 

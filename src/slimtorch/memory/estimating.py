@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from slimtorch.errors import SlimtorchError
-from slimtorch.memory.step import StepPlan, StepRecord, run_step
+from slimtorch.memory.step import DONE, StepPlan, StepRecord, run_step
 from slimtorch.memory.timeline import StorageTimeline
 
+CURVE_POINTS = 1000
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "inputs", "temporaries")
 
 
@@ -40,6 +41,9 @@ class StepMemory:
     """the highest live bytes within each phase"""
     modules: dict[str, int]
     """activations alive at the forward pass's peak, by the module that saved them, largest first"""
+    curve: list[tuple[str, int]] = field(default_factory=list)
+    """live bytes through the step, (phase, bytes) at up to :data:`CURVE_POINTS` evenly spaced moments
+    (each the highest of its stretch), for a chart"""
     allocator_peak_bytes: int | None = None
     """``profile`` only: the allocator's own high-water mark over the step (CUDA's max_memory_allocated,
     or the C library's heap in use on the CPU, measured after every op)"""
@@ -194,10 +198,23 @@ def _measured(record: StepRecord, batch_size: int | None, allocator: int | None 
         peak.phase,
         peak.module,
         breakdown,
-        dict(record.timeline.phase_peaks),
+        {name: value for name, value in record.timeline.phase_peaks.items() if name != DONE},
         ranked,
+        _curve(record.timeline),
         allocator,
     )
+
+
+def _curve(timeline: StorageTimeline) -> list[tuple[str, int]]:
+    """Live bytes after each event, thinned to :data:`CURVE_POINTS` (the highest of each stretch)."""
+    points: list[tuple[str, int]] = []
+    current = 0
+    for event in timeline.events:
+        current += event.nbytes
+        if event.phase != DONE:
+            points.append((event.phase, current))
+    stride = max(1, -(-len(points) // CURVE_POINTS))
+    return [max(points[i : i + stride], key=lambda p: p[1]) for i in range(0, len(points), stride)]
 
 
 def _category(record: StepRecord, key: int) -> str:
@@ -216,7 +233,7 @@ def _category(record: StepRecord, key: int) -> str:
 def _report(plan: StepPlan, steps: list[StepMemory]) -> MemoryReport:
     sized = [s for s in steps if s.batch_size is not None]
     overall = _line([(s.batch_size, s.peak_bytes) for s in sized])  # type: ignore[misc]
-    phases = {name for s in sized for name in s.phases if name != "setup"}
+    phases = {name for s in sized for name in s.phases if name not in ("setup", DONE)}
     lines = {}
     for name in sorted(phases):
         line = _line([(s.batch_size, s.phases.get(name, 0)) for s in sized])  # type: ignore[misc]

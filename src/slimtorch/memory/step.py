@@ -35,6 +35,7 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16")
 MODES = ("train", "inference")
 CUDA_BLOCK = 512  # the CUDA caching allocator hands out multiples of 512 bytes
+DONE = "done"
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ def run_step(
             record.inputs.add(timeline.track(value))
         with _swapped(model, tensors), _named_modules(model, timeline), timeline:
             _forward_backward(model, tensors, args, kwargs, plan, device, timeline, loss_fn, record)
+            timeline.phase = DONE  # what follows is this simulation letting go of the step's tensors
     return record
 
 
