@@ -10,7 +10,8 @@ The levers, in the order they are pulled:
    device keeps almost none, each crosses the bus twice.
 
 Every candidate is estimated on fake tensors (:func:`slimtorch.memory.estimate`), so choosing costs a few
-simulated steps and no memory; the first that fits (with a margin) is applied to the model.
+simulated steps (a bisection over the number of blocks) and no memory; the first that fits (with a
+margin) is applied to the model.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.memory.estimating import estimate
-from slimtorch.memory.step import checkpoint_blocks
+from slimtorch.memory.step import checkpoint_blocks, checkpoint_forward, replace_forward
 
 MARGIN = 0.05
 
@@ -102,14 +102,22 @@ def fit(
     precisions = ["fp32", "bf16-mixed"] if allow_precision else ["fp32"]
     chosen: tuple[list[str], str, int] | None = None
     for precision in precisions:
-        for count in range(len(blocks) + 1):
-            names = blocks[:count]
-            predicted = unmodified if (count, precision) == (0, "fp32") else peak(names, precision)
-            if predicted <= usable:
-                chosen = (names, precision, predicted)
-                break
-        if chosen:
-            break
+        # more blocks checkpointed never raises the peak: bisect for the fewest that fit
+        known = {0: unmodified} if precision == "fp32" else {}
+
+        def at(count: int, precision: str = precision, known: dict[int, int] = known) -> int:
+            if count not in known:
+                known[count] = peak(blocks[:count], precision)
+            return known[count]
+
+        if at(len(blocks)) > usable:
+            continue
+        low, high = -1, len(blocks)  # at(high) fits; at(low) does not (or low is below zero)
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if at(middle) <= usable else (middle, high)
+        chosen = (blocks[:high], precision, at(high))
+        break
     offload = False
     if chosen is None:
         names, precision = blocks, precisions[-1]
@@ -137,14 +145,9 @@ def _share(model: nn.Module, names: list[str]) -> float:
 
 def _apply(model: nn.Module, plan: FitPlan, device: str) -> None:
     modules = dict(model.named_modules())
-    for name in plan.checkpointed:
-        module = modules[name]
-        own = module.__dict__.get("forward")
-        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
-        plan._undo.append(functools.partial(_restore, module, own))
+    plan._undo.extend(checkpoint_forward(modules[name]) for name in plan.checkpointed)
     if plan.precision != "fp32" or plan.offload:
         forward = model.forward
-        own = model.__dict__.get("forward")
         autocast = plan.precision == "bf16-mixed"
         device_type = torch.device(device).type
 
@@ -153,8 +156,7 @@ def _apply(model: nn.Module, plan: FitPlan, device: str) -> None:
             with _contexts(device_type, autocast, plan.offload):
                 return forward(*args, **kwargs)
 
-        model.forward = planned
-        plan._undo.append(functools.partial(_restore, model, own))
+        plan._undo.append(replace_forward(model, planned))
 
 
 @contextlib.contextmanager
@@ -165,10 +167,3 @@ def _contexts(device_type: str, autocast: bool, offload: bool) -> Iterator[None]
         if offload:
             stack.enter_context(torch.autograd.graph.save_on_cpu(pin_memory=True))
         yield
-
-
-def _restore(module: nn.Module, own: Any) -> None:
-    if own is None:
-        module.__dict__.pop("forward", None)
-    else:
-        module.forward = own

@@ -308,15 +308,29 @@ def _checkpointed(model: nn.Module, which: str | tuple[str, ...] | None) -> Iter
             if unknown
             else "checkpointing='blocks' found no repeated blocks (no nn.ModuleList): name the modules"
         )
-    own = {name: modules[name].__dict__.get("forward") for name in names}  # an instance's own forward
-    for name in names:
-        wrapped = functools.partial(checkpoint, modules[name].forward, use_reentrant=False)
-        modules[name].forward = wrapped  # type: ignore[method-assign]
+    undo = [checkpoint_forward(modules[name]) for name in names]
     try:
         yield
     finally:
-        for name in names:
-            if own[name] is None:
-                del modules[name].forward
-            else:
-                modules[name].forward = own[name]  # type: ignore[method-assign]
+        for restore in reversed(undo):
+            restore()
+
+
+def checkpoint_forward(module: nn.Module) -> Callable[[], None]:
+    """Run ``module``'s forward under non-reentrant activation checkpointing; returns what undoes it."""
+    return replace_forward(module, functools.partial(checkpoint, module.forward, use_reentrant=False))
+
+
+def replace_forward(module: nn.Module, forward: Callable[..., Any]) -> Callable[[], None]:
+    """Give ``module`` another forward for a while; returns what puts its own back (an instance's own
+    forward, if it had one, else the class's)."""
+    own = module.__dict__.get("forward")
+    module.forward = forward  # type: ignore[method-assign]
+
+    def restore() -> None:
+        if own is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.forward = own  # type: ignore[method-assign]
+
+    return restore
