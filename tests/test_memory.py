@@ -139,6 +139,7 @@ def test_bad_options_are_clear_errors() -> None:
         (dict(precision="fp8"), "unknown precision 'fp8'"),
         (dict(mode="eval"), "mode must be train or inference"),
         (dict(device="mps"), "device must be cpu or cuda"),
+        (dict(device="not a device"), "device must be cpu or cuda"),
         (dict(batch_sizes=[0]), "batch sizes must be positive"),
         (dict(checkpointing=["nope"]), "names no module"),
     ]

@@ -55,7 +55,11 @@ class StepPlan:
             raise SlimtorchError(f"unknown optimizer {self.optimizer!r} (known: {', '.join(OPTIMIZERS)})")
         if self.precision not in PRECISIONS:
             raise SlimtorchError(f"unknown precision {self.precision!r} (known: {', '.join(PRECISIONS)})")
-        if torch.device(self.device).type not in ("cpu", "cuda"):
+        try:
+            kind = torch.device(self.device).type
+        except RuntimeError:
+            kind = None
+        if kind not in ("cpu", "cuda"):
             raise SlimtorchError(f"device must be cpu or cuda, not {self.device!r}")
 
     @property
