@@ -444,3 +444,39 @@ def test_quantize_and_run_under_inference_mode(scheme: str) -> None:
         expected = model(_ids())
         slimtorch.quantize(model, scheme)
         assert _cosine(model(_ids()), expected) > WORST_COSINE[scheme]
+
+
+def test_a_packed_weight_survives_new_batch_sizes_once_its_kernel_was_chosen() -> None:
+    layer = slimtorch.quantize(nn.Sequential(nn.Linear(256, 128)), "int4-weight", kernel="int4pack-bf16")[0]
+    layer.kernel = None
+    kernels.CHOICES.clear()
+    built = []
+    real = kernels.int4pack_weight
+
+    def counting(*args):
+        built.append(1)
+        return real(*args)
+
+    kernels.int4pack_weight = counting
+    try:
+        # small batches measured fastest on the fused bf16 kernel, large ones on dequantize-then-matmul
+        for rows in (1, 3, 64, 1, 3):
+            winner = "int4pack-bf16" if rows < 8 else "dequantize-bf16"
+            kernels.CHOICES._best[_key(layer, rows)] = winner
+            layer(torch.randn(rows, 256))
+    finally:
+        kernels.int4pack_weight = real
+    assert len(built) == 1  # packed once, kept across buckets
+
+
+def _key(layer, rows: int) -> tuple:
+    shape = tuple(layer.stage["shape"])
+    return (
+        type(layer).__name__,
+        shape,
+        layer.stage.get("group_size"),
+        kernels.batch_bucket(rows),
+        torch.float32,
+        "cpu",
+        torch.get_num_threads(),
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -324,6 +325,7 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
+@functools.cache
 def _heap_in_use() -> Callable[[], int] | None:
     """glibc's bytes in use (its arenas plus mmap'd chunks): where torch's CPU tensors live."""
     name = ctypes.util.find_library("c")

@@ -76,7 +76,7 @@ class QuantizedWeight(nn.Module):
     def dequantized(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The float weight the parts encode, in ``dtype`` (default: the original weight's dtype)."""
         codec = INT8 if self.stage["codec"] == "int8" else INT4
-        parts = {role: t for role, t in self.parts().items()}
+        parts = self.parts()
         primary = parts.pop(codec.primary)
         stage = {**self.stage, "dtype": dtype_name(dtype or self.weight_dtype)}
         return codec.decode(primary, parts, stage)
@@ -114,8 +114,11 @@ class QuantizedWeight(nn.Module):
                 torch.get_num_threads(),
             )
             name = CHOICES.best(key, candidates, self.REFERENCE, tolerance or {})
-            if name not in self._chosen:
-                self._chosen.add(name)
+            # A kernel's state is keyed by its plain name: ``int4pack`` and ``int4pack-bf16`` share one
+            # packed weight.
+            plain = name.removesuffix("-bf16")
+            if plain not in self._chosen:
+                self._chosen.add(plain)
                 for unused in [k for k in self._prepared if k[0] not in self._chosen]:
                     del self._prepared[unused]  # a packed copy of a kernel that lost is only memory
         return candidates[name]()
