@@ -8,10 +8,18 @@ import traceback
 from collections.abc import Sequence
 
 from slimtorch import __version__
-from slimtorch.cli import inspect_cmd, load_cmd, memory_cmd, prune_cmd, quantize_cmd, shrink_cmd
+from slimtorch.cli import (
+    export_cmd,
+    inspect_cmd,
+    load_cmd,
+    memory_cmd,
+    prune_cmd,
+    quantize_cmd,
+    shrink_cmd,
+)
 from slimtorch.errors import SlimtorchError
 
-COMMANDS = (inspect_cmd, shrink_cmd, load_cmd, prune_cmd, quantize_cmd, memory_cmd)
+COMMANDS = (inspect_cmd, shrink_cmd, load_cmd, prune_cmd, quantize_cmd, memory_cmd, export_cmd)
 EXIT_BAD_INPUT = 2
 
 

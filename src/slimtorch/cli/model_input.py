@@ -17,6 +17,7 @@ import torch
 from slimtorch.cli.arguments import add_allow_global
 from slimtorch.cli.model_spec import SPEC_HELP, resolve_factory
 from slimtorch.errors import SlimtorchError
+from slimtorch.graph.capture import random_like
 from slimtorch.io.loader import load_model
 
 DEFAULT_SHAPE = (1, 3, 224, 224)
@@ -31,7 +32,7 @@ class CommandModel:
 
     def samples(self, count: int) -> list[tuple]:
         """``count`` inputs like the example: the example, then fresh random ones of its shape and kind."""
-        return [self.example, *(tuple(_like(t) for t in self.example) for _ in range(count - 1))]
+        return [self.example, *(tuple(random_like(t) for t in self.example) for _ in range(count - 1))]
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default_shape: str) -> None:
@@ -66,12 +67,6 @@ def shape(text: str) -> tuple[int, ...]:
     if not sizes or any(size < 1 for size in sizes):
         raise argparse.ArgumentTypeError(f"sizes must be positive: {text!r}")
     return sizes
-
-
-def _like(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.is_floating_point():
-        return torch.randn_like(tensor)
-    return torch.randint_like(tensor, int(tensor.max()) + 1)
 
 
 def _from_factory(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:

@@ -48,7 +48,13 @@ def _import(where: str, spec: str):
         loaded = importlib.util.spec_from_file_location(path.stem, path)
         assert loaded is not None and loaded.loader is not None
         module = importlib.util.module_from_spec(loaded)
-        loaded.loader.exec_module(module)
+        # Registered while it runs, as an import would be: dataclasses and pickling look the module up.
+        sys.modules[loaded.name] = module
+        try:
+            loaded.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[loaded.name]
+            raise
         return module
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))

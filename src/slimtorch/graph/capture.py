@@ -44,7 +44,7 @@ def capture(
         ['linear.default', 'relu.default']
     """
     args = as_args(example_inputs)
-    kwargs = _without_cache(model, dict(example_kwargs or {}))
+    kwargs = without_cache(model, dict(example_kwargs or {}))
     try:
         with torch.no_grad():
             program = torch.export.export(model, args, kwargs, strict=False)
@@ -61,7 +61,17 @@ def as_args(example_inputs: Sequence[Any] | Any) -> tuple[Any, ...]:
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
-def _without_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+def random_like(value: Any) -> Any:
+    """Another input like ``value``: fresh normal noise for a float tensor, ids below the largest seen for
+    an integer one (token ids stay in the vocabulary); anything else as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.is_floating_point():
+        return torch.randn_like(value)
+    return torch.randint_like(value, int(value.max()) + 1 if value.numel() else 1)
+
+
+def without_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Hugging Face decoders return a key/value cache object that export cannot flatten; the graph is the
     same without it, so ask for none unless the caller said otherwise."""
     config = getattr(model, "config", None)

@@ -138,7 +138,8 @@ class SlimWriter:
             shutil.copyfile(source, self._staging / name)
             files.append(self.out / name)
         _fsync_dir(self._staging)
-        _swap_into_place(self._staging, self.out)
+        check_replaceable(self.out, (p.name for p in self._staging.iterdir()))
+        replace_folder(self._staging, self.out)
         return files
 
     def _name_shards(self) -> list[Path]:
@@ -241,12 +242,12 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-def _swap_into_place(staged: Path, target: Path) -> None:
-    """Make ``staged`` become ``target``: a rename, or an atomic exchange when ``target`` exists."""
+def replace_folder(staged: Path, target: Path) -> None:
+    """Make the folder ``staged`` become ``target``: a rename, or an atomic exchange when ``target`` exists
+    (the caller has checked that ``target`` may be replaced)."""
     if not target.exists():
         os.rename(staged, target)
     else:
-        check_replaceable(target, (p.name for p in staged.iterdir()))
         if not _exchange(staged, target):
             # No atomic exchange here: move the old folder aside first, so it survives an interruption.
             aside = target.with_name(f"{TEMP_PREFIX}{target.name}-old-{uuid.uuid4().hex[:8]}")

@@ -9,7 +9,14 @@
 
 from slimtorch.quant.build import SCHEMES
 from slimtorch.quant.conv import Int4WeightConv, Int8WeightConv
-from slimtorch.quant.convert import LayerResult, QuantizeReport, model_bytes, quantize, quantize_with_report
+from slimtorch.quant.convert import (
+    LayerResult,
+    QuantizeReport,
+    dequantize,
+    model_bytes,
+    quantize,
+    quantize_with_report,
+)
 from slimtorch.quant.kernels import CHOICES
 from slimtorch.quant.modules import (
     Int4Embedding,
@@ -33,6 +40,7 @@ __all__ = [
     "LayerResult",
     "QuantizeReport",
     "QuantizedWeight",
+    "dequantize",
     "model_bytes",
     "quantize",
     "quantize_with_report",

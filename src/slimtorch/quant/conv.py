@@ -16,6 +16,7 @@ from slimtorch.io.codecs import Encoded
 from slimtorch.quant.modules import INT4_PARTS, INT8_PARTS, QuantizedWeight
 
 CONVOLVE = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+FLOAT = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 SETTINGS = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups")
 
 
@@ -33,8 +34,20 @@ class _QuantizedConv(QuantizedWeight):
     def extra_repr(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)}" for name in SETTINGS)
 
+    def float_module(self) -> nn.Module:
+        settings = {name: getattr(self, name) for name in SETTINGS}
+        conv = FLOAT[len(self.kernel_size)](**settings, bias=self.bias is not None, device="meta")
+        conv.weight = nn.Parameter(self.dequantized(), requires_grad=False)
+        if self.bias is not None:
+            conv.bias = nn.Parameter(self.bias.detach().clone(), requires_grad=False)
+        return conv
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         convolve = CONVOLVE[len(self.kernel_size)]
+        if torch.compiler.is_exporting():  # the codes stay in the program, dequantized in its graph
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            weight = self.dequantized(x.dtype)
+            return convolve(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
         def plain(dtype: torch.dtype) -> torch.Tensor:
             bias = None if self.bias is None else self.bias.to(dtype)

@@ -27,7 +27,7 @@ from slimtorch.graph.capture import as_args
 from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.io.codecs.chain import CodecError
 from slimtorch.io.codecs.lossy import INT4_GROUP_SIZES
-from slimtorch.prune.delta import StructuralDelta, record
+from slimtorch.prune.delta import StructuralDelta, delta_of, record
 from slimtorch.quant.build import CONV, LINEAR, SCHEMES, float_weight, quantized_from
 from slimtorch.quant.conv import quantizable_conv
 from slimtorch.quant.gptq import InputMoments
@@ -193,6 +193,28 @@ def quantize_with_report(
         *agreement,
     )
     return model, report
+
+
+def dequantize(model: nn.Module) -> list[str]:
+    """Swap every quantized layer back for the float layer it stands for, in place, holding the
+    dequantized weight (exactly the values the codes encode); returns the layers' names.
+
+    For runtimes that have no use for these layers' kernels: ONNX export, for one, which re-quantizes
+    int8 weights to the same codes.
+
+    Example:
+        >>> import slimtorch, torch
+        >>> model = slimtorch.quantize(torch.nn.Sequential(torch.nn.Linear(64, 64)), "int8-weight")
+        >>> dequantize(model), type(model[0]).__name__
+        (['0'], 'Linear')
+    """
+    names = [name for name, module in model.named_modules() if isinstance(module, QuantizedWeight)]
+    for name in names:
+        put_module(model, name, model.get_submodule(name).float_module())
+    delta = delta_of(model)
+    if delta is not None:  # a save must not record layers that are float again
+        delta.quantized = {k: v for k, v in delta.quantized.items() if k not in names}
+    return names
 
 
 def _weight_bytes(module: nn.Module) -> int:

@@ -81,6 +81,11 @@ class QuantizedWeight(nn.Module):
         stage = {**self.stage, "dtype": dtype_name(dtype or self.weight_dtype)}
         return codec.decode(primary, parts, stage)
 
+    def float_module(self) -> nn.Module:
+        """The float layer these parts stand for (``nn.Linear``, ``nn.Embedding``, ``nn.Conv2d`` ...),
+        holding the dequantized weight: what an exporter or a runtime without these kernels needs."""
+        raise NotImplementedError
+
     def prepared(self, kernel: str, make: Callable[[], Any], variant: str = "") -> Any:
         """State ``kernel`` builds once from the buffers (a packed weight), rebuilt if the buffers change."""
         # inference-mode tensors have no version counter: their identity alone has to do
@@ -165,7 +170,19 @@ class _QuantizedLinear(QuantizedWeight):
         group = f", group_size={self.stage['group_size']}" if "group_size" in self.stage else ""
         return f"in_features={self.in_features}, out_features={self.out_features}{group}"
 
+    def float_module(self) -> nn.Linear:
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight = nn.Parameter(self.dequantized(), requires_grad=False)
+        if self.bias is not None:
+            linear.bias = nn.Parameter(self.bias.detach().clone(), requires_grad=False)
+        return linear
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_exporting():
+            # An exported program keeps the codes and dequantizes them in its graph; the kernels chosen
+            # by timing are Python, which export cannot trace.
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.linear(x, self.dequantized(x.dtype), bias)
         with torch.no_grad():  # inference only: int8 codes have no gradient
             out = self._matmul(x, x.reshape(-1, self.in_features))
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -272,7 +289,14 @@ class _QuantizedEmbedding(QuantizedWeight):
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
+    def float_module(self) -> nn.Embedding:
+        return nn.Embedding(
+            self.num_embeddings, self.embedding_dim, self.padding_idx, _weight=self.dequantized(), _freeze=True
+        )
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_exporting():
+            return self._rows(ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)
         with torch.no_grad():
             return self._rows(ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)
 

@@ -69,3 +69,30 @@ class ByteProgress:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class StageStatus:
+    """A spinner on stderr naming the current stage of long work (``status("translating to ONNX")``);
+    silent off a terminal or when ``enabled`` is False.
+
+    Example:
+        >>> with StageStatus() as status:  # doctest: +SKIP
+        ...     status("installing requirements.txt")
+    """
+
+    def __init__(self, *, enabled: bool = True, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self._status = self.console.status("") if enabled and self.console.is_terminal else None
+
+    def __call__(self, message: str) -> None:
+        if self._status is not None:
+            self._status.update(f"{message} ...")
+
+    def __enter__(self) -> StageStatus:
+        if self._status is not None:
+            self._status.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.stop()

@@ -1,0 +1,157 @@
+"""`slimtorch export MODEL -o DIR --format onnx`: a verified bundle that runs without PyTorch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from rich.table import Table
+
+from slimtorch.cli.arguments import add_command, print_json
+from slimtorch.cli.model_input import add_model_arguments, command_model
+from slimtorch.deploy import FP32, INT8, ExportReport, Tolerance, export
+from slimtorch.deploy.export import forward_names
+from slimtorch.deploy.runner import BundleError, read_inputs
+from slimtorch.errors import SlimtorchError
+from slimtorch.report.inspect_view import output_console
+from slimtorch.report.progress import StageStatus
+from slimtorch.report.units import format_bytes
+
+HELP = "export to ONNX (runs on onnxruntime, no torch) or .pt2, verified against PyTorch, as a bundle"
+DESCRIPTION = """\
+Captures the model with torch.export and writes DIR, a bundle that runs without PyTorch:
+
+  model.onnx          translated by torch.onnx (dynamo); --quantize int8: onnxruntime's dynamic int8
+  requirements.txt    the runtime only: onnxruntime and numpy (torch and numpy for --format pt2)
+  predict.py          the runner: python predict.py input.npy | inputs.npz | inputs.json, or --check
+  sample_inputs.npz   the example input, and expected_outputs.npz, what eager PyTorch computed from it
+  manifest.json       inputs, outputs, tolerance, verification, versions and every file's sha256
+
+The exported model is run by its own runtime on the example and on fresh random inputs like it, and
+compared with eager PyTorch: the largest absolute difference, and that difference relative to the
+output's largest magnitude. The command exits 1 when an output is outside the tolerance:
+  fp32       |exported - eager| <= 1e-4 + 1e-5 * max|eager|
+  quantized  |exported - eager| <= 0.10 * max|eager|   (--quantize int8, or a slimtorch-quantized model)
+A model quantized by `slimtorch quantize` (--weights its file) keeps its int8 weights: onnxruntime's int8
+gives the same codes for its Linear layers; a .pt2 keeps the codes and dequantizes them in its graph.
+
+--format pt2 writes a torch.export ExportedProgram for deployments that keep torch (loads with
+torch.export.load, no model code needed). Measure what a bundle costs with `slimtorch footprint DIR`.
+
+If export fails, the message names the construct that blocked it (for example control flow on a
+tensor's values), the module and source line where it is, and what was tried.
+
+examples:
+  slimtorch export mypkg.models:cnn --input-shape 1,1,8,8 -o cnn-bundle --dynamic-batch
+  slimtorch export ./bert-folder -o bert-onnx --quantize int8
+  slimtorch export mypkg.models:net --weights net-int8.safetensors -o net-bundle --example batch.npz
+  slimtorch export ./train.py:Net --weights ckpt.pt -o net-pt2 --format pt2
+"""
+
+
+def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    parser = add_command(commands, common, "export", HELP, DESCRIPTION)
+    add_model_arguments(parser, "1,3,224,224")
+    parser.add_argument("-o", "--output", required=True, metavar="DIR", help="the bundle folder to write")
+    parser.add_argument("--format", choices=("onnx", "pt2"), default="onnx", help="default onnx")
+    parser.add_argument("--quantize", choices=("int8",), help="int8 weights (onnxruntime's dynamic int8)")
+    parser.add_argument("--dynamic-batch", action="store_true", help="let the first dimension vary")
+    parser.add_argument(
+        "--example", nargs="+", metavar="INPUT", help="the example input: .npy per input, or one .npz / .json"
+    )
+    parser.add_argument("--samples", type=int, default=3, metavar="N", help="inputs compared (default 3)")
+    parser.add_argument("--atol", type=float, metavar="X", help="absolute tolerance (default by precision)")
+    parser.add_argument("--rtol", type=float, metavar="X", help="tolerance relative to max|eager|")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = command_model(args)
+    model = loaded.model.eval()
+    example = _example(args, model) if args.example else loaded.example
+    tolerance = None
+    if args.atol is not None or args.rtol is not None:
+        base = INT8 if args.quantize else FP32
+        atol = base.atol if args.atol is None else args.atol
+        rtol = base.rtol if args.rtol is None else args.rtol
+        tolerance = Tolerance(atol, rtol, f"given: within {atol:g} + {rtol:g} x max|eager|")
+    with StageStatus(enabled=not args.json) as status:
+        report = export(
+            model,
+            example,
+            args.output,
+            format=args.format,
+            quantize_to=args.quantize,
+            dynamic_batch=args.dynamic_batch,
+            samples=max(1, args.samples),
+            tolerance=tolerance,
+            progress=status,
+        )
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        _render(args, report)
+    return 0 if report.passed else 1
+
+
+def _example(args: argparse.Namespace, model: torch.nn.Module) -> tuple:
+    """The example input from files: the first forward arguments, by name (.npz, a JSON object) or in
+    order (.npy files, a JSON list)."""
+    names = forward_names(model) or ["input"]
+    files = args.example
+    named = len(files) == 1 and files[0].endswith((".npz", ".json"))
+    try:
+        arrays = read_inputs(files, names if named else names[: len(files)])
+    except (BundleError, OSError, ValueError) as exc:
+        raise SlimtorchError(f"{files[0]}: cannot read the example input ({exc})") from None
+    unknown = [name for name in arrays if name not in names]
+    if unknown:
+        raise SlimtorchError(
+            f"{files[0]}: the model has no input {unknown[0]!r} (it takes {', '.join(names)})"
+        )
+    given = [name for name in names if name in arrays]
+    if given != names[: len(given)]:
+        missing = next(name for name in names if name not in arrays)
+        raise SlimtorchError(f"{files[0]}: no value for {missing!r}, which comes before {given[-1]!r}")
+    return tuple(torch.from_numpy(arrays[name]) for name in given)
+
+
+def _render(args: argparse.Namespace, report: ExportReport) -> None:
+    console = output_console()
+    title = f"{args.model} -> {report.bundle}/{report.model_file}"
+    table = Table(title=title, title_justify="left", header_style="dim")
+    for column in ("output", "shape", "max abs error", "max rel error", "within tolerance"):
+        table.add_column(column, justify="left" if column in ("output", "shape") else "right")
+    for spec, error in zip(report.outputs, report.errors, strict=True):
+        table.add_row(
+            error.name,
+            "x".join(str(s) for s in spec.shape),
+            f"{error.max_abs:.3g}",
+            f"{error.max_rel:.3g}",
+            "yes" if error.passed else "[red]NO[/red]",
+        )
+    console.print(table)
+    quantized = f", {report.quantized}" if report.quantized else ""
+    console.print(
+        f"model file {format_bytes(report.model_bytes)} ({report.format}{quantized}); parameters and buffers "
+        f"in PyTorch {format_bytes(report.eager_bytes)}",
+        highlight=False,
+    )
+    stages = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in report.seconds.items())
+    console.print(
+        f"compared on {report.samples} input(s); {report.tolerance.meaning}; {stages}", highlight=False
+    )
+    for note in report.notes:
+        console.print(f"note: {note}", highlight=False)
+    if report.passed:
+        console.print(
+            f"next: slimtorch footprint {report.bundle}  (or: cd {report.bundle}; python predict.py --check)",
+            highlight=False,
+        )
+    else:
+        print(
+            f"slimtorch: verification failed: outputs outside the tolerance ({report.bundle})",
+            file=sys.stderr,
+        )

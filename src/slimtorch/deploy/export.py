@@ -1,0 +1,362 @@
+"""``slimtorch.deploy.export``: a model to a verified bundle that runs without PyTorch.
+
+The model is captured once by ``torch.export``; from that program come ``model.onnx`` (through
+``torch.onnx.export(dynamo=True)``, optionally int8 through onnxruntime) or ``model.pt2`` (an
+``ExportedProgram``, for torch-only deployments). The exported file is then run by its own runtime on
+the example and on fresh inputs like it, and compared with eager PyTorch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils._pytree import GetAttrKey, MappingKey, SequenceKey, tree_flatten_with_path
+
+from slimtorch.deploy import onnx_model, runner
+from slimtorch.deploy.bundle import BundleWriter
+from slimtorch.deploy.program import BATCH, export_program
+from slimtorch.errors import SlimtorchError
+from slimtorch.graph.capture import as_args, random_like, without_cache
+from slimtorch.quant import QuantizedWeight, dequantize, model_bytes, quantize
+
+FORMATS = ("onnx", "pt2")
+MODEL_FILE = {"onnx": "model.onnx", "pt2": "model.pt2"}
+RUNTIME = {"onnx": ("onnxruntime", "numpy"), "pt2": ("torch", "numpy")}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass when ``max |exported - eager| <= atol + rtol * max |eager|`` on every output."""
+
+    atol: float
+    rtol: float
+    meaning: str
+
+
+FP32 = Tolerance(1e-4, 1e-5, "fp32: within 1e-4 (+1e-5 of the output's largest magnitude) of eager")
+INT8 = Tolerance(0.0, 0.1, "quantized: within 10% of the output's largest magnitude of eager")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: list[int | str]
+    """sizes, ``"batch"`` where the size may vary"""
+
+
+@dataclass(frozen=True)
+class OutputError:
+    """The largest difference from eager over all samples, absolute and relative to the output's scale."""
+
+    name: str
+    max_abs: float
+    max_rel: float
+    scale: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    """What was exported, where, how big, and how closely it agrees with eager PyTorch."""
+
+    bundle: str
+    format: str
+    model_file: str
+    model_bytes: int
+    """the exported model's files"""
+    eager_bytes: int
+    """the model's parameters and buffers in memory, as given"""
+    quantized: str | None
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    errors: tuple[OutputError, ...]
+    samples: int
+    tolerance: Tolerance
+    seconds: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return all(e.passed for e in self.errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "slimtorch.export/1", **asdict(self), "passed": self.passed}
+
+
+def export(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | Any,
+    out: str | os.PathLike[str],
+    *,
+    format: str = "onnx",
+    quantize_to: str | None = None,
+    dynamic_batch: bool = False,
+    samples: int = 3,
+    tolerance: Tolerance | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ExportReport:
+    """Export ``model`` to the bundle folder ``out`` and verify it against eager PyTorch.
+
+    Args:
+        model: the model, float or quantized by :func:`slimtorch.quantize` (its int8 layers become
+            onnxruntime int8 with the same codes; a ``.pt2`` keeps the codes and dequantizes in its graph).
+        example_inputs: a tensor or a tuple of positional tensors.
+        out: the bundle folder (replaced if it is a bundle; refused if it holds anything else).
+        format: ``"onnx"`` (runs on onnxruntime, no torch) or ``"pt2"`` (a ``torch.export`` program).
+        quantize_to: ``"int8"``: onnxruntime's dynamic int8 for ONNX, slimtorch's int8 weights for pt2.
+        dynamic_batch: the first dimension of every input may vary.
+        samples: inputs compared (the example, then random ones like it).
+        tolerance: the agreement required (default :data:`FP32`, or :data:`INT8` when quantized).
+        progress: called with the name of each stage as it starts.
+
+    Example:
+        >>> report = export(nn.Sequential(nn.Linear(8, 4)), torch.randn(1, 8), "bundle")  # doctest: +SKIP
+        >>> report.passed, report.errors[0].max_abs < 1e-4  # doctest: +SKIP
+        (True, True)
+    """
+    if format not in FORMATS:
+        raise SlimtorchError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    if quantize_to not in (None, "int8"):
+        raise SlimtorchError(f"--quantize takes int8, not {quantize_to!r}")
+    say = progress or (lambda message: None)
+    model.eval()
+    args = as_args(example_inputs)
+    kwargs = without_cache(model, {})
+    held = sorted({m.SCHEME for m in model.modules() if isinstance(m, QuantizedWeight)})
+    int8 = quantize_to == "int8" or (format == "onnx" and any(s.startswith("int8") for s in held))
+    notes = _notes(format, held)
+    target = _prepared(model, format, quantize_to, held)
+    bound = _Bound(target, kwargs) if kwargs else target
+    inputs = _samples(args, samples, dynamic_batch)
+    names_in = _input_names(model, args)
+    seconds: dict[str, float] = {}
+
+    say("running the model in PyTorch")
+    expected = [_flatten(_call(model, a, kwargs)) for a in inputs]
+    names_out = [name for name, _ in expected[0]]
+    say("capturing the model with torch.export")
+    start = time.perf_counter()
+    program = export_program(bound, _export_args(args, dynamic_batch), {}, dynamic_batch=dynamic_batch)
+    seconds["capture"] = time.perf_counter() - start
+    with BundleWriter(out) as bundle:
+        path = bundle.path(MODEL_FILE[format])
+        start = time.perf_counter()
+        if format == "onnx":
+            run = _to_onnx(program, path, names_in, names_out, model_bytes(target), int8, say, seconds)
+        else:
+            say("saving the ExportedProgram")
+            torch.export.save(program, str(path))
+            run = runner._session(path, "pt2")
+        seconds["write"] = time.perf_counter() - start - seconds.get("quantize", 0.0)
+        say(f"verifying on {len(inputs)} input(s)")
+        start = time.perf_counter()
+        actual = [run([_numpy(t) for t in a]) for a in inputs]
+        tolerance = tolerance or (INT8 if int8 or held or quantize_to else FP32)
+        errors = _errors(names_out, expected, actual, tolerance)
+        seconds["verify"] = time.perf_counter() - start
+        files = sorted(p.name for p in bundle.staging.iterdir() if p.name.startswith("model."))
+        size = sum(bundle.path(f).stat().st_size for f in files)
+        spec_in = tuple(_spec(n, t, dynamic_batch) for n, t in zip(names_in, args, strict=False))
+        spec_out = tuple(_spec(n, t, dynamic_batch) for n, t in expected[0])
+        report = ExportReport(
+            str(out),
+            format,
+            MODEL_FILE[format],
+            size,
+            model_bytes(model),
+            "int8" if int8 else (",".join(held) or None),
+            spec_in,
+            spec_out,
+            errors,
+            len(inputs),
+            tolerance,
+            seconds,
+            notes,
+        )
+        manifest = {
+            "model": {"file": MODEL_FILE[format], "files": files, "format": format, "bytes": size},
+            "quantized": report.quantized,
+            "inputs": [asdict(s) for s in spec_in],
+            "outputs": [asdict(s) for s in spec_out],
+            "tolerance": asdict(tolerance),
+            "verification": {
+                "passed": report.passed,
+                "samples": len(inputs),
+                "outputs": [asdict(e) for e in errors],
+            },
+            "created_by": _versions(format),
+        }
+        sample = {n: _numpy(t) for n, t in zip(names_in, args, strict=False)}
+        bundle.commit(manifest, _requirements(format), sample, {n: _numpy(t) for n, t in expected[0]})
+    return report
+
+
+def _to_onnx(
+    program, path: Path, names_in, names_out, weight_bytes: int, int8: bool, say, seconds
+) -> Callable:
+    onnx_model.require_onnx()
+    say("translating to ONNX")
+    float_path = path.with_name("float." + path.name) if int8 else path
+    onnx_model.write_onnx(program, float_path, names_in, names_out, weight_bytes)
+    if int8:
+        say("quantizing to int8 with onnxruntime")
+        start = time.perf_counter()
+        onnx_model.quantize_int8(float_path, path)
+        for leftover in (float_path, float_path.with_name(float_path.name + ".data")):
+            leftover.unlink(missing_ok=True)
+        seconds["quantize"] = time.perf_counter() - start
+    session = onnx_model.session(path)
+    return lambda arrays: session.run(None, dict(zip(names_in, arrays, strict=False)))
+
+
+def _prepared(model: nn.Module, format: str, quantize_to: str | None, held: list[str]) -> nn.Module:
+    """The model as the format takes it. ONNX: quantized layers float again (onnxruntime quantizes them
+    back to int8 with the same codes). pt2 with int8: a copy with slimtorch's int8 weights."""
+    if format == "onnx" and held:
+        target = copy.deepcopy(model)
+        dequantize(target)
+        return target
+    if format == "pt2" and quantize_to == "int8":
+        return quantize(copy.deepcopy(model), "int8-weight", progress=False)
+    return model
+
+
+def _notes(format: str, held: list[str]) -> tuple[str, ...]:
+    if format == "onnx" and any(s.startswith("int4") for s in held):
+        return ("int4 layers are exported with their dequantized float weights (ONNX holds no int4 here)",)
+    return ()
+
+
+class _Bound(nn.Module):
+    """The model with keyword arguments fixed (``use_cache=False``), so the program takes only tensors."""
+
+    def __init__(self, model: nn.Module, kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.model, self.kwargs = model, kwargs
+
+    def forward(self, *args: Any) -> Any:
+        return self.model(*args, **self.kwargs)
+
+
+def _samples(args: tuple, count: int, dynamic_batch: bool) -> list[tuple]:
+    inputs = [args, *(tuple(random_like(a) for a in args) for _ in range(max(0, count - 1)))]
+    if dynamic_batch:  # and one at another batch size, to show that it really varies
+        inputs.append(tuple(_batched(a, 3) for a in args))
+    return inputs
+
+
+def _export_args(args: tuple, dynamic_batch: bool) -> tuple:
+    """Export specialises a dimension of size 1, so a dynamic batch is traced at batch 2."""
+    return tuple(_batched(a, 2) for a in args) if dynamic_batch else args
+
+
+def _batched(value: Any, size: int) -> Any:
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return value
+    rows = [random_like(value[:1]) for _ in range(size)]
+    return torch.cat(rows)
+
+
+def forward_names(model: nn.Module) -> list[str]:
+    """The names of the model's positional forward arguments (what the exported inputs are called)."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _input_names(model: nn.Module, args: tuple) -> list[str]:
+    named = forward_names(model)
+    if len(named) >= len(args) and len(args):
+        return named[: len(args)]
+    return ["input"] if len(args) == 1 else [f"input_{i}" for i in range(len(args))]
+
+
+def _call(model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
+    with torch.no_grad():
+        return model(*args, **kwargs)
+
+
+def _flatten(output: Any) -> list[tuple[str, torch.Tensor]]:
+    """The output's tensors in the order export flattens them, named by where they sit."""
+    leaves = [(path, v) for path, v in tree_flatten_with_path(output)[0] if isinstance(v, torch.Tensor)]
+    if len(leaves) == 1 and not leaves[0][0]:
+        return [("output", leaves[0][1])]
+    named = ["_".join(_key(k) for k in path) or "output" for path, _ in leaves]
+    if len(set(named)) < len(named):
+        named = [f"output_{i}" for i in range(len(leaves))]
+    return [(n if not n[0].isdigit() else f"output_{n}", v) for n, (_, v) in zip(named, leaves, strict=False)]
+
+
+def _key(entry: Any) -> str:
+    if isinstance(entry, MappingKey):
+        return str(entry.key)
+    if isinstance(entry, SequenceKey):
+        return str(entry.idx)
+    if isinstance(entry, GetAttrKey):
+        return entry.name
+    return str(entry)
+
+
+def _errors(names: list[str], expected: list, actual: list, tolerance: Tolerance) -> tuple[OutputError, ...]:
+    """Each output's worst agreement over the samples."""
+    found = []
+    for want, got in zip(expected, actual, strict=False):
+        if len(got) != len(want):
+            raise SlimtorchError(f"the exported model gives {len(got)} output(s), eager PyTorch {len(want)}")
+        found.append(
+            runner.compare_outputs({n: _numpy(t) for n, t in want}, dict(zip(names, got, strict=False)))
+        )
+    limits = asdict(tolerance)
+    return tuple(
+        OutputError(
+            name,
+            max(f[name]["max_abs"] for f in found),
+            max(f[name]["max_rel"] for f in found),
+            max(f[name]["scale"] for f in found),
+            all(runner.passes(f[name], limits) for f in found),
+        )
+        for name in names
+    )
+
+
+def _spec(name: str, tensor: torch.Tensor, dynamic_batch: bool) -> TensorSpec:
+    shape: list[int | str] = list(tensor.shape)
+    if dynamic_batch and shape:
+        shape[0] = BATCH
+    return TensorSpec(name, str(_numpy(tensor.reshape(-1)[:0]).dtype), shape)
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy()
+
+
+def _requirements(format: str) -> list[str]:
+    from importlib.metadata import version
+
+    if format == "onnx":
+        return [f"onnxruntime=={version('onnxruntime')}", "numpy>=1.24"]
+    return [f"torch=={torch.__version__.split('+')[0]}", "numpy>=1.24"]
+
+
+def _versions(format: str) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"torch": torch.__version__}
+    for package in ("onnx", "onnxscript", "onnxruntime") if format == "onnx" else ():
+        with contextlib.suppress(PackageNotFoundError):
+            found[package] = version(package)
+    return found

@@ -1,0 +1,137 @@
+"""An exported program translated to ONNX (torch.onnx's dynamo exporter), and onnxruntime's int8.
+
+The translation starts from the ``torch.export`` program that :mod:`slimtorch.deploy.program` made, so a
+failure here is about one operator that has no ONNX translation: it is named, with the modules that use
+it (each graph node remembers the module it was traced in).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slimtorch.deploy.program import Attempt, ExportError, module_of
+from slimtorch.errors import SlimtorchError
+
+EXTERNAL_DATA_BYTES = 1 << 30  # protobuf cannot hold a model over 2 GiB: larger weights go beside it
+# Loggers that speak during a successful export (skipped torchvision ops, optimizer folding attempts).
+CHATTY = ("torch.onnx", "onnxscript", "onnx_ir", "root")
+
+
+def require_onnx() -> None:
+    """ONNX export needs onnx, onnxscript and onnxruntime (the ``deploy`` extra)."""
+    missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if not _importable(m)]
+    if missing:
+        raise SlimtorchError(
+            f"ONNX export needs {', '.join(missing)}: pip install 'slimtorch[deploy]' (or --format pt2)"
+        )
+
+
+def write_onnx(
+    program: torch.export.ExportedProgram,
+    path: Path,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    weight_bytes: int,
+) -> None:
+    """Translate ``program`` into ``path`` (weights in ``path.data`` beside it when they are large)."""
+    try:
+        with quiet():
+            onnx_program = torch.onnx.export(
+                program,
+                dynamo=True,
+                input_names=list(input_names),
+                output_names=list(output_names),
+                external_data=weight_bytes > EXTERNAL_DATA_BYTES,
+                optimize=True,
+                verbose=False,
+            )
+            onnx_program.save(str(path), external_data=weight_bytes > EXTERNAL_DATA_BYTES)
+    except Exception as exc:  # the exporter raises its own error types; name the op behind them
+        raise _translation_error(program, exc) from exc
+
+
+def quantize_int8(source: Path, target: Path) -> None:
+    """onnxruntime's dynamic int8: per-channel int8 weights for MatMul, Gemm, Conv and Gather, activations
+    quantized as they run. Weights that are already int8 values times a per-channel scale (a model
+    slimtorch quantized) come back as the same codes."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with quiet():
+        quantize_dynamic(
+            str(source),
+            str(target),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            use_external_data_format=source.with_name(source.name + ".data").exists(),
+        )
+
+
+def session(path: Path) -> Any:
+    """An onnxruntime session on the CPU."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only: the session warns about every unused initializer
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence the exporter's progress prints and log lines for a successful export; errors still raise."""
+    levels = {name: logging.getLogger(name if name != "root" else None).level for name in CHATTY}
+    for name in CHATTY:
+        logging.getLogger(name if name != "root" else None).setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations, not the user's
+            yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name if name != "root" else None).setLevel(level)
+
+
+def _translation_error(program: torch.export.ExportedProgram, exc: BaseException) -> ExportError:
+    text = " ".join(str(exc).split())
+    ops = _ops_named(program, text)
+    if ops:
+        op, nodes = next(iter(ops.items()))
+        where = sorted({module_of(n) for n in nodes if module_of(n)})
+        place = f", used in {', '.join(where[:3])}" + (
+            f" and {len(where) - 3} more" if len(where) > 3 else ""
+        )
+        problem = f"ONNX has no translation for {op}{place if where else ''}"
+    else:
+        problem = f"the ONNX translation failed: {text[:300]}"
+    attempt = Attempt(
+        "torch.onnx.export(dynamo=True) after decompositions", text[:300], type(exc).__name__, "", ""
+    )
+    return ExportError(f"cannot export the model to ONNX: {problem}; export --format pt2 instead", [attempt])
+
+
+def _ops_named(program: torch.export.ExportedProgram, text: str) -> dict[str, list[torch.fx.Node]]:
+    """The graph's operators that the error message names (``aten::foo`` or ``aten.foo.default``)."""
+    named = set(re.findall(r"\b([a-z_][\w]*)(?:::|\.)([\w]+)(?:\.([\w]+))?", text))
+    found: dict[str, list[torch.fx.Node]] = {}
+    for node in program.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        namespace, name = target.namespace, target._opname
+        if any(ns == namespace and op == name for ns, op, _ in named):
+            found.setdefault(f"{namespace}::{name}", []).append(node)
+    return found
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

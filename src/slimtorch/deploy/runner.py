@@ -1,0 +1,197 @@
+"""Run an exported slimtorch bundle: ``python predict.py INPUT`` in the bundle folder.
+
+This file is copied into every bundle as ``predict.py``. It needs numpy and the bundle's runtime only
+(onnxruntime for ``model.onnx``, torch for ``model.pt2``), never slimtorch, so it runs in the small
+environment the bundle's ``requirements.txt`` describes.
+
+    python predict.py image.npy                 # one input: a .npy file
+    python predict.py inputs.npz -o out.npz     # named inputs (the manifest lists the names)
+    python predict.py inputs.json               # {"input_ids": [[101, 2023, ...]]} or a bare list
+    python predict.py --check                   # checksums, then the sample against its expected outputs
+
+From Python::
+
+    from predict import Bundle
+    outputs = Bundle(".").predict({"input_ids": ids})   # {output name: numpy array}
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+
+
+class BundleError(Exception):
+    """A bundle or an input this runner cannot use; the message says which file and why."""
+
+
+class Bundle:
+    """An exported model with its manifest: inputs are checked against it, outputs are named by it."""
+
+    def __init__(self, folder: str | Path = ".") -> None:
+        self.folder = Path(folder)
+        try:
+            self.manifest = json.loads((self.folder / MANIFEST).read_text())
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"{self.folder / MANIFEST}: cannot read the manifest ({exc})") from None
+        self.inputs = [spec["name"] for spec in self.manifest["inputs"]]
+        self.outputs = [spec["name"] for spec in self.manifest["outputs"]]
+        self._run = None
+
+    def predict(self, inputs: dict[str, np.ndarray] | list[np.ndarray]) -> dict[str, np.ndarray]:
+        """Outputs by name for inputs by name (or in the manifest's order)."""
+        arrays = self._arrays(inputs)
+        if self._run is None:
+            self._run = _session(
+                self.folder / self.manifest["model"]["file"], self.manifest["model"]["format"]
+            )
+        return dict(zip(self.outputs, self._run(arrays), strict=False))
+
+    def check(self) -> dict:
+        """Verify every file's checksum, then run the sample and compare it with the expected outputs."""
+        for name, entry in self.manifest["files"].items():
+            if sha256(self.folder / name) != entry["sha256"]:
+                raise BundleError(f"{self.folder / name}: checksum does not match the manifest")
+        sample = self.manifest["sample"]
+        inputs = dict(np.load(self.folder / sample["inputs"]))
+        expected = np.load(self.folder / sample["outputs"])
+        actual = self.predict(inputs)
+        tolerance = self.manifest["tolerance"]
+        errors = compare_outputs({n: expected[n] for n in self.outputs}, actual)
+        ok = all(passes(e, tolerance) for e in errors.values())
+        return {"ok": ok, "tolerance": tolerance, "outputs": errors}
+
+    def _arrays(self, inputs: dict[str, np.ndarray] | list[np.ndarray]) -> list[np.ndarray]:
+        if not isinstance(inputs, dict):
+            inputs = dict(zip(self.inputs, inputs, strict=False))
+        missing = [name for name in self.inputs if name not in inputs]
+        if missing:
+            raise BundleError(f"missing input {missing[0]!r} (the model takes {', '.join(self.inputs)})")
+        arrays = []
+        for spec in self.manifest["inputs"]:
+            array = np.asarray(inputs[spec["name"]]).astype(spec["dtype"], copy=False)
+            shape = spec["shape"]
+            if array.ndim != len(shape) or any(
+                isinstance(want, int) and got != want for got, want in zip(array.shape, shape, strict=False)
+            ):
+                raise BundleError(f"input {spec['name']!r} has shape {list(array.shape)}, expected {shape}")
+            arrays.append(array)
+        return arrays
+
+
+def compare_outputs(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> dict[str, dict]:
+    """For each output: the largest absolute difference, and that difference relative to the largest
+    expected magnitude (elementwise relative errors blow up where values cross zero)."""
+    errors = {}
+    for name, want in expected.items():
+        got = np.asarray(actual[name])
+        if got.shape != want.shape:
+            raise BundleError(f"output {name!r} has shape {list(got.shape)}, expected {list(want.shape)}")
+        want64, got64 = want.astype(np.float64), got.astype(np.float64)
+        max_abs = float(np.max(np.abs(got64 - want64))) if want.size else 0.0
+        scale = float(np.max(np.abs(want64))) if want.size else 0.0
+        errors[name] = {"max_abs": max_abs, "max_rel": max_abs / scale if scale else max_abs, "scale": scale}
+    return errors
+
+
+def passes(error: dict, tolerance: dict) -> bool:
+    """Within ``atol + rtol * (largest expected magnitude)``."""
+    return error["max_abs"] <= tolerance["atol"] + tolerance["rtol"] * error["scale"]
+
+
+def read_inputs(paths: list[str], names: list[str]) -> dict[str, np.ndarray]:
+    """Inputs from .npy files (one per input, in order), one .npz (by name) or one .json file
+    (``{name: nested list}``, or a list: the only input, or one entry per input)."""
+    if len(paths) == 1 and paths[0].endswith(".npz"):
+        return dict(np.load(paths[0]))
+    if len(paths) == 1 and paths[0].endswith(".json"):
+        data = json.loads(Path(paths[0]).read_text())
+        if isinstance(data, dict):
+            return {name: np.asarray(value) for name, value in data.items()}
+        return (
+            {names[0]: np.asarray(data)}
+            if len(names) == 1
+            else dict(zip(names, map(np.asarray, data), strict=False))
+        )
+    if len(paths) != len(names):
+        raise BundleError(
+            f"the model takes {len(names)} input(s) ({', '.join(names)}); got {len(paths)} file(s)"
+        )
+    return {name: np.load(path) for name, path in zip(names, paths, strict=False)}
+
+
+def _session(path: Path, kind: str):
+    """A function from input arrays to output arrays, for the bundle's runtime."""
+    if kind == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        return lambda arrays: session.run(None, dict(zip(names, arrays, strict=False)))
+    import torch
+
+    program = torch.export.load(str(path)).module()
+
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        with torch.no_grad():
+            out = program(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays))
+        leaves = torch.utils._pytree.tree_leaves(out)
+        return [leaf.numpy() for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+    return run
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write(outputs: dict[str, np.ndarray], target: str | None) -> None:
+    if target and target.endswith(".npz"):
+        np.savez(target, **outputs)
+    elif target and target.endswith(".npy") and len(outputs) == 1:
+        np.save(target, next(iter(outputs.values())))
+    else:
+        text = json.dumps({name: value.tolist() for name, value in outputs.items()})
+        if target:
+            Path(target).write_text(text + "\n")
+        else:
+            print(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run this bundle's model on .npy, .npz or .json inputs.")
+    parser.add_argument("inputs", nargs="*", metavar="INPUT", help=".npy per input, or one .npz / .json")
+    parser.add_argument(
+        "-o", "--output", help="write outputs to .npz, .npy or .json (default: JSON on stdout)"
+    )
+    parser.add_argument("--bundle", default=str(Path(__file__).resolve().parent), help="the bundle folder")
+    parser.add_argument("--check", action="store_true", help="verify checksums and the bundled sample")
+    args = parser.parse_args(argv)
+    try:
+        bundle = Bundle(args.bundle)
+        if args.check:
+            result = bundle.check()
+            print(json.dumps(result))
+            return 0 if result["ok"] else 1
+        if not args.inputs:
+            parser.error("give an INPUT file, or --check")
+        _write(bundle.predict(read_inputs(args.inputs, bundle.inputs)), args.output)
+        return 0
+    except (BundleError, OSError, ValueError, KeyError) as exc:
+        print(f"predict.py: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
