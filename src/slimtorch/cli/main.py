@@ -10,16 +10,28 @@ from collections.abc import Sequence
 from slimtorch import __version__
 from slimtorch.cli import (
     export_cmd,
+    footprint_cmd,
     inspect_cmd,
     load_cmd,
     memory_cmd,
+    ops_cmd,
     prune_cmd,
     quantize_cmd,
     shrink_cmd,
 )
 from slimtorch.errors import SlimtorchError
 
-COMMANDS = (inspect_cmd, shrink_cmd, load_cmd, prune_cmd, quantize_cmd, memory_cmd, export_cmd)
+COMMANDS = (
+    inspect_cmd,
+    shrink_cmd,
+    load_cmd,
+    prune_cmd,
+    quantize_cmd,
+    memory_cmd,
+    export_cmd,
+    footprint_cmd,
+    ops_cmd,
+)
 EXIT_BAD_INPUT = 2
 
 

@@ -7,23 +7,17 @@ it (each graph node remembers the module it was traced in).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import re
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from slimtorch.deploy.program import Attempt, ExportError, module_of
+from slimtorch.deploy.program import Attempt, ExportError, module_of, quiet
 from slimtorch.errors import SlimtorchError
 
 EXTERNAL_DATA_BYTES = 1 << 30  # protobuf cannot hold a model over 2 GiB: larger weights go beside it
-# Loggers that speak during a successful export (skipped torchvision ops, optimizer folding attempts).
-CHATTY = ("torch.onnx", "onnxscript", "onnx_ir", "root")
 
 
 def require_onnx() -> None:
@@ -82,21 +76,6 @@ def session(path: Path) -> Any:
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only: the session warns about every unused initializer
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Silence the exporter's progress prints and log lines for a successful export; errors still raise."""
-    levels = {name: logging.getLogger(name if name != "root" else None).level for name in CHATTY}
-    for name in CHATTY:
-        logging.getLogger(name if name != "root" else None).setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations, not the user's
-            yield
-    finally:
-        for name, level in levels.items():
-            logging.getLogger(name if name != "root" else None).setLevel(level)
 
 
 def _translation_error(program: torch.export.ExportedProgram, exc: BaseException) -> ExportError:

@@ -8,9 +8,13 @@ the line of *their* code, the module it ran in, and what was tried. :func:`expor
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import logging
 import traceback
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +81,7 @@ def export_program(
     for strict in (False, True):
         tracker = _ModuleTracker(model) if not strict else None
         try:
-            with torch.no_grad():
+            with torch.no_grad(), quiet():
                 return torch.export.export(model, args, kwargs, dynamic_shapes=shapes, strict=strict)
         except Exception as exc:  # export raises many types; each is reported, not swallowed
             module = tracker.innermost() if tracker else ""
@@ -89,6 +93,24 @@ def export_program(
     said = first.describe()
     detail = "" if first.error in said else f"; torch.export says: {first.error}"
     raise ExportError(f"cannot export the model: {said}{detail}", attempts)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence what export and the ONNX exporter print and log while they work (graphs of failed
+    attempts, skipped torchvision ops, optimizer folding tries): failures still raise, and are reported."""
+    disabled = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with (
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+            warnings.catch_warnings(),
+        ):
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations
+            yield
+    finally:
+        logging.disable(disabled)
 
 
 def module_of(node: torch.fx.Node) -> str:

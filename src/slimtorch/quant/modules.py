@@ -290,9 +290,9 @@ class _QuantizedEmbedding(QuantizedWeight):
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
     def float_module(self) -> nn.Embedding:
-        return nn.Embedding(
-            self.num_embeddings, self.embedding_dim, self.padding_idx, _weight=self.dequantized(), _freeze=True
-        )
+        weight = self.dequantized()
+        size = (self.num_embeddings, self.embedding_dim)
+        return nn.Embedding(*size, self.padding_idx, _weight=weight, _freeze=True)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_exporting():

@@ -84,6 +84,11 @@ class StageStatus:
         self.console = console or Console(stderr=True)
         self._status = self.console.status("") if enabled and self.console.is_terminal else None
 
+    @property
+    def active(self) -> bool:
+        """Whether a spinner shows (a terminal, and enabled)."""
+        return self._status is not None
+
     def __call__(self, message: str) -> None:
         if self._status is not None:
             self._status.update(f"{message} ...")

@@ -1,0 +1,172 @@
+"""Benchmark: deployment bundles against shipping torch itself.
+
+Run it with ``.venv/bin/python benchmarks/deploy.py`` (about 4 minutes on 2 cores, plus about 30 s once
+to measure torch's own footprint, which is then cached; ``--check`` exits 1 when a target fails).
+
+Three models, each exported with ``slimtorch.deploy.export`` to an ONNX bundle on 2 threads:
+
+* ``digits CNN``: the CNN of examples/digits.py (8x8 images), fp32;
+* ``BERT-base``: ``BertModel(BertConfig())`` (110 M parameters, random weights), 128 tokens, fp32;
+* ``BERT-base pruned+int8``: the same, half of every prunable group removed by ``slimtorch.prune.channels``
+  (attention heads and FFN channels), then ``slimtorch.quantize(..., "int8-dynamic")``: the bundle keeps
+  its int8 weights (onnxruntime int8).
+
+For each: export and verification time (median of ``--runs``), the largest difference from eager
+PyTorch over the samples (fp32 target: 1e-4; quantized: within 10% of the output's largest magnitude),
+the model file's bytes beside the parameters' bytes in PyTorch, and the runtime footprint:
+``slimtorch.deploy.measure_footprint`` installs the bundle's requirements.txt alone in a fresh venv,
+runs its sample check there (no torch installed) and weighs each installed package (pip and setuptools
+aside). The peer is torch CPU measured the same way (``torch==<this version>`` alone in a fresh venv).
+Targets: runtime <= 150 MB (about 870 MB for torch CPU), BERT-base export + verification < 60 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "examples"))
+from digits import DigitsCNN  # noqa: E402
+
+import slimtorch  # noqa: E402
+from slimtorch.deploy import export, measure_footprint, torch_baseline  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "deploy.json"
+RUNTIME_LIMIT = 150 * 10**6
+BERT_SECONDS = 60.0
+MB = 1e6
+
+
+def _bert() -> nn.Module:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers.BertModel(transformers.BertConfig()).eval()
+
+
+def _pruned_int8_bert() -> nn.Module:
+    model = _bert()
+    slimtorch.prune.channels(model, (_tokens(),), ratio=0.5)
+    return slimtorch.quantize(model, "int8-dynamic", progress=False)
+
+
+def _tokens() -> torch.Tensor:
+    return torch.randint(0, 30522, (1, 128), generator=torch.Generator().manual_seed(0))
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[], torch.Tensor]]] = {
+    "digits CNN": (lambda: DigitsCNN().eval(), lambda: torch.randn(1, 1, 8, 8)),
+    "BERT-base": (_bert, _tokens),
+    "BERT-base pruned+int8": (_pruned_int8_bert, _tokens),
+}
+
+
+def measure(name: str, runs: int, work: Path) -> dict[str, Any]:
+    make, example = MODELS[name]
+    model, inputs = make(), example()
+    bundle = work / name.replace(" ", "-").replace("+", "-")
+    seconds, report = [], None
+    for _ in range(runs):
+        start = time.perf_counter()
+        report = export(copy.deepcopy(model) if runs > 1 else model, inputs, bundle, dynamic_batch=True)
+        seconds.append(time.perf_counter() - start)
+    assert report is not None
+    found = measure_footprint(bundle, baseline=False)
+    return {
+        "model": name,
+        "export_verify_s": statistics.median(seconds),
+        "export_verify_runs_s": seconds,
+        "quantized": report.quantized,
+        "max_abs_error": max(e.max_abs for e in report.errors),
+        "max_rel_error": max(e.max_rel for e in report.errors),
+        "tolerance": report.tolerance.meaning,
+        "verified": report.passed,
+        "model_file_bytes": report.model_bytes,
+        "parameter_bytes": report.eager_bytes,
+        "runtime_bytes": found.runtime_bytes,
+        "runtime_packages": {p.name: p.bytes for p in found.packages},
+        "sample_ok_without_torch": found.sample_ok,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--runs", type=int, default=3, help="exports timed per model (median)")
+    parser.add_argument("--refresh-baseline", action="store_true", help="measure torch's footprint again")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target fails")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    torch_cpu = torch_baseline(refresh=args.refresh_baseline)
+    with tempfile.TemporaryDirectory(prefix="slimtorch-deploy-bench-") as work:
+        rows = [measure(name, args.runs, Path(work)) for name in args.models]
+    when = "cached" if torch_cpu.cached else "measured now"
+    print(f"torch CPU, {torch_cpu.requirement} alone in a fresh venv ({when}, {torch_cpu.measured_at[:10]}):")
+    print("  " + ", ".join(f"{p.name} {p.bytes / MB:.1f}" for p in torch_cpu.packages) + " MB")
+    header = (
+        f"\n{'model':24} {'runtime MB':>10} {'torch CPU MB':>12} {'ratio':>7} {'model file MB':>13} "
+        f"{'params MB':>9} {'max abs err':>11} {'max rel err':>11} {'export+verify s':>15}"
+    )
+    print(header)
+    for row in rows:
+        print(
+            f"{row['model']:24} {row['runtime_bytes'] / MB:10.1f} {torch_cpu.runtime_bytes / MB:12.1f} "
+            f"{row['runtime_bytes'] / torch_cpu.runtime_bytes:6.3f}x {row['model_file_bytes'] / MB:13.1f} "
+            f"{row['parameter_bytes'] / MB:9.1f} {row['max_abs_error']:11.2e} {row['max_rel_error']:11.2e} "
+            f"{row['export_verify_s']:15.1f}"
+        )
+    print("\nruntime: " + ", ".join(f"{k} {v / MB:.1f} MB" for k, v in rows[0]["runtime_packages"].items()))
+    checks = []
+    for row in rows:
+        name = row["model"]
+        checks.append(
+            (
+                f"{name}: runtime <= 150 MB",
+                row["runtime_bytes"] <= RUNTIME_LIMIT,
+                f"{row['runtime_bytes'] / MB:.1f} MB",
+            )
+        )
+        checks.append(
+            (f"{name}: sample runs in the bundle's venv, no torch", row["sample_ok_without_torch"], "")
+        )
+        if row["quantized"]:
+            checks.append((f"{name}: within the int8 tolerance", row["verified"], row["tolerance"]))
+        else:
+            checks.append(
+                (f"{name}: within 1e-4 of eager", row["max_abs_error"] <= 1e-4, f"{row['max_abs_error']:.2e}")
+            )
+        if name.startswith("BERT-base"):
+            checks.append(
+                (
+                    f"{name}: export + verify < 60 s",
+                    row["export_verify_s"] < BERT_SECONDS,
+                    f"{row['export_verify_s']:.1f} s",
+                )
+            )
+    print()
+    for label, ok, value in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {label}{': ' + value if value else ''}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"torch_cpu": torch_cpu.to_dict(), "rows": rows}, indent=2))
+    print(f"\nwrote {RESULTS}")
+    return 1 if args.check and not all(ok for _, ok, _ in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

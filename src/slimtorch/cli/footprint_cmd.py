@@ -1,0 +1,133 @@
+"""`slimtorch footprint BUNDLE`: what a deployment bundle's runtime costs on disk, beside torch's, and
+whether its sample still runs with nothing but its own requirements."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console, Group
+from rich.table import Table
+
+from slimtorch.cli.arguments import add_command, print_json
+from slimtorch.deploy.footprint import Baseline, FootprintReport, footprint
+from slimtorch.report.inspect_view import output_console
+from slimtorch.report.progress import StageStatus
+from slimtorch.report.units import format_bytes
+
+HELP = "measure a deployment bundle's runtime on disk in a clean venv, beside torch's, and run its sample"
+DESCRIPTION = """\
+Makes a fresh virtual environment, installs only the bundle's requirements.txt with its pip (your pip
+configuration, index and proxy settings apply), runs `predict.py --check` there, and weighs what got
+installed: each distribution is the sum of the files its RECORD lists, each file counted once. pip,
+setuptools and wheel come with every venv and are not needed to run, so they are listed aside and left
+out of the total; the size of all of site-packages is shown as a cross-check. The model's bytes are the
+files manifest.json lists under "model", else the bundle's model.* files.
+
+Beside it, torch's own footprint, measured the same way: torch==<this torch's version> alone in a clean
+venv (pip's configured indexes pick the build). That takes a minute and about 860 MB once, so the result
+is cached in $XDG_CACHE_HOME/slimtorch/footprint/ (~/.cache/slimtorch/footprint/ by default), one file
+per torch version, Python version and platform; --refresh-baseline measures again.
+
+Exit code 0 when the sample passed, 1 when it failed (the runner's last line is shown).
+
+examples:
+  slimtorch footprint ./resnet-bundle
+  slimtorch footprint ./resnet-bundle --no-baseline --keep ./resnet-venv
+  slimtorch footprint ./bert-bundle --python python3.12 --json > footprint.json
+"""
+
+
+def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    parser = add_command(commands, common, "footprint", HELP, DESCRIPTION)
+    parser.add_argument("bundle", metavar="DIR", help="a bundle folder (requirements.txt, predict.py)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip torch's footprint")
+    parser.add_argument(
+        "--refresh-baseline", action="store_true", help="measure torch's footprint again, not from the cache"
+    )
+    parser.add_argument(
+        "--python", metavar="PATH", help="the interpreter that makes the venvs (default: this one)"
+    )
+    parser.add_argument(
+        "--keep", metavar="DIR", help="make the venv in this new or empty folder and leave it there"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = output_console()
+    with StageStatus(enabled=not args.json) as progress:
+        report = footprint(
+            args.bundle,
+            baseline=not args.no_baseline,
+            refresh_baseline=args.refresh_baseline,
+            python=args.python,
+            keep=args.keep,
+            progress=progress,
+        )
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        _render(console, report, args.keep)
+    return 0 if report.sample_ok else 1
+
+
+def _render(console: Console, report: FootprintReport, keep: str | None) -> None:
+    runtime = _table(f"{report.bundle}: runtime installed", "package", "version", "bytes")
+    for package in report.packages:
+        runtime.add_row(package.name, package.version, format_bytes(package.bytes))
+    runtime.add_section()
+    runtime.add_row("runtime", "", format_bytes(report.runtime_bytes), style="bold")
+    runtime.add_row("model", "", format_bytes(report.model_bytes))
+    runtime.add_row("runtime + model", "", format_bytes(report.total_bytes), style="bold")
+    tables = [runtime] if report.baseline is None else [runtime, _baseline_table(report, report.baseline)]
+    console.print(Group(*tables) if console.width < 120 else _side_by_side(tables))
+    aside = ", ".join(f"{p.name} {p.version} {format_bytes(p.bytes)}" for p in report.excluded)
+    console.print(f"left out, installers not needed to run: {aside or 'none'}", highlight=False)
+    console.print(
+        f"all of site-packages: {format_bytes(report.site_packages_bytes)} (a cross-check); "
+        f"venv made and requirements installed in {report.install_seconds:.1f} s",
+        highlight=False,
+    )
+    if report.sample_ok:
+        output = "" if report.sample_output is None else f": {_short(report.sample_output)}"
+        console.print(f"[green]sample check passed[/]{output}", highlight=False)
+    else:
+        console.print(f"[red]sample check FAILED[/]: {report.sample_error}", highlight=False)
+    if keep:
+        console.print(f"the environment is kept in {keep}", highlight=False)
+
+
+def _baseline_table(report: FootprintReport, baseline: Baseline) -> Table:
+    when = "cached, measured" if baseline.cached else "measured"
+    table = _table(
+        f"{baseline.requirement} ({when} {baseline.measured_at[:10]})", "package", "version", "bytes"
+    )
+    for package in baseline.packages:
+        table.add_row(package.name, package.version, format_bytes(package.bytes))
+    table.add_section()
+    table.add_row("torch runtime", "", format_bytes(baseline.runtime_bytes), style="bold")
+    ratio = "-" if report.ratio is None else f"{report.ratio:.3f}x"
+    table.add_row("bundle runtime / torch's", "", ratio, style="bold")
+    return table
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", header_style="dim")
+    for column in columns:
+        table.add_column(column, justify="right" if column == "bytes" else "left")
+    return table
+
+
+def _side_by_side(tables: list[Table]) -> Table:
+    grid = Table.grid(padding=(0, 4))
+    for _ in tables:
+        grid.add_column(vertical="top")
+    grid.add_row(*tables)
+    return grid
+
+
+def _short(output: dict) -> str:
+    """The runner's JSON report on one line, cut where it would run on."""
+    text = ", ".join(f"{key}={value}" for key, value in output.items())
+    return text if len(text) <= 100 else text[:97] + "..."

@@ -1,0 +1,398 @@
+"""What a deployment bundle's runtime costs on disk, measured in a clean environment, beside torch's.
+
+A bundle is a folder with ``requirements.txt``, a torch-free ``predict.py`` and ``manifest.json``.
+:func:`footprint` installs only those requirements in a fresh virtual environment, runs
+``predict.py --check`` there (proving the bundle needs nothing else), and weighs each installed
+distribution by the files its ``RECORD`` lists. :func:`torch_baseline` weighs ``torch`` the same way,
+once per torch version, Python and platform, and keeps the result in a cache.
+
+Example:
+    >>> report = footprint("resnet-bundle")  # doctest: +SKIP
+    >>> report.sample_ok, report.runtime_bytes, round(report.ratio, 2)  # doctest: +SKIP
+    (True, 61234567, 0.07)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from slimtorch.errors import CheckpointNotFoundError, FormatError, SlimtorchError
+
+# Installers, not runtime: every fresh venv has them and a deployment image need not keep them.
+BUILD_TOOLS = frozenset({"pip", "setuptools", "wheel"})
+SAMPLE_TIMEOUT_S = 600
+Progress = Callable[[str], None]
+Packages = tuple["PackageBytes", ...]
+
+# Runs inside the measured venv, so it needs only the standard library. A file is counted once (by device
+# and inode) even when RECORDs share it or link to it; a file a RECORD lists but that is gone is skipped.
+_MEASURE = r"""
+import json, os, sys, sysconfig
+from importlib import metadata
+
+seen = set()
+
+def size(path):
+    st = os.stat(path) if os.path.isfile(path) else None
+    if st is None or (st.st_dev, st.st_ino) in seen:
+        return 0
+    seen.add((st.st_dev, st.st_ino))
+    return st.st_size
+
+packages = [
+    dict(name=d.metadata["Name"], version=d.version, bytes=sum(size(d.locate_file(f)) for f in d.files or ()))
+    for d in metadata.distributions()
+]
+seen.clear()
+tops = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
+whole = sum(size(os.path.join(root, n)) for top in tops for root, _, names in os.walk(top) for n in names)
+json.dump({"packages": packages, "site_packages_bytes": whole}, sys.stdout)
+"""
+
+
+@dataclass(frozen=True)
+class PackageBytes:
+    """One installed distribution and the bytes of the files its RECORD lists."""
+
+    name: str
+    version: str
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """torch's footprint: ``requirement`` alone in a clean venv; ``cached``: read back, not measured now."""
+
+    requirement: str
+    packages: Packages
+    runtime_bytes: int
+    measured_at: str
+    cached: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "packages": [p.to_dict() for p in self.packages]}
+
+
+@dataclass(frozen=True)
+class FootprintReport:
+    """A bundle's runtime on disk, its model, whether its sample ran, and torch's footprint to compare.
+
+    ``packages`` (largest first) add up to ``runtime_bytes``; ``excluded``: pip, setuptools and wheel.
+    ``site_packages_bytes`` is all of site-packages, a cross-check; ``install_seconds``: venv and pip.
+    """
+
+    bundle: str
+    packages: Packages
+    excluded: Packages
+    runtime_bytes: int
+    site_packages_bytes: int
+    model_bytes: int
+    sample_ok: bool
+    sample_output: dict[str, Any] | None
+    sample_error: str | None
+    baseline: Baseline | None
+    install_seconds: float
+
+    @property
+    def total_bytes(self) -> int:
+        """The runtime and the model: what a deployment ships."""
+        return self.runtime_bytes + self.model_bytes
+
+    @property
+    def ratio(self) -> float | None:
+        """The runtime's bytes over torch's (None without a baseline)."""
+        torch = self.baseline.runtime_bytes if self.baseline else 0
+        return self.runtime_bytes / torch if torch else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "packages": [p.to_dict() for p in self.packages],
+            "excluded": [p.to_dict() for p in self.excluded],
+            "baseline": None if self.baseline is None else self.baseline.to_dict(),
+            "total_bytes": self.total_bytes,
+            "ratio": self.ratio,
+        }
+
+
+def footprint(
+    bundle: str | Path,
+    *,
+    baseline: bool = True,
+    refresh_baseline: bool = False,
+    python: str | None = None,
+    keep: str | Path | None = None,
+    progress: Progress | None = None,
+) -> FootprintReport:
+    """Install the bundle's requirements alone in a fresh venv, run its sample check, weigh the install.
+
+    A distribution weighs the files its RECORD lists, and only those (files written later, such as caches,
+    show in ``site_packages_bytes`` alone). ``python`` makes the venv (default: this one); ``keep``, a new
+    or empty folder, keeps it. A failing sample is reported (``sample_ok`` False), not raised; what pip
+    cannot install raises :class:`SlimtorchError`. ``progress(message)`` is called as each stage starts.
+
+    Example:
+        >>> report = footprint("resnet-bundle", baseline=False)  # doctest: +SKIP
+        >>> [(p.name, p.bytes) for p in report.packages][:2]  # doctest: +SKIP
+        [('onnxruntime', 52340123), ('numpy', 38012345)]
+    """
+    folder = _bundle_folder(bundle)
+    model_bytes = sum(path.stat().st_size for path in _model_files(folder))
+    say = progress or (lambda message: None)
+    python = python or sys.executable
+    with _venv_folder(keep) as venv:
+        started = time.perf_counter()
+        say("creating a virtual environment")
+        venv_python = _create_venv(python, Path(venv))
+        say("installing requirements.txt")
+        _pip_install(venv_python, ["-r", "requirements.txt"], cwd=folder, what=str(folder))
+        install_seconds = time.perf_counter() - started
+        say("running the sample")
+        sample_ok, sample_output, sample_error = _run_sample(venv_python, folder)
+        say("measuring installed packages")
+        packages, site_packages_bytes = _measure(venv_python)
+    runtime, excluded = _split_build_tools(packages)
+    torch = torch_baseline(refresh=refresh_baseline, python=python, progress=progress) if baseline else None
+    return FootprintReport(
+        bundle=str(folder),
+        packages=runtime,
+        excluded=excluded,
+        runtime_bytes=sum(p.bytes for p in runtime),
+        site_packages_bytes=site_packages_bytes,
+        model_bytes=model_bytes,
+        sample_ok=sample_ok,
+        sample_output=sample_output,
+        sample_error=sample_error,
+        baseline=torch,
+        install_seconds=install_seconds,
+    )
+
+
+def torch_baseline(
+    *, refresh: bool = False, python: str | None = None, progress: Progress | None = None
+) -> Baseline:
+    """torch's footprint, measured as :func:`footprint` measures a bundle, from the cache when it is there.
+
+    The requirement is ``torch==`` this interpreter's torch version without its local label (pip's
+    configured indexes pick the build, as they did for this one). Measuring installs about 860 MB and
+    takes a minute, so the result is kept in :func:`baseline_cache_path`; ``refresh`` measures again.
+
+    Example:
+        >>> base = torch_baseline()  # doctest: +SKIP
+        >>> base.requirement, base.runtime_bytes, base.cached  # doctest: +SKIP
+        ('torch==2.13.0', 859072735, True)
+    """
+    python = python or sys.executable
+    torch, (version, platform) = metadata.version("torch"), _interpreter(python)  # torch not imported
+    requirement = f"torch=={torch.split('+')[0]}"
+    path = _cache_path(torch, version, platform)
+    if not refresh:
+        cached = _read_baseline(path)
+        if cached is not None and cached.requirement == requirement:
+            return cached
+    runtime, _ = _split_build_tools(_measure_torch(python, requirement, progress))
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    measured = Baseline(requirement, runtime, sum(p.bytes for p in runtime), now, cached=False)
+    _write_baseline(path, {"torch": torch, "python": version, "platform": platform, **measured.to_dict()})
+    return measured
+
+
+def baseline_cache_path(python: str | None = None) -> Path:
+    """Where the torch baseline for this torch version, ``python``'s major.minor and platform is cached.
+
+    Under ``$XDG_CACHE_HOME/slimtorch/footprint/`` (``~/.cache/slimtorch/footprint/`` by default).
+
+    Example:
+        >>> baseline_cache_path().name  # doctest: +SKIP
+        'torch-2.13.0+cpu-py3.11-linux-x86_64.json'
+    """
+    return _cache_path(metadata.version("torch"), *_interpreter(python or sys.executable))
+
+
+def _cache_path(torch: str, python: str, platform: str) -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "slimtorch" / "footprint" / f"torch-{torch}-py{python}-{platform}.json"
+
+
+def _bundle_folder(bundle: str | Path) -> Path:
+    folder = Path(bundle)
+    if not folder.is_dir():
+        problem = "not a folder" if folder.exists() else "no such folder"
+        raise CheckpointNotFoundError(folder, f"{problem}; a bundle is a folder with requirements.txt")
+    for name in ("requirements.txt", "predict.py"):
+        if not (folder / name).is_file():
+            raise CheckpointNotFoundError(folder, f"not a bundle: it has no {name}")
+    return folder.resolve()
+
+
+def _model_files(folder: Path) -> list[Path]:
+    """The files manifest.json names as the model's, else every ``model.*`` (weights and external data)."""
+    manifest = folder / "manifest.json"
+    model = None
+    if manifest.is_file():
+        try:
+            model = json.loads(manifest.read_text(encoding="utf-8")).get("model")
+        except (ValueError, AttributeError) as exc:
+            raise FormatError(manifest, f"not a JSON object: {exc}") from None
+    if not isinstance(model, dict) or "files" not in model:
+        return sorted(path for path in folder.glob("model.*") if path.is_file())
+    names = model["files"]
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise FormatError(manifest, f'"model": {{"files": [...]}} should list file names, not {names!r}')
+    paths = [folder / name for name in names]
+    for path in paths:
+        if not path.is_file():
+            raise CheckpointNotFoundError(path, "manifest.json lists it as a model file, but it is missing")
+    return paths
+
+
+def _venv_folder(keep: str | Path | None) -> AbstractContextManager[str]:
+    """An empty folder for the venv: a temporary one, removed after, or ``keep``, left in place."""
+    if keep is None:
+        return tempfile.TemporaryDirectory(prefix="slimtorch-footprint-")
+    # A venv made over an old one would count what the old one held: the measure needs a clean start.
+    if Path(keep).exists() and (not Path(keep).is_dir() or any(Path(keep).iterdir())):
+        raise SlimtorchError(f"{keep}: to keep the environment, give a new or empty folder")
+    return nullcontext(str(keep))
+
+
+def _child_env(venv: Path | None = None) -> dict[str, str]:
+    """The caller's environment (pip's index and proxy settings apply) less what leaks other packages in."""
+    leaks = {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PIP_USER", "PIP_TARGET", "PIP_PREFIX"}
+    env = {key: value for key, value in os.environ.items() if key not in leaks}
+    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONNOUSERSITE="1")
+    if venv is not None:  # as if activated: a runner that starts `python` gets the venv's
+        bin_folder = str(_venv_python(venv).parent)
+        env.update(VIRTUAL_ENV=str(venv), PATH=bin_folder + os.pathsep + env.get("PATH", ""))
+    return env
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _create_venv(python: str, venv: Path) -> Path:
+    done = _call([python, "-m", "venv", str(venv)])
+    if done.returncode != 0:
+        raise SlimtorchError(f"{python} -m venv {venv} failed: {_last_line(done.stderr, done.stdout)}")
+    return _venv_python(venv)
+
+
+def _pip_install(venv_python: Path, arguments: list[str], *, cwd: Path | None, what: str) -> None:
+    done = _call([str(venv_python), "-m", "pip", "install", "--no-input", *arguments], cwd=cwd)
+    if done.returncode != 0:
+        line = _last_line(done.stderr, done.stdout, prefer="ERROR:")
+        raise SlimtorchError(f"{what}: pip install {' '.join(arguments)} failed: {line}")
+
+
+def _run_sample(venv_python: Path, folder: Path) -> tuple[bool, dict[str, Any] | None, str | None]:
+    """``predict.py --check`` in the venv: passed, its JSON output, and the line that says why it failed."""
+    venv = venv_python.parent.parent
+    try:
+        command = [str(venv_python), "predict.py", "--check"]
+        done = _call(command, cwd=folder, env=_child_env(venv), timeout=SAMPLE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return False, None, f"predict.py --check did not finish in {SAMPLE_TIMEOUT_S} s"
+    why = f"{_last_line(done.stderr, done.stdout)} (exit code {done.returncode})"
+    return done.returncode == 0, _json_object(done.stdout), None if done.returncode == 0 else why
+
+
+def _measure(venv_python: Path) -> tuple[list[PackageBytes], int]:
+    # -I: only the venv's own site-packages, whatever the caller's environment says.
+    done = _call([str(venv_python), "-I", "-c", _MEASURE])
+    if done.returncode != 0:
+        raise SlimtorchError(f"measuring {venv_python.parent.parent} failed: {_last_line(done.stderr)}")
+    found = json.loads(done.stdout)
+    packages = [PackageBytes(p["name"], p["version"], p["bytes"]) for p in found["packages"]]
+    return packages, found["site_packages_bytes"]
+
+
+def _split_build_tools(packages: list[PackageBytes]) -> tuple[Packages, Packages]:
+    ordered = sorted(packages, key=lambda p: (-p.bytes, p.name.lower()))
+    tools = {p for p in ordered if re.sub(r"[-_.]+", "-", p.name).lower() in BUILD_TOOLS}
+    return tuple(p for p in ordered if p not in tools), tuple(p for p in ordered if p in tools)
+
+
+def _measure_torch(python: str, requirement: str, progress: Progress | None) -> list[PackageBytes]:
+    say = progress or (lambda message: None)
+    with tempfile.TemporaryDirectory(prefix="slimtorch-footprint-torch-") as venv:
+        say("measuring torch: creating a virtual environment")
+        venv_python = _create_venv(python, Path(venv))
+        say(f"measuring torch: installing {requirement} (about 860 MB, once; then cached)")
+        _pip_install(venv_python, [requirement], cwd=None, what="torch baseline")
+        say("measuring torch: importing it")
+        done = _call([str(venv_python), "-I", "-c", "import torch; torch.ones(2) + 1"])
+        if done.returncode != 0:
+            raise SlimtorchError(f"torch baseline: {requirement} fails to import: {_last_line(done.stderr)}")
+        say("measuring torch: weighing its packages")
+        return _measure(venv_python)[0]
+
+
+def _read_baseline(path: Path) -> Baseline | None:
+    """The cached baseline, or None when there is none or it cannot be read (it is measured again)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        packages = tuple(PackageBytes(p["name"], p["version"], int(p["bytes"])) for p in data["packages"])
+        return Baseline(data["requirement"], packages, int(data["runtime_bytes"]), data["measured_at"], True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_baseline(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")  # renamed once whole: a reader never sees half a file
+    partial.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    partial.replace(path)
+
+
+def _interpreter(python: str) -> tuple[str, str]:
+    """``python``'s major.minor and ``sysconfig.get_platform()``, as it says (it may not be this one)."""
+    script = "import sys, sysconfig; print('%d.%d' % sys.version_info[:2], sysconfig.get_platform())"
+    done = _call([python, "-I", "-c", script])
+    if done.returncode != 0:
+        raise SlimtorchError(f"{python}: not a Python interpreter that runs: {_last_line(done.stderr)}")
+    version, platform = done.stdout.split()[:2]
+    return version, platform
+
+
+def _call(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
+    """``command``'s result and output, in :func:`_child_env` unless ``options`` give ``env``."""
+    options = {"env": _child_env(), "capture_output": True, "text": True, "errors": "replace", **options}
+    try:
+        return subprocess.run(command, **options)
+    except FileNotFoundError:
+        raise SlimtorchError(f"{command[0]}: no such program") from None
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """The runner's report: the last line it printed, when that is a JSON object."""
+    try:
+        value = json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _last_line(*texts: str, prefer: str | None = None) -> str:
+    """The line that says what went wrong: the last starting with ``prefer``, else the last non-empty."""
+    for text in texts:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if lines:
+            return ([line for line in lines if prefer and line.startswith(prefer)] or lines)[-1]
+    return "no output"

@@ -1,0 +1,264 @@
+"""slimtorch export: a bundle whose model agrees with eager PyTorch, runs from its own runner, says what
+blocked an export that failed, and exits non-zero when the agreement is outside the tolerance."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+import slimtorch
+from slimtorch.cli.main import main
+from slimtorch.deploy import ExportError, export
+from slimtorch.deploy.runner import Bundle, BundleError, read_inputs
+from tests.zoo.models import MLP, SmallCNN
+from tests.zoo.transformers_models import bert, example
+
+IMAGE = torch.randn(1, 1, 8, 8)
+BUNDLE_FILES = {
+    "model.onnx",
+    "requirements.txt",
+    "predict.py",
+    "manifest.json",
+    "sample_inputs.npz",
+    "expected_outputs.npz",
+}
+
+
+def _run_predict(bundle, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "predict.py", *args], cwd=bundle, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cnn_exports_to_onnx_within_1e4_of_eager_as_a_complete_bundle(tmp_path) -> None:
+    model = SmallCNN().eval()
+    report = export(model, IMAGE, tmp_path / "cnn")
+    assert report.passed and report.format == "onnx" and report.samples == 3
+    assert report.errors[0].max_abs < 1e-4
+    assert {p.name for p in (tmp_path / "cnn").iterdir()} == BUNDLE_FILES
+    manifest = json.loads((tmp_path / "cnn" / "manifest.json").read_text())
+    assert manifest["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 1, 8, 8]}]
+    assert manifest["verification"]["passed"] is True
+    requirements = (tmp_path / "cnn" / "requirements.txt").read_text()
+    assert "onnxruntime==" in requirements and "numpy" in requirements and "torch" not in requirements
+    expected = np.load(tmp_path / "cnn" / "expected_outputs.npz")["output"]
+    np.testing.assert_array_equal(expected, model(IMAGE).detach().numpy())
+    done = _run_predict(tmp_path / "cnn", "--check")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ok"] is True
+
+
+def test_runner_predicts_from_npy_and_json_and_refuses_a_wrong_shape(tmp_path) -> None:
+    model = SmallCNN().eval()
+    export(model, IMAGE, tmp_path / "b")
+    x = torch.randn(1, 1, 8, 8)
+    np.save(tmp_path / "x.npy", x.numpy())
+    (tmp_path / "x.json").write_text(json.dumps(x.tolist()))
+    want = model(x).detach().numpy()
+    for given in ("x.npy", "x.json"):
+        done = _run_predict(tmp_path / "b", str(tmp_path / given))
+        assert done.returncode == 0, done.stderr
+        np.testing.assert_allclose(json.loads(done.stdout)["output"], want, atol=1e-4)
+    done = _run_predict(tmp_path / "b", str(tmp_path / "x.npy"), "-o", str(tmp_path / "out.npz"))
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["output"], want, atol=1e-4)
+    with pytest.raises(BundleError, match=r"shape \[2, 1, 8, 8\], expected \[1, 1, 8, 8\]"):
+        Bundle(tmp_path / "b").predict([np.zeros((2, 1, 8, 8), np.float32)])
+
+
+def test_dynamic_batch_runs_any_batch_size(tmp_path) -> None:
+    model = SmallCNN().eval()
+    report = export(model, IMAGE, tmp_path / "b", dynamic_batch=True)
+    assert report.passed and report.samples == 4  # three at batch 1, one at batch 3
+    assert report.inputs[0].shape == ["batch", 1, 8, 8]
+    x = torch.randn(5, 1, 8, 8)
+    got = Bundle(tmp_path / "b").predict({"x": x.numpy()})["output"]
+    np.testing.assert_allclose(got, model(x).detach().numpy(), atol=1e-4)
+
+
+def test_int8_onnx_is_smaller_and_within_the_quantized_tolerance(tmp_path) -> None:
+    model = MLP((256, 512, 512, 10)).eval()
+    fp32 = export(model, torch.randn(4, 256), tmp_path / "fp32")
+    int8 = export(model, torch.randn(4, 256), tmp_path / "int8", quantize_to="int8")
+    assert int8.quantized == "int8" and int8.tolerance.rtol == 0.1
+    assert int8.passed and int8.errors[0].max_rel < 0.05
+    assert int8.model_bytes < 0.3 * fp32.model_bytes
+
+
+def test_slimtorch_int8_model_keeps_its_codes_through_onnxruntime_int8(tmp_path) -> None:
+    model = MLP((64, 128, 16)).eval()
+    slimtorch.quantize(model, "int8-dynamic", progress=False)
+    report = export(model, torch.randn(2, 64), tmp_path / "b")
+    assert report.quantized == "int8" and report.passed
+    stored = [numpy_helper.to_array(t) for t in onnx.load(tmp_path / "b" / "model.onnx").graph.initializer]
+    int8 = [a for a in stored if a.dtype == np.int8 and a.ndim == 2]
+    for layer in (model.layers[0], model.layers[2]):
+        codes = layer.qweight.numpy()
+        assert any(a.shape == codes.T.shape and np.array_equal(a.T, codes) for a in int8)
+    assert type(model.layers[0]).__name__ == "Int8DynamicLinear"  # the caller's model is untouched
+
+
+def test_pt2_of_a_quantized_model_keeps_int8_codes_and_loads_with_torch_export(tmp_path) -> None:
+    model = MLP((256, 512, 10)).eval()
+    fp32 = export(model, torch.randn(2, 256), tmp_path / "fp32", format="pt2")
+    assert fp32.passed and fp32.errors[0].max_abs == 0.0
+    int8 = export(model, torch.randn(2, 256), tmp_path / "int8", format="pt2", quantize_to="int8")
+    assert int8.passed and int8.model_bytes < 0.45 * fp32.model_bytes
+    assert "torch==" in (tmp_path / "int8" / "requirements.txt").read_text()
+    program = torch.export.load(tmp_path / "int8" / "model.pt2")
+    assert any(t.dtype == torch.int8 for t in program.state_dict.values())
+    assert _run_predict(tmp_path / "int8", "--check").returncode == 0
+
+
+def test_bert_outputs_are_named_and_agree(tmp_path) -> None:
+    model = bert().eval()
+    report = export(model, example("bert")[0][:1], tmp_path / "b")
+    assert [o.name for o in report.outputs] == ["last_hidden_state", "pooler_output"]
+    assert report.inputs[0].name == "input_ids" and report.inputs[0].dtype == "int64"
+    assert report.passed and max(e.max_abs for e in report.errors) < 1e-4
+
+
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = Gate()
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.gate(x))
+
+
+class Gate(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # control flow on a tensor's value: export cannot keep both branches
+            return x * 2
+        return x
+
+
+def test_export_failure_names_the_construct_module_and_line_and_what_was_tried(tmp_path) -> None:
+    with pytest.raises(ExportError) as caught:
+        export(Branchy(), torch.randn(1, 8), tmp_path / "b")
+    message = str(caught.value)
+    assert "depends on a tensor's values" in message
+    assert "gate (Gate)" in message and "test_deploy_export.py" in message and "x.sum() > 0" in message
+    assert "strict=False" in message and "strict=True" in message
+    assert not (tmp_path / "b").exists()  # nothing half-written
+
+
+@torch.library.custom_op("slimtorch_test::wobble", mutates_args=())
+def wobble(x: torch.Tensor) -> torch.Tensor:
+    return x.sin()
+
+
+@wobble.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class Wobbly(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(4, 4), WobbleLayer())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+class WobbleLayer(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return wobble(x)
+
+
+def test_an_op_without_onnx_translation_is_named_with_its_module(tmp_path) -> None:
+    with pytest.raises(ExportError, match=r"slimtorch_test::wobble, used in inner\.1 \(WobbleLayer\)"):
+        export(Wobbly(), torch.randn(2, 4), tmp_path / "b")
+    report = export(Wobbly(), torch.randn(2, 4), tmp_path / "pt2", format="pt2")  # pt2 keeps custom ops
+    assert report.passed
+
+
+def test_cli_exits_2_on_export_failure_and_1_outside_tolerance(tmp_path, capsys) -> None:
+    args = ["export", "tests.test_deploy_export:Branchy", "--input-shape", "1,8", "-o", str(tmp_path / "b")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("slimtorch: error: cannot export the model")
+    strict = ["export", "tests.zoo.models:MLP", "--input-shape", "2,64", "-o", str(tmp_path / "m")]
+    assert main([*strict, "--quantize", "int8", "--rtol", "0"]) == 1
+    assert "verification failed" in capsys.readouterr().err
+    assert json.loads((tmp_path / "m" / "manifest.json").read_text())["verification"]["passed"] is False
+    assert _run_predict(tmp_path / "m", "--check").returncode == 1  # the bundle knows it failed
+
+
+def test_cli_json_report_and_example_from_npz(tmp_path, capsys) -> None:
+    np.savez(tmp_path / "in.npz", x=np.random.randn(3, 64).astype(np.float32))
+    given = str(tmp_path / "in.npz")
+    args = ["export", "tests.zoo.models:MLP", "--example", given, "-o", str(tmp_path / "b")]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"] == "slimtorch.export/1" and data["passed"] is True
+    assert data["inputs"][0]["shape"] == [3, 64]
+    np.savez(tmp_path / "bad.npz", y=np.zeros((1, 64), np.float32))
+    assert main(["export", "tests.zoo.models:MLP", "--example", str(tmp_path / "bad.npz"), "-o", "x"]) == 2
+    assert "has no input 'y' (it takes x)" in capsys.readouterr().err
+
+
+def test_replaces_a_bundle_but_never_a_folder_of_other_files(tmp_path) -> None:
+    export(SmallCNN().eval(), IMAGE, tmp_path / "b")
+    export(MLP().eval(), torch.randn(1, 64), tmp_path / "b")  # a bundle is replaced
+    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["inputs"][0]["shape"] == [1, 64]
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "notes.txt").write_text("mine")
+    with pytest.raises(slimtorch.SlimtorchError, match="not a slimtorch bundle; refusing"):
+        export(MLP().eval(), torch.randn(1, 64), tmp_path / "work")
+    assert (tmp_path / "work" / "notes.txt").read_text() == "mine"
+
+
+def test_check_fails_when_a_file_no_longer_matches_its_checksum(tmp_path) -> None:
+    export(MLP().eval(), torch.randn(1, 64), tmp_path / "b")
+    with open(tmp_path / "b" / "model.onnx", "r+b") as stream:
+        stream.seek(-8, 2)
+        stream.write(b"\x00" * 8)
+    done = _run_predict(tmp_path / "b", "--check")
+    assert done.returncode == 2 and "model.onnx: checksum does not match the manifest" in done.stderr
+
+
+def test_read_inputs_takes_npz_json_objects_and_lists(tmp_path) -> None:
+    np.savez(tmp_path / "a.npz", ids=np.arange(3))
+    (tmp_path / "a.json").write_text(json.dumps({"ids": [1, 2], "mask": [1, 1]}))
+    (tmp_path / "b.json").write_text(json.dumps([[1, 2], [1, 0]]))
+    assert read_inputs([str(tmp_path / "a.npz")], ["ids"])["ids"].tolist() == [0, 1, 2]
+    assert set(read_inputs([str(tmp_path / "a.json")], ["ids", "mask"])) == {"ids", "mask"}
+    assert read_inputs([str(tmp_path / "b.json")], ["ids", "mask"])["mask"].tolist() == [1, 0]
+    with pytest.raises(BundleError, match="takes 2 input"):
+        read_inputs([str(tmp_path / "x.npy")], ["ids", "mask"])
+
+
+def test_onnx_bundle_runs_in_its_own_venv_without_torch_within_150_mb(tmp_path) -> None:
+    """The whole promise: requirements.txt alone, in a clean venv, runs the model; torch is not there."""
+    from slimtorch.deploy import measure_footprint
+
+    model = SmallCNN().eval()
+    export(model, IMAGE, tmp_path / "b", dynamic_batch=True)
+    report = measure_footprint(tmp_path / "b", baseline=False, keep=tmp_path / "venv")
+    assert report.sample_ok, report.sample_error
+    assert report.sample_output["ok"] is True
+    names = {p.name.lower() for p in report.packages}
+    assert {"onnxruntime", "numpy"} <= names and "torch" not in names
+    assert report.runtime_bytes <= 150 * 2**20
+    assert report.model_bytes == (tmp_path / "b" / "model.onnx").stat().st_size
+    python = tmp_path / "venv" / "bin" / "python"
+    no_torch = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True)
+    assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
+    x = torch.randn(4, 1, 8, 8)
+    np.save(tmp_path / "x.npy", x.numpy())
+    done = subprocess.run(
+        [python, "predict.py", str(tmp_path / "x.npy")], cwd=tmp_path / "b", capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_allclose(json.loads(done.stdout)["output"], model(x).detach().numpy(), atol=1e-4)

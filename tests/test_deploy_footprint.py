@@ -1,0 +1,296 @@
+"""slimtorch.deploy.footprint: a bundle's runtime is measured in a fresh venv that holds its requirements and
+nothing else (no torch), its packages add up to the total with pip and setuptools aside, its sample is run
+there, and torch's footprint comes from a cache keyed by torch version, Python and platform.
+
+The bundles here need only numpy, which pip installs from its cache or local index in seconds; torch is
+never installed (the baseline is read from a cache file the tests write, or measured by a stand-in)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from slimtorch.cli import footprint_cmd
+from slimtorch.deploy.footprint import (
+    FootprintReport,
+    PackageBytes,
+    baseline_cache_path,
+    footprint,
+    torch_baseline,
+)
+from slimtorch.errors import CheckpointNotFoundError, SlimtorchError
+
+# The module, even where slimtorch.deploy re-exports the function under the same name.
+footprint_module = importlib.import_module("slimtorch.deploy.footprint")
+
+PASSING = """\
+import json, sys
+import numpy
+print("checking one sample")
+print(json.dumps({"ok": True, "numpy": numpy.__version__}))
+sys.exit(0 if "--check" in sys.argv else 2)
+"""
+FAILING = """\
+import json, sys
+import numpy
+print(json.dumps({"ok": False}))
+print("sample 0: expected class 3, got 5", file=sys.stderr)
+sys.exit(1)
+"""
+TORCH = metadata.version("torch")
+REQUIREMENT = "torch==" + TORCH.split("+")[0]
+CACHED = {
+    "requirement": REQUIREMENT,
+    "packages": [
+        {"name": "torch", "version": TORCH, "bytes": 700_000_000},
+        {"name": "sympy", "version": "1.14.0", "bytes": 70_000_000},
+    ],
+    "runtime_bytes": 770_000_000,
+    "measured_at": "2026-01-02T03:04:05+00:00",
+}
+
+
+def _bundle(folder: Path, predict: str, requirements: str = "numpy\n", manifest: dict | None = None) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "requirements.txt").write_text(requirements)
+    (folder / "predict.py").write_text(predict)
+    (folder / "model.onnx").write_bytes(b"\1" * 1234)
+    (folder / "model.onnx.data").write_bytes(b"\2" * 5000)
+    if manifest is not None:
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def _must_not_install(*args, **kwargs):
+    raise AssertionError("torch was about to be installed, but the baseline is in the cache")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> tuple[FootprintReport, Path, list[str]]:
+    """The passing bundle measured once, its venv kept, torch's footprint read from a cache file."""
+    root = tmp_path_factory.mktemp("footprint")
+    manifest = {"model": {"files": ["model.onnx", "weights/extra.bin"]}}
+    bundle = _bundle(root / "bundle", PASSING, manifest=manifest)
+    (bundle / "weights").mkdir()
+    (bundle / "weights" / "extra.bin").write_bytes(b"\3" * 777)
+    stages: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
+        patch.setattr(footprint_module, "_measure_torch", _must_not_install)
+        cache = baseline_cache_path()
+        cache.parent.mkdir(parents=True)
+        cache.write_text(json.dumps(CACHED))
+        report = footprint(bundle, keep=root / "venv", progress=stages.append)
+    return report, root / "venv", stages
+
+
+@pytest.fixture(scope="module")
+def failed(tmp_path_factory) -> FootprintReport:
+    """A bundle whose runner exits 1, no manifest, measured without a baseline."""
+    bundle = _bundle(tmp_path_factory.mktemp("failing") / "bundle", FAILING)
+    return footprint(bundle, baseline=False)
+
+
+def test_runtime_total_is_the_sum_of_its_packages_with_numpy_in_and_pip_setuptools_aside(measured) -> None:
+    report = measured[0]
+    names = [p.name for p in report.packages]
+    assert "numpy" in names and not {"pip", "setuptools", "wheel"} & set(names)
+    assert {p.name for p in report.excluded} >= {"pip"}
+    assert report.runtime_bytes == sum(p.bytes for p in report.packages)
+    numpy = next(p for p in report.packages if p.name == "numpy")
+    assert 10_000_000 < numpy.bytes < 200_000_000  # numpy's wheel unpacks to some tens of MB
+    assert [p.bytes for p in report.packages] == sorted((p.bytes for p in report.packages), reverse=True)
+
+
+def test_records_add_up_to_site_packages_within_5_percent(measured) -> None:
+    report = measured[0]
+    recorded = report.runtime_bytes + sum(p.bytes for p in report.excluded)
+    assert abs(recorded - report.site_packages_bytes) < 0.05 * report.site_packages_bytes
+
+
+def test_the_venv_holds_only_the_bundles_requirements_so_torch_cannot_be_imported(measured) -> None:
+    venv = measured[1]
+    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    torch = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True, env=env)
+    assert torch.returncode != 0 and "No module named 'torch'" in torch.stderr
+    assert subprocess.run([python, "-c", "import numpy"], env=env).returncode == 0
+    assert "torch" not in {p.name for p in measured[0].packages}
+
+
+def test_model_bytes_are_the_files_the_manifest_lists(measured) -> None:
+    assert measured[0].model_bytes == 1234 + 777  # model.onnx.data is not listed, so not counted
+
+
+def test_without_a_manifest_every_model_file_counts(failed) -> None:
+    assert failed.model_bytes == 1234 + 5000
+
+
+def test_a_passing_sample_is_reported_with_its_json_line(measured) -> None:
+    report = measured[0]
+    assert report.sample_ok and report.sample_error is None
+    numpy = next(p for p in report.packages if p.name == "numpy")
+    assert report.sample_output == {"ok": True, "numpy": numpy.version}  # its last line, not "checking ..."
+
+
+def test_a_failing_sample_is_reported_not_raised_with_the_runners_last_line(failed) -> None:
+    assert not failed.sample_ok
+    assert failed.sample_error == "sample 0: expected class 3, got 5 (exit code 1)"
+    assert failed.sample_output == {"ok": False}
+    assert "numpy" in {p.name for p in failed.packages}  # still measured
+    assert failed.baseline is None and failed.ratio is None
+
+
+def test_each_stage_is_announced_and_a_cached_baseline_installs_nothing(measured) -> None:
+    assert measured[2] == [
+        "creating a virtual environment",
+        "installing requirements.txt",
+        "running the sample",
+        "measuring installed packages",
+    ]
+
+
+def test_the_baseline_comes_from_the_cache_and_sets_the_ratio(measured) -> None:
+    report = measured[0]
+    assert report.baseline is not None and report.baseline.cached
+    assert report.baseline.requirement == REQUIREMENT
+    assert report.baseline.runtime_bytes == 770_000_000
+    assert report.baseline.measured_at == CACHED["measured_at"]
+    assert report.ratio == report.runtime_bytes / 770_000_000
+
+
+def test_the_cache_is_keyed_by_torch_python_and_platform_under_xdg_cache_home(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    expected = f"torch-{TORCH}-py{python}-{sysconfig.get_platform()}.json"
+    assert baseline_cache_path() == tmp_path / "slimtorch" / "footprint" / expected
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert baseline_cache_path() == tmp_path / "home" / ".cache" / "slimtorch" / "footprint" / expected
+
+
+def test_a_measured_baseline_is_cached_with_its_date_and_refresh_measures_again(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls: list[str] = []
+
+    def measure(python: str, requirement: str, progress) -> list[PackageBytes]:
+        calls.append(requirement)
+        return [
+            PackageBytes("torch", TORCH, 900),
+            PackageBytes("pip", "24.0", 50),
+            PackageBytes("sympy", "1", 90),
+        ]
+
+    monkeypatch.setattr(footprint_module, "_measure_torch", measure)
+    first = torch_baseline()
+    assert calls == [REQUIREMENT] and not first.cached
+    assert [p.name for p in first.packages] == ["torch", "sympy"] and first.runtime_bytes == 990  # no pip
+    assert json.loads(baseline_cache_path().read_text())["measured_at"] == first.measured_at
+    again = torch_baseline()
+    assert again.cached and calls == [REQUIREMENT] and again.runtime_bytes == 990
+    assert not torch_baseline(refresh=True).cached and len(calls) == 2
+
+
+def test_an_unreadable_cache_is_measured_again(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(footprint_module, "_measure_torch", lambda *a: [PackageBytes("torch", TORCH, 5)])
+    baseline_cache_path().parent.mkdir(parents=True)
+    baseline_cache_path().write_text('{"requirement": "torch==2.13.0", "packa')
+    assert torch_baseline().runtime_bytes == 5
+    assert torch_baseline().cached
+
+
+def test_a_missing_folder_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(CheckpointNotFoundError, match="no such folder"):
+        footprint(tmp_path / "nowhere", baseline=False)
+
+
+def test_a_file_is_not_a_bundle(tmp_path) -> None:
+    (tmp_path / "model.onnx").write_bytes(b"x")
+    with pytest.raises(CheckpointNotFoundError, match=re.escape(f"{tmp_path / 'model.onnx'}: not a folder")):
+        footprint(tmp_path / "model.onnx", baseline=False)
+
+
+@pytest.mark.parametrize("missing", ["requirements.txt", "predict.py"])
+def test_a_folder_without_requirements_or_runner_is_not_a_bundle(tmp_path, missing) -> None:
+    bundle = _bundle(tmp_path / "bundle", PASSING)
+    (bundle / missing).unlink()
+    with pytest.raises(CheckpointNotFoundError, match=f"bundle: not a bundle: it has no {missing}"):
+        footprint(bundle, baseline=False)
+
+
+def test_a_manifest_naming_a_missing_model_file_is_a_clear_error(tmp_path) -> None:
+    bundle = _bundle(tmp_path / "bundle", PASSING, manifest={"model": {"files": ["model.pt2"]}})
+    with pytest.raises(CheckpointNotFoundError, match=re.escape("model.pt2: manifest.json lists it")):
+        footprint(bundle, baseline=False)
+
+
+def test_keep_refuses_a_folder_that_is_not_empty(tmp_path) -> None:
+    bundle = _bundle(tmp_path / "bundle", PASSING)
+    with pytest.raises(SlimtorchError, match="new or empty folder"):
+        footprint(bundle, keep=bundle, baseline=False)
+
+
+def test_a_requirement_pip_cannot_install_names_the_bundle_and_pips_error(tmp_path) -> None:
+    # --no-index: pip looks only at the local find-links, so the test needs no network
+    bundle = _bundle(
+        tmp_path / "bundle", PASSING, requirements="--no-index\nslimtorch-no-such-package==1.0\n"
+    )
+    with pytest.raises(SlimtorchError) as error:
+        footprint(bundle, baseline=False)
+    message = str(error.value)
+    assert message.startswith(f"{bundle}: pip install -r requirements.txt failed: ERROR:")
+    assert "slimtorch-no-such-package" in message
+
+
+def _cli(argv: list[str]) -> int:
+    """The command parsed as ``slimtorch.cli.main`` parses it, with only this command registered."""
+    common = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(prog="slimtorch", parents=[common])
+    footprint_cmd.register(parser.add_subparsers(dest="command", required=True), common)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def test_cli_json_has_every_field_and_passes_the_options_on(measured, monkeypatch, capsys) -> None:
+    given: dict = {}
+    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, **kw: given.update(kw) or measured[0])
+    argv = ["footprint", "b", "--json", "--no-baseline", "--python", "/usr/bin/python3", "--keep", "v"]
+    assert _cli(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) >= {
+        "bundle", "packages", "excluded", "runtime_bytes", "site_packages_bytes", "model_bytes",
+        "total_bytes", "sample_ok", "sample_output", "sample_error", "baseline", "ratio", "install_seconds",
+    }  # fmt: skip
+    assert data["baseline"]["cached"] is True and data["runtime_bytes"] == measured[0].runtime_bytes
+    assert not given.pop("progress").active  # no spinner into a pipe
+    assert given == {"baseline": False, "refresh_baseline": False, "python": "/usr/bin/python3", "keep": "v"}
+
+
+def test_cli_table_shows_packages_totals_baseline_and_the_sample(measured, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, **kw: measured[0])
+    assert _cli(["footprint", "b"]) == 0
+    out = capsys.readouterr().out
+    for text in ("numpy", "runtime + model", REQUIREMENT, "cached", f"{measured[0].ratio:.3f}x"):
+        assert text in out
+    assert "sample check passed" in out and "left out" in out and "pip" in out
+
+
+def test_cli_exits_1_when_the_sample_fails(failed, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, **kw: failed)
+    assert _cli(["footprint", "b"]) == 1
+    assert "sample check FAILED: sample 0: expected class 3, got 5" in capsys.readouterr().out
+    assert _cli(["footprint", "b", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["sample_ok"] is False
