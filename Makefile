@@ -19,6 +19,8 @@ demo: $(STAMP)
 	$(BIN)/slimtorch load demo-out/model-int8.safetensors --profile
 	$(BIN)/python examples/digits.py
 	$(BIN)/python examples/quantize_bert.py --out demo-out/bert-int8.safetensors
+	$(BIN)/slimtorch export examples/digits.py:DigitsCNN --input-shape 1,1,8,8 --dynamic-batch -o demo-out/digits-bundle
+	$(BIN)/slimtorch footprint demo-out/digits-bundle --no-baseline
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -35,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/prune.py
 	$(BIN)/python benchmarks/quant.py
 	$(BIN)/python benchmarks/memory.py
+	$(BIN)/python benchmarks/deploy.py
 
 clean:
 	rm -rf $(VENV) demo-out build dist

@@ -262,3 +262,18 @@ def test_onnx_bundle_runs_in_its_own_venv_without_torch_within_150_mb(tmp_path) 
     )
     assert done.returncode == 0, done.stderr
     np.testing.assert_allclose(json.loads(done.stdout)["output"], model(x).detach().numpy(), atol=1e-4)
+
+
+class FixedBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.view(2, -1))  # the batch of 2 is written into the model
+
+
+def test_a_batch_the_model_fixes_cannot_be_dynamic_and_says_so(tmp_path) -> None:
+    with pytest.raises(ExportError, match=r"the batch dimension cannot stay dynamic .*without --dynamic"):
+        export(FixedBatch(), torch.randn(2, 8), tmp_path / "b", dynamic_batch=True)
+    assert export(FixedBatch(), torch.randn(2, 8), tmp_path / "b").passed

@@ -52,11 +52,12 @@ REQUIREMENT = "torch==" + TORCH.split("+")[0]
 CACHED = {
     "requirement": REQUIREMENT,
     "packages": [
-        {"name": "torch", "version": TORCH, "bytes": 700_000_000},
-        {"name": "sympy", "version": "1.14.0", "bytes": 70_000_000},
+        {"name": "torch", "version": TORCH, "bytes": 700_000_000, "bytecode": 90_000_000},
+        {"name": "sympy", "version": "1.14.0", "bytes": 70_000_000, "bytecode": 20_000_000},
     ],
     "runtime_bytes": 770_000_000,
     "measured_at": "2026-01-02T03:04:05+00:00",
+    "compiled": False,
 }
 
 
@@ -110,6 +111,26 @@ def test_runtime_total_is_the_sum_of_its_packages_with_numpy_in_and_pip_setuptoo
     numpy = next(p for p in report.packages if p.name == "numpy")
     assert 10_000_000 < numpy.bytes < 200_000_000  # numpy's wheel unpacks to some tens of MB
     assert [p.bytes for p in report.packages] == sorted((p.bytes for p in report.packages), reverse=True)
+
+
+def test_bytecode_is_counted_apart_and_matches_the_pyc_files_on_disk(measured) -> None:
+    report, venv = measured[0], measured[1]
+    numpy = next(p for p in report.packages if p.name == "numpy")
+    pyc = sum(f.stat().st_size for f in venv.glob("lib/python*/site-packages/numpy/**/*.pyc"))
+    assert numpy.bytecode == pyc and 0 < pyc < numpy.bytes
+    assert report.bytecode_bytes == sum(p.bytecode for p in report.packages)
+    site = next(venv.glob("lib/python*/site-packages"))
+    assert next(site.glob("numpy/__pycache__/__init__.*.pyc"))  # written when the sample imported numpy
+    assert not list(site.glob("numpy/_core/tests/__pycache__/*.pyc"))  # installed --no-compile
+
+
+def test_compile_bytecode_installs_as_plain_pip_does(measured, tmp_path) -> None:
+    bundle = _bundle(tmp_path / "bundle", PASSING)
+    compiled = footprint(bundle, baseline=False, compile_bytecode=True)
+    plain = next(p for p in measured[0].packages if p.name == "numpy")
+    every = next(p for p in compiled.packages if p.name == "numpy")
+    assert every.bytecode > 2 * plain.bytecode  # every module, not only those the sample imported
+    assert abs((every.bytes - every.bytecode) - (plain.bytes - plain.bytecode)) < 0.01 * plain.bytes
 
 
 def test_records_add_up_to_site_packages_within_5_percent(measured) -> None:
@@ -185,7 +206,7 @@ def test_a_measured_baseline_is_cached_with_its_date_and_refresh_measures_again(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     calls: list[str] = []
 
-    def measure(python: str, requirement: str, progress) -> list[PackageBytes]:
+    def measure(python: str, requirement: str, compiled: bool, progress) -> list[PackageBytes]:
         calls.append(requirement)
         return [
             PackageBytes("torch", TORCH, 900),
@@ -210,6 +231,18 @@ def test_an_unreadable_cache_is_measured_again(tmp_path, monkeypatch) -> None:
     baseline_cache_path().write_text('{"requirement": "torch==2.13.0", "packa')
     assert torch_baseline().runtime_bytes == 5
     assert torch_baseline().cached
+
+
+def test_a_cache_from_before_bytecode_was_counted_is_measured_again(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(footprint_module, "_measure_torch", lambda *a: [PackageBytes("torch", TORCH, 5, 1)])
+    old = {
+        **CACHED,
+        "packages": [{k: v for k, v in p.items() if k != "bytecode"} for p in CACHED["packages"]],
+    }
+    baseline_cache_path().parent.mkdir(parents=True)
+    baseline_cache_path().write_text(json.dumps(old))
+    assert torch_baseline().bytecode_bytes == 1
 
 
 def test_a_missing_folder_is_a_clear_error(tmp_path) -> None:
@@ -251,7 +284,7 @@ def test_a_requirement_pip_cannot_install_names_the_bundle_and_pips_error(tmp_pa
     with pytest.raises(SlimtorchError) as error:
         footprint(bundle, baseline=False)
     message = str(error.value)
-    assert message.startswith(f"{bundle}: pip install -r requirements.txt failed: ERROR:")
+    assert message.startswith(f"{bundle}: pip install --no-compile -r requirements.txt failed: ERROR:")
     assert "slimtorch-no-such-package" in message
 
 
@@ -276,7 +309,13 @@ def test_cli_json_has_every_field_and_passes_the_options_on(measured, monkeypatc
     }  # fmt: skip
     assert data["baseline"]["cached"] is True and data["runtime_bytes"] == measured[0].runtime_bytes
     assert not given.pop("progress").active  # no spinner into a pipe
-    assert given == {"baseline": False, "refresh_baseline": False, "python": "/usr/bin/python3", "keep": "v"}
+    assert given == {
+        "baseline": False,
+        "refresh_baseline": False,
+        "python": "/usr/bin/python3",
+        "keep": "v",
+        "compile_bytecode": False,
+    }
 
 
 def test_cli_table_shows_packages_totals_baseline_and_the_sample(measured, monkeypatch, capsys) -> None:

@@ -12,6 +12,8 @@ The public API:
 - :func:`quantize`: int8 / int4 layers that run fast on CPU and save and load as they are.
 - :mod:`memory`: a training step's peak memory, predicted on fake tensors (``slimtorch.memory.estimate``)
   and measured (``slimtorch.memory.profile``).
+- :mod:`deploy`: ``slimtorch.deploy.export`` to ONNX or ``.pt2``, verified against eager PyTorch, as a bundle
+  that runs without torch; ``measure_footprint`` of its runtime; ``operators`` for a selective build.
 - :func:`load_model`: a model built on the meta device and filled from any checkpoint, zero-copy where it
   can, decoding in parallel, staging through pinned memory to CUDA.
 """
@@ -34,7 +36,7 @@ from slimtorch.io.source import ObjectInfo, TensorInfo, TensorSource
 
 __version__ = "0.1.0"
 
-from slimtorch import memory, prune
+from slimtorch import deploy, memory, prune
 from slimtorch.io.loader import LoadProfile, load, load_model, load_model_profiled
 from slimtorch.policy import ShrinkOptions
 from slimtorch.quant import QuantizeReport, quantize, quantize_with_report
@@ -81,6 +83,7 @@ __all__ = [
     "TensorSource",
     "UnsafeCheckpointError",
     "__version__",
+    "deploy",
     "inspect",
     "load",
     "load_model",

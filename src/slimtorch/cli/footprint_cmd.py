@@ -17,16 +17,20 @@ from slimtorch.report.units import format_bytes
 HELP = "measure a deployment bundle's runtime on disk in a clean venv, beside torch's, and run its sample"
 DESCRIPTION = """\
 Makes a fresh virtual environment, installs only the bundle's requirements.txt with its pip (your pip
-configuration, index and proxy settings apply), runs `predict.py --check` there, and weighs what got
-installed: each distribution is the sum of the files its RECORD lists, each file counted once. pip,
+configuration, index and proxy settings apply) as a deployment image does, `pip install --no-compile`,
+runs `predict.py --check` there (writing bytecode for what it imports, as a deployment does), and weighs
+what is installed: each distribution is the sum of the files its RECORD lists and the bytecode written
+for them, each file counted once (the .pyc column). --compile installs as plain `pip install` does,
+every module compiled to bytecode whether it is ever imported or not (about 12% more). pip,
 setuptools and wheel come with every venv and are not needed to run, so they are listed aside and left
 out of the total; the size of all of site-packages is shown as a cross-check. The model's bytes are the
 files manifest.json lists under "model", else the bundle's model.* files.
 
 Beside it, torch's own footprint, measured the same way: torch==<this torch's version> alone in a clean
-venv (pip's configured indexes pick the build). That takes a minute and about 860 MB once, so the result
-is cached in $XDG_CACHE_HOME/slimtorch/footprint/ (~/.cache/slimtorch/footprint/ by default), one file
-per torch version, Python version and platform; --refresh-baseline measures again.
+venv (pip's configured indexes pick the build), imported once. That takes a minute and about 860 MB
+once, so the result is cached in $XDG_CACHE_HOME/slimtorch/footprint/ (~/.cache/slimtorch/footprint/
+by default), one file per torch version, Python version, platform and --compile; --refresh-baseline
+measures again.
 
 Exit code 0 when the sample passed, 1 when it failed (the runner's last line is shown).
 
@@ -50,6 +54,9 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument(
         "--keep", metavar="DIR", help="make the venv in this new or empty folder and leave it there"
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="install as plain pip does: every module compiled to bytecode"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
 
@@ -63,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
             refresh_baseline=args.refresh_baseline,
             python=args.python,
             keep=args.keep,
+            compile_bytecode=args.compile,
             progress=progress,
         )
     if args.json:
@@ -73,13 +81,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _render(console: Console, report: FootprintReport, keep: str | None) -> None:
-    runtime = _table(f"{report.bundle}: runtime installed", "package", "version", "bytes")
+    runtime = _table(f"{report.bundle}: runtime installed", "package", "version", "bytes", "of it .pyc")
     for package in report.packages:
-        runtime.add_row(package.name, package.version, format_bytes(package.bytes))
+        runtime.add_row(package.name, package.version, *_sizes(package.bytes, package.bytecode))
     runtime.add_section()
-    runtime.add_row("runtime", "", format_bytes(report.runtime_bytes), style="bold")
-    runtime.add_row("model", "", format_bytes(report.model_bytes))
-    runtime.add_row("runtime + model", "", format_bytes(report.total_bytes), style="bold")
+    runtime.add_row("runtime", "", *_sizes(report.runtime_bytes, report.bytecode_bytes), style="bold")
+    runtime.add_row(
+        "runtime without .pyc", "", format_bytes(report.runtime_bytes - report.bytecode_bytes), ""
+    )
+    runtime.add_row("model", "", format_bytes(report.model_bytes), "")
+    runtime.add_row("runtime + model", "", format_bytes(report.total_bytes), "", style="bold")
     tables = [runtime] if report.baseline is None else [runtime, _baseline_table(report, report.baseline)]
     console.print(Group(*tables) if console.width < 120 else _side_by_side(tables))
     aside = ", ".join(f"{p.name} {p.version} {format_bytes(p.bytes)}" for p in report.excluded)
@@ -100,22 +111,27 @@ def _render(console: Console, report: FootprintReport, keep: str | None) -> None
 
 def _baseline_table(report: FootprintReport, baseline: Baseline) -> Table:
     when = "cached, measured" if baseline.cached else "measured"
-    table = _table(
-        f"{baseline.requirement} ({when} {baseline.measured_at[:10]})", "package", "version", "bytes"
-    )
+    title = f"{baseline.requirement} ({when} {baseline.measured_at[:10]})"
+    table = _table(title, "package", "version", "bytes", "of it .pyc")
     for package in baseline.packages:
-        table.add_row(package.name, package.version, format_bytes(package.bytes))
+        table.add_row(package.name, package.version, *_sizes(package.bytes, package.bytecode))
     table.add_section()
-    table.add_row("torch runtime", "", format_bytes(baseline.runtime_bytes), style="bold")
+    table.add_row("torch runtime", "", *_sizes(baseline.runtime_bytes, baseline.bytecode_bytes), style="bold")
+    without = format_bytes(baseline.runtime_bytes - baseline.bytecode_bytes)
+    table.add_row("torch runtime without .pyc", "", without, "")
     ratio = "-" if report.ratio is None else f"{report.ratio:.3f}x"
-    table.add_row("bundle runtime / torch's", "", ratio, style="bold")
+    table.add_row("bundle runtime / torch's", "", ratio, "", style="bold")
     return table
+
+
+def _sizes(total: int, bytecode: int) -> tuple[str, str]:
+    return format_bytes(total), format_bytes(bytecode)
 
 
 def _table(title: str, *columns: str) -> Table:
     table = Table(title=title, title_justify="left", header_style="dim")
     for column in columns:
-        table.add_column(column, justify="right" if column == "bytes" else "left")
+        table.add_column(column, justify="left" if column in ("package", "version") else "right")
     return table
 
 

@@ -143,13 +143,13 @@ def export(
     names_in = _input_names(model, args)
     seconds: dict[str, float] = {}
 
-    say("running the model in PyTorch")
-    expected = [_flatten(_call(model, a, kwargs)) for a in inputs]
-    names_out = [name for name, _ in expected[0]]
     say("capturing the model with torch.export")
     start = time.perf_counter()
     program = export_program(bound, _export_args(args, dynamic_batch), {}, dynamic_batch=dynamic_batch)
     seconds["capture"] = time.perf_counter() - start
+    say("running the model in PyTorch")
+    expected = [_flatten(_call(model, a, kwargs, i)) for i, a in enumerate(inputs)]
+    names_out = [name for name, _ in expected[0]]
     with BundleWriter(out) as bundle:
         path = bundle.path(MODEL_FILE[format])
         start = time.perf_counter()
@@ -285,9 +285,20 @@ def _input_names(model: nn.Module, args: tuple) -> list[str]:
     return ["input"] if len(args) == 1 else [f"input_{i}" for i in range(len(args))]
 
 
-def _call(model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> Any:
-    with torch.no_grad():
-        return model(*args, **kwargs)
+def _call(model: nn.Module, args: tuple, kwargs: dict[str, Any], index: int) -> Any:
+    """The eager reference; a failure on an input other than the example is the user's to know about."""
+    try:
+        with torch.no_grad():
+            return model(*args, **kwargs)
+    except Exception as exc:
+        if index == 0:
+            raise
+        shapes = ", ".join("x".join(map(str, a.shape)) for a in args if isinstance(a, torch.Tensor))
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SlimtorchError(
+            f"the model fails in PyTorch itself on a verification input of shape {shapes}: {first} "
+            "(without --dynamic-batch every input has the example's shape)"
+        ) from exc
 
 
 def _flatten(output: Any) -> list[tuple[str, torch.Tensor]]:

@@ -100,7 +100,7 @@ def quiet() -> Iterator[None]:
     """Silence what export and the ONNX exporter print and log while they work (graphs of failed
     attempts, skipped torchvision ops, optimizer folding tries): failures still raise, and are reported."""
     disabled = logging.root.manager.disable
-    logging.disable(logging.WARNING)
+    logging.disable(logging.CRITICAL)
     try:
         with (
             contextlib.redirect_stdout(io.StringIO()),
