@@ -22,13 +22,22 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from slimtorch.deploy.venv import (
+    call,
+    child_env,
+    create_venv,
+    interpreter,
+    last_line,
+    pip_install,
+    venv_folder,
+)
+from slimtorch.deploy.venv import weigh as weigh_venv
 from slimtorch.errors import CheckpointNotFoundError, FormatError, SlimtorchError
 
 # Installers, not runtime: every fresh venv has them and a deployment image need not keep them.
@@ -36,41 +45,6 @@ BUILD_TOOLS = frozenset({"pip", "setuptools", "wheel"})
 SAMPLE_TIMEOUT_S = 600
 Progress = Callable[[str], None]
 Packages = tuple["PackageBytes", ...]
-
-# Runs inside the measured venv, so it needs only the standard library. A file is counted once (by device
-# and inode) even when RECORDs share it or link to it; a file a RECORD lists but that is gone is skipped.
-_MEASURE = r"""
-import json, os, sys, sysconfig
-from importlib import metadata
-from importlib.util import cache_from_source
-
-seen = set()
-
-def size(path):
-    st = os.stat(path) if os.path.isfile(path) else None
-    if st is None or (st.st_dev, st.st_ino) in seen:
-        return 0
-    seen.add((st.st_dev, st.st_ino))
-    return st.st_size
-
-def weigh(d):
-    total = bytecode = 0
-    for f in d.files or ():
-        path = str(d.locate_file(f))
-        n = size(path)
-        total += n
-        bytecode += n if path.endswith(".pyc") else 0
-        if path.endswith(".py"):  # bytecode Python wrote when the module was imported (not in RECORD)
-            n = size(cache_from_source(path))
-            total, bytecode = total + n, bytecode + n
-    return dict(name=d.metadata["Name"], version=d.version, bytes=total, bytecode=bytecode)
-
-packages = [weigh(d) for d in metadata.distributions()]
-seen.clear()
-tops = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
-whole = sum(size(os.path.join(root, n)) for top in tops for root, _, names in os.walk(top) for n in names)
-json.dump({"packages": packages, "site_packages_bytes": whole}, sys.stdout)
-"""
 
 
 @dataclass(frozen=True)
@@ -191,18 +165,18 @@ def footprint(
     model_bytes = sum(path.stat().st_size for path in _model_files(folder))
     say = progress or (lambda message: None)
     python = python or sys.executable
-    with _venv_folder(keep) as venv:
+    with venv_folder(keep) as venv:
         started = time.perf_counter()
         say("creating a virtual environment")
-        venv_python = _create_venv(python, Path(venv))
+        venv_python = create_venv(python, Path(venv))
         say("installing requirements.txt")
         options = [] if compile_bytecode else ["--no-compile"]
-        _pip_install(venv_python, [*options, "-r", "requirements.txt"], cwd=folder, what=str(folder))
+        pip_install(venv_python, [*options, "-r", "requirements.txt"], cwd=folder, what=str(folder))
         install_seconds = time.perf_counter() - started
         say("running the sample")
         sample_ok, sample_output, sample_error = _run_sample(venv_python, folder)
         say("measuring installed packages")
-        packages, site_packages_bytes = _measure(venv_python)
+        packages, site_packages_bytes = _weigh(venv_python)
     runtime, excluded = _split_build_tools(packages)
     torch = None
     if baseline:
@@ -243,7 +217,7 @@ def torch_baseline(
         ('torch==2.13.0', 859072735, True)
     """
     python = python or sys.executable
-    torch, (version, platform) = metadata.version("torch"), _interpreter(python)  # torch not imported
+    torch, (version, platform) = metadata.version("torch"), interpreter(python)  # torch not imported
     requirement = f"torch=={torch.split('+')[0]}"
     path = _cache_path(torch, version, platform, compile_bytecode)
     if not refresh:
@@ -266,7 +240,7 @@ def baseline_cache_path(python: str | None = None, compile_bytecode: bool = Fals
         >>> baseline_cache_path().name  # doctest: +SKIP
         'torch-2.13.0+cpu-py3.11-linux-x86_64.json'
     """
-    return _cache_path(metadata.version("torch"), *_interpreter(python or sys.executable), compile_bytecode)
+    return _cache_path(metadata.version("torch"), *interpreter(python or sys.executable), compile_bytecode)
 
 
 def _cache_path(torch: str, python: str, platform: str, compile_bytecode: bool = False) -> Path:
@@ -307,67 +281,23 @@ def _model_files(folder: Path) -> list[Path]:
     return paths
 
 
-def _venv_folder(keep: str | Path | None) -> AbstractContextManager[str]:
-    """An empty folder for the venv: a temporary one, removed after, or ``keep``, left in place."""
-    if keep is None:
-        return tempfile.TemporaryDirectory(prefix="slimtorch-footprint-")
-    # A venv made over an old one would count what the old one held: the measure needs a clean start.
-    if Path(keep).exists() and (not Path(keep).is_dir() or any(Path(keep).iterdir())):
-        raise SlimtorchError(f"{keep}: to keep the environment, give a new or empty folder")
-    return nullcontext(str(keep))
-
-
-def _child_env(venv: Path | None = None) -> dict[str, str]:
-    """The caller's environment (pip's index and proxy settings apply) less what leaks other packages in,
-    and less a setting that would stop the sample writing its bytecode as a deployment does."""
-    leaks = {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PIP_USER", "PIP_TARGET", "PIP_PREFIX"}
-    leaks |= {"PYTHONDONTWRITEBYTECODE", "PIP_NO_COMPILE"}
-    env = {key: value for key, value in os.environ.items() if key not in leaks}
-    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONNOUSERSITE="1")
-    if venv is not None:  # as if activated: a runner that starts `python` gets the venv's
-        bin_folder = str(_venv_python(venv).parent)
-        env.update(VIRTUAL_ENV=str(venv), PATH=bin_folder + os.pathsep + env.get("PATH", ""))
-    return env
-
-
-def _venv_python(venv: Path) -> Path:
-    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-
-
-def _create_venv(python: str, venv: Path) -> Path:
-    done = _call([python, "-m", "venv", str(venv)])
-    if done.returncode != 0:
-        raise SlimtorchError(f"{python} -m venv {venv} failed: {_last_line(done.stderr, done.stdout)}")
-    return _venv_python(venv)
-
-
-def _pip_install(venv_python: Path, arguments: list[str], *, cwd: Path | None, what: str) -> None:
-    done = _call([str(venv_python), "-m", "pip", "install", "--no-input", *arguments], cwd=cwd)
-    if done.returncode != 0:
-        line = _last_line(done.stderr, done.stdout, prefer="ERROR:")
-        raise SlimtorchError(f"{what}: pip install {' '.join(arguments)} failed: {line}")
-
-
 def _run_sample(venv_python: Path, folder: Path) -> tuple[bool, dict[str, Any] | None, str | None]:
     """``predict.py --check`` in the venv: passed, its JSON output, and the line that says why it failed."""
     venv = venv_python.parent.parent
     try:
         command = [str(venv_python), "predict.py", "--check"]
-        done = _call(command, cwd=folder, env=_child_env(venv), timeout=SAMPLE_TIMEOUT_S)
+        done = call(command, cwd=folder, env=child_env(venv), timeout=SAMPLE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return False, None, f"predict.py --check did not finish in {SAMPLE_TIMEOUT_S} s"
-    why = f"{_last_line(done.stderr, done.stdout)} (exit code {done.returncode})"
+    why = f"{last_line(done.stderr, done.stdout)} (exit code {done.returncode})"
     return done.returncode == 0, _json_object(done.stdout), None if done.returncode == 0 else why
 
 
-def _measure(venv_python: Path) -> tuple[list[PackageBytes], int]:
-    # -I: only the venv's own site-packages, whatever the caller's environment says.
-    done = _call([str(venv_python), "-I", "-c", _MEASURE])
-    if done.returncode != 0:
-        raise SlimtorchError(f"measuring {venv_python.parent.parent} failed: {_last_line(done.stderr)}")
-    found = json.loads(done.stdout)
-    packages = [PackageBytes(p["name"], p["version"], p["bytes"], p["bytecode"]) for p in found["packages"]]
-    return packages, found["site_packages_bytes"]
+def _weigh(venv_python: Path) -> tuple[list[PackageBytes], int]:
+    found, site_packages_bytes = weigh_venv(venv_python)
+    return [
+        PackageBytes(p["name"], p["version"], p["bytes"], p["bytecode"]) for p in found
+    ], site_packages_bytes
 
 
 def _split_build_tools(packages: list[PackageBytes]) -> tuple[Packages, Packages]:
@@ -382,16 +312,16 @@ def _measure_torch(
     say = progress or (lambda message: None)
     with tempfile.TemporaryDirectory(prefix="slimtorch-footprint-torch-") as venv:
         say("measuring torch: creating a virtual environment")
-        venv_python = _create_venv(python, Path(venv))
+        venv_python = create_venv(python, Path(venv))
         say(f"measuring torch: installing {requirement} (about 860 MB, once; then cached)")
         options = [] if compile_bytecode else ["--no-compile"]
-        _pip_install(venv_python, [*options, requirement], cwd=None, what="torch baseline")
+        pip_install(venv_python, [*options, requirement], cwd=None, what="torch baseline")
         say("measuring torch: importing it")
-        done = _call([str(venv_python), "-I", "-c", "import torch; torch.ones(2) + 1"])
+        done = call([str(venv_python), "-I", "-c", "import torch; torch.ones(2) + 1"])
         if done.returncode != 0:
-            raise SlimtorchError(f"torch baseline: {requirement} fails to import: {_last_line(done.stderr)}")
+            raise SlimtorchError(f"torch baseline: {requirement} fails to import: {last_line(done.stderr)}")
         say("measuring torch: weighing its packages")
-        return _measure(venv_python)[0]
+        return _weigh(venv_python)[0]
 
 
 def _read_baseline(path: Path) -> Baseline | None:
@@ -415,25 +345,6 @@ def _write_baseline(path: Path, data: dict[str, Any]) -> None:
     partial.replace(path)
 
 
-def _interpreter(python: str) -> tuple[str, str]:
-    """``python``'s major.minor and ``sysconfig.get_platform()``, as it says (it may not be this one)."""
-    script = "import sys, sysconfig; print('%d.%d' % sys.version_info[:2], sysconfig.get_platform())"
-    done = _call([python, "-I", "-c", script])
-    if done.returncode != 0:
-        raise SlimtorchError(f"{python}: not a Python interpreter that runs: {_last_line(done.stderr)}")
-    version, platform = done.stdout.split()[:2]
-    return version, platform
-
-
-def _call(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
-    """``command``'s result and output, in :func:`_child_env` unless ``options`` give ``env``."""
-    options = {"env": _child_env(), "capture_output": True, "text": True, "errors": "replace", **options}
-    try:
-        return subprocess.run(command, **options)
-    except FileNotFoundError:
-        raise SlimtorchError(f"{command[0]}: no such program") from None
-
-
 def _json_object(text: str) -> dict[str, Any] | None:
     """The runner's report: the last line it printed, when that is a JSON object."""
     try:
@@ -441,12 +352,3 @@ def _json_object(text: str) -> dict[str, Any] | None:
     except (ValueError, IndexError):
         return None
     return value if isinstance(value, dict) else None
-
-
-def _last_line(*texts: str, prefer: str | None = None) -> str:
-    """The line that says what went wrong: the last starting with ``prefer``, else the last non-empty."""
-    for text in texts:
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        if lines:
-            return ([line for line in lines if prefer and line.startswith(prefer)] or lines)[-1]
-    return "no output"
