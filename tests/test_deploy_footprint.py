@@ -8,6 +8,7 @@ never installed (the baseline is read from a cache file the tests write, or meas
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -325,6 +326,14 @@ def test_cli_table_shows_packages_totals_baseline_and_the_sample(measured, monke
     for text in ("numpy", "runtime + model", REQUIREMENT, "cached", f"{measured[0].ratio:.3f}x"):
         assert text in out
     assert "sample check passed" in out and "left out" in out and "pip" in out
+
+
+def test_cli_says_how_far_slimtorchs_runner_found_each_output(measured, monkeypatch, capsys) -> None:
+    errors = {"logits": {"max_abs": 3.2e-07, "max_rel": 1e-07, "scale": 3.0}}
+    report = dataclasses.replace(measured[0], sample_output={"ok": True, "tolerance": {}, "outputs": errors})
+    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, **kw: report)
+    assert _cli(["footprint", "b"]) == 0
+    assert "sample check passed: logits largest difference 3.2e-07" in capsys.readouterr().out
 
 
 def test_cli_exits_1_when_the_sample_fails(failed, monkeypatch, capsys) -> None:
