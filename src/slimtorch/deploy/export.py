@@ -130,6 +130,8 @@ def export(
         raise SlimtorchError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     if quantize_to not in (None, "int8"):
         raise SlimtorchError(f"--quantize takes int8, not {quantize_to!r}")
+    if format == "onnx":
+        onnx_model.require_onnx()  # before a long capture, not after it
     say = progress or (lambda message: None)
     model.eval()
     args = as_args(example_inputs)
@@ -204,9 +206,16 @@ def export(
 
 
 def _to_onnx(
-    program, path: Path, names_in, names_out, weight_bytes: int, int8: bool, say, seconds
-) -> Callable:
-    onnx_model.require_onnx()
+    program: torch.export.ExportedProgram,
+    path: Path,
+    names_in: list[str],
+    names_out: list[str],
+    weight_bytes: int,
+    int8: bool,
+    say: Callable[[str], None],
+    seconds: dict[str, float],
+) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    """Write ``path`` (int8 through a float file that is removed), and a function that runs it."""
     say("translating to ONNX")
     float_path = path.with_name("float." + path.name) if int8 else path
     onnx_model.write_onnx(program, float_path, names_in, names_out, weight_bytes)
