@@ -160,7 +160,7 @@ def export(
         else:
             say("saving the ExportedProgram")
             torch.export.save(program, str(path))
-            run = runner._session(path, "pt2")
+            run = runner.load_runtime(path, "pt2")
         seconds["write"] = time.perf_counter() - start - seconds.get("quantize", 0.0)
         say(f"verifying on {len(inputs)} input(s)")
         start = time.perf_counter()
@@ -226,8 +226,7 @@ def _to_onnx(
         for leftover in (float_path, float_path.with_name(float_path.name + ".data")):
             leftover.unlink(missing_ok=True)
         seconds["quantize"] = time.perf_counter() - start
-    session = onnx_model.session(path)
-    return lambda arrays: session.run(None, dict(zip(names_in, arrays, strict=False)))
+    return runner.load_runtime(path, "onnx")
 
 
 def _prepared(model: nn.Module, format: str, quantize_to: str | None, held: list[str]) -> nn.Module:

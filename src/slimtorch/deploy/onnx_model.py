@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -67,15 +66,6 @@ def quantize_int8(source: Path, target: Path) -> None:
             per_channel=True,
             use_external_data_format=source.with_name(source.name + ".data").exists(),
         )
-
-
-def session(path: Path) -> Any:
-    """An onnxruntime session on the CPU."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3  # errors only: the session warns about every unused initializer
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def _translation_error(program: torch.export.ExportedProgram, exc: BaseException) -> ExportError:

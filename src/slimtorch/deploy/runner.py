@@ -49,7 +49,7 @@ class Bundle:
         """Outputs by name for inputs by name (or in the manifest's order)."""
         arrays = self._arrays(inputs)
         if self._run is None:
-            self._run = _session(
+            self._run = load_runtime(
                 self.folder / self.manifest["model"]["file"], self.manifest["model"]["format"]
             )
         return dict(zip(self.outputs, self._run(arrays), strict=False))
@@ -127,12 +127,15 @@ def read_inputs(paths: list[str], names: list[str]) -> dict[str, np.ndarray]:
     return {name: np.load(path) for name, path in zip(names, paths, strict=False)}
 
 
-def _session(path: Path, kind: str):
-    """A function from input arrays to output arrays, for the bundle's runtime."""
+def load_runtime(path: Path, kind: str):
+    """A function from input arrays (in the model's input order) to output arrays, on the bundle's
+    runtime: onnxruntime on the CPU for ``"onnx"``, ``torch.export.load`` for ``"pt2"``."""
     if kind == "onnx":
         import onnxruntime
 
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3  # errors only: the session warns about every unused initializer
+        session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
         return lambda arrays: session.run(None, dict(zip(names, arrays, strict=False)))
     import torch
