@@ -26,6 +26,17 @@ Methods:
   ``torchao.quantization``, when torchao imports (``pip install 'slimtorch[bench]'``); eager mode, no
   torch.compile.
 
+Recurrent section (``--models recurrent``, run by default): resemblyzer's speaker encoder (3-layer
+``nn.LSTM(40, 256)``, ``nn.Linear(256, 256)``; its real weights from the installed package) and the same
+shapes as an ``nn.LSTM`` and an ``nn.GRU`` with random weights, on batches of 1 and 16 partial utterances
+of 160 frames x 40 power mel bands (synthetic voices through resemblyzer's own preprocessing,
+``tests.wild.inputs``), 1 and 2 threads. Methods: fp32; ``slimtorch int8-dynamic`` (its default: the
+layer whose error dominates stays float, for resemblyzer ``lstm.weight_ih_l0``); ``slimtorch
+int8-dynamic, --quantize-all`` (``keep_sensitive=False``); ``torch.ao quantize_dynamic`` with
+``{nn.LSTM, nn.GRU}``. Latency is ``torch.utils.benchmark``'s median over ``--runs`` interleaved rounds
+(each a blocked autorange); the cosine is the embedding's, per utterance, min and mean over the batch of
+16. The speed targets allow 5%: the noise of interleaved medians on a shared machine.
+
 Latency is the median of ``--runs`` calls under ``torch.no_grad`` after two warm-up calls, with the
 methods' calls interleaved round by round so that a noisy neighbour hits each alike. Size is the file each
 method's own save path writes: ``safetensors.save_file`` for fp32, ``slimtorch.save_model`` for slimtorch,
@@ -289,11 +300,156 @@ def comparisons(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+# -- recurrent ---------------------------------------------------------------------------------------------
+RESEMBLYZER = (
+    Path(__file__).resolve().parent.parent / ".venv/lib/python3.11/site-packages/resemblyzer/pretrained.pt"
+)
+RECURRENT_BATCHES = (1, 16)
+
+
+class SpeakerEncoder(nn.Module):
+    """resemblyzer's VoiceEncoder network: an LSTM (or GRU) over 40 mel bands, Linear, ReLU, L2 norm."""
+
+    def __init__(self, mode: str = "LSTM") -> None:
+        super().__init__()
+        self.mode = mode
+        self.lstm = getattr(nn, mode)(40, 256, 3, batch_first=True)
+        self.linear = nn.Linear(256, 256)
+
+    def forward(self, mels: torch.Tensor) -> torch.Tensor:
+        _, hidden = self.lstm(mels)
+        last = (hidden[0] if self.mode == "LSTM" else hidden)[-1]
+        embeds = F.relu(self.linear(last))
+        return embeds / torch.norm(embeds, dim=1, keepdim=True)
+
+
+def recurrent_models() -> dict[str, nn.Module]:
+    torch.manual_seed(0)
+    lstm = SpeakerEncoder("LSTM").eval()
+    state = torch.load(RESEMBLYZER, weights_only=True, map_location="cpu")["model_state"]
+    lstm.load_state_dict(state, strict=False)  # resemblyzer's own way: its similarity_* scalars stay out
+    return {
+        "resemblyzer LSTM": lstm,
+        "LSTM, same shapes, random weights": SpeakerEncoder("LSTM").eval(),
+        "GRU, same shapes, random weights": SpeakerEncoder("GRU").eval(),
+    }
+
+
+def recurrent_methods(base: nn.Module, calibration: torch.Tensor) -> dict[str, nn.Module]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the peer is deprecated and says so
+        peer = torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(base), {nn.LSTM, nn.GRU}, dtype=torch.qint8
+        )
+    return {
+        "fp32": base,
+        "slimtorch int8-dynamic": slimtorch.quantize(
+            copy.deepcopy(base), "int8-dynamic", calibration=[calibration]
+        ),
+        "slimtorch int8-dynamic, --quantize-all": slimtorch.quantize(
+            copy.deepcopy(base), "int8-dynamic", keep_sensitive=False
+        ),
+        "torch.ao quantize_dynamic": peer,
+    }
+
+
+def measure_recurrent(
+    made: dict[str, nn.Module], mels: torch.Tensor, threads: int, runs: int
+) -> dict[str, Any]:
+    from torch.utils import benchmark
+
+    torch.set_num_threads(threads)
+    rows: dict[str, Any] = {method: {} for method in made}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = made["fp32"](mels)
+        for method, model in made.items():
+            cosine = F.cosine_similarity(model(mels), reference, dim=1)
+            rows[method].update(cosine_min=float(cosine.min()), cosine_mean=float(cosine.mean()))
+        for batch in RECURRENT_BATCHES:
+            x = mels[:batch]
+            calls = {method: (lambda model=model, x=x: model(x)) for method, model in made.items()}
+            for run in calls.values():
+                run()  # warm-up: slimtorch times its kernel candidates here
+            times: dict[str, list[float]] = {method: [] for method in made}
+            for _ in range(runs):
+                for method, run in calls.items():
+                    timer = benchmark.Timer("run()", globals={"run": run}, num_threads=threads)
+                    times[method].append(timer.blocked_autorange(min_run_time=0.2).median)
+            for method in made:
+                rows[method][f"batch {batch} ms"] = statistics.median(times[method]) * 1e3
+    return rows
+
+
+def print_recurrent(title: str, rows: dict[str, Any]) -> None:
+    print(f"\n{title}")
+    peer = rows["torch.ao quantize_dynamic"]
+    header = "".join(f"{f'batch {b}':>12} {'vs ao':>6}" for b in RECURRENT_BATCHES)
+    print(f"  {'method':40}{header} {'cos min':>9} {'cos mean':>9}")
+    for method, row in rows.items():
+        cells = "".join(
+            f"{row[f'batch {b} ms']:10.2f}ms {row[f'batch {b} ms'] / peer[f'batch {b} ms']:5.2f}x"
+            for b in RECURRENT_BATCHES
+        )
+        print(f"  {method:40}{cells} {row['cosine_min']:9.5f} {row['cosine_mean']:9.5f}")
+
+
+def recurrent_targets(results: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    checks = []
+    for name, by_threads in results.items():
+        for threads, rows in by_threads.items():
+            ours, peer = rows["slimtorch int8-dynamic, --quantize-all"], rows["torch.ao quantize_dynamic"]
+            default = rows["slimtorch int8-dynamic"]
+            for batch in RECURRENT_BATCHES:
+                key = f"batch {batch} ms"
+                ways = [("int8-dynamic", default)]
+                if name != "resemblyzer LSTM":  # there int8 activations disagree by 60%: it runs float
+                    ways.append(("int8-dynamic --quantize-all", ours))
+                for label, row in ways:
+                    checks.append(
+                        (
+                            f"{name} {label}, {threads} thread(s), batch {batch}: as fast as torch.ao (+-5%)",
+                            row[key] <= peer[key] * 1.05,  # 5%: the noise of interleaved medians here
+                            f"{peer[key] / row[key]:.2f}x its speed",
+                        )
+                    )
+            checks.append(
+                (
+                    f"{name} int8-dynamic, {threads} thread(s): embedding cosine min >= torch.ao's - 1e-4",
+                    default["cosine_min"] >= peer["cosine_min"] - 1e-4,
+                    f"{default['cosine_min']:.5f} vs {peer['cosine_min']:.5f}",
+                )
+            )
+    if "resemblyzer LSTM" in results:
+        worst = min(r["slimtorch int8-dynamic"]["cosine_min"] for r in results["resemblyzer LSTM"].values())
+        checks.append(
+            ("resemblyzer int8-dynamic default: embedding cosine min >= 0.99", worst >= 0.99, f"{worst:.5f}")
+        )
+    return checks
+
+
+def run_recurrent(threads: list[int], runs: int) -> tuple[dict[str, Any], list[tuple[str, bool, str]]]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.wild.inputs import speaker_partials  # resemblyzer's own preprocessing of synthetic voices
+
+    mels = torch.cat([speaker_partials(seed=seed) for seed in range(8)])  # 16 x (160 frames, 40 mels)
+    results: dict[str, Any] = {}
+    for name, base in recurrent_models().items():
+        made = recurrent_methods(base, mels[:4])
+        for count in threads:
+            rows = measure_recurrent(made, mels, count, runs)
+            results.setdefault(name, {})[str(count)] = rows
+            print_recurrent(f"{name}, {count} thread(s), 160 frames x 40 mels", rows)
+    return results, recurrent_targets(results)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--models", nargs="+", default=["bert", "mlp"], choices=["bert", "mlp"])
+    parser.add_argument(
+        "--models", nargs="+", default=["bert", "mlp", "recurrent"], choices=["bert", "mlp", "recurrent"]
+    )
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--runs", type=int, default=7, help="timed calls per method (median; default 7)")
@@ -302,7 +458,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     notes: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:
-        for name in args.models:
+        for name in [m for m in args.models if m != "recurrent"]:
             made = methods(name, Path(folder))
             notes[name] = {method: extra for method, (_, _, extra) in made.items()}
             fp32_bytes = model_bytes(made["fp32"][0])
@@ -314,11 +470,14 @@ def main() -> int:
                     shape = f"{batch}x{SEQUENCE} tokens" if name == "bert" else f"{batch}x4096"
                     print_table(f"{name}, {threads} thread(s), input {shape}", rows)
             del made
-    checks = targets(results, notes)
+    checks, lines = targets(results, notes), comparisons(results)
+    if "recurrent" in args.models:
+        results["recurrent"], recurrent_checks = run_recurrent(args.threads, args.runs)
+        checks += recurrent_checks
     print()
     for label, ok, value in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {label}: {value}")
-    for line in comparisons(results):
+    for line in lines:
         print(line)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     machine = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}

@@ -277,3 +277,36 @@ def test_a_batch_the_model_fixes_cannot_be_dynamic_and_says_so(tmp_path) -> None
     with pytest.raises(ExportError, match=r"the batch dimension cannot stay dynamic .*without --dynamic"):
         export(FixedBatch(), torch.randn(2, 8), tmp_path / "b", dynamic_batch=True)
     assert export(FixedBatch(), torch.randn(2, 8), tmp_path / "b").passed
+
+
+class Cancelling(nn.Module):
+    """Two large, nearly equal matmuls subtracted: outputs near 1 carry rounding of intermediates near
+    1e4, so eager fp32 itself is ~3e-3 from fp64 (pesto's pitch head does this on a smaller scale).
+    ``offset`` is added only in the exported program: a truly wrong export."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.offset = nn.Linear(256, 256), nn.Linear(256, 256), offset
+        with torch.no_grad():
+            self.a.weight.mul_(1e3)
+            self.b.weight.copy_(self.a.weight * (1 + 1e-4))
+            self.b.bias.copy_(self.a.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x) - self.b(x)
+        return y + self.offset if torch.compiler.is_exporting() else y
+
+
+def test_fp32_tolerance_grows_to_the_models_own_rounding_noise_but_a_wrong_export_still_fails(tmp_path):
+    x = torch.randn(4, 256) * 10
+    report = export(Cancelling(), x, tmp_path / "right")
+    error = report.errors[0]
+    assert error.max_abs > slimtorch.deploy.FP32.atol + slimtorch.deploy.FP32.rtol * error.scale
+    assert report.passed and report.tolerance.atol > 1e-3
+    assert "fp64" in report.tolerance.meaning and any("fp64" in note for note in report.notes)
+    manifest = json.loads((tmp_path / "right" / "manifest.json").read_text())
+    assert manifest["tolerance"]["atol"] == report.tolerance.atol and manifest["verification"]["passed"]
+    assert Bundle(tmp_path / "right").check()["ok"]
+    wrong = export(Cancelling(offset=0.1), x, tmp_path / "wrong")
+    assert not wrong.passed and wrong.errors[0].max_abs > 0.09

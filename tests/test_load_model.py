@@ -318,3 +318,22 @@ def test_cli_corrupt_file_is_one_line_naming_the_tensor(tmp_path, capsys) -> Non
     assert main(["load", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "'layers.0.weight'" in err and "checksum" in err and len(err.splitlines()) == 1
+
+
+def test_a_weight_stored_transposed_gets_the_models_layout_and_bit_identical_outputs(tmp_path) -> None:
+    # facenet's legacy files store Linear weights as .t() views: kept as they are, matmul would take
+    # another kernel and round differently from load_state_dict (which copies into the model's layout).
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(576, 128), nn.PReLU(128), nn.Linear(128, 16))
+
+    torch.manual_seed(0)
+    source = build()
+    state = {k: v.t().contiguous().t() if v.dim() == 2 else v for k, v in source.state_dict().items()}
+    path = tmp_path / "transposed.pt"
+    torch.save(state, path, _use_new_zipfile_serialization=False)
+    model, profile = slimtorch.load_model_profiled(path, build)
+    assert all(p.is_contiguous() for p in model.parameters())
+    assert profile.zero_copy == 3  # the contiguous biases and PReLU weight are still the file's bytes
+    x = torch.randn(64, 576)
+    source.load_state_dict(torch.load(path, weights_only=True))
+    assert torch.equal(model(x), source(x))

@@ -337,3 +337,47 @@ def test_the_curve_follows_the_step_through_its_phases() -> None:
     phases = [phase for phase, _ in step.curve]
     assert phases.index("forward") < phases.index("backward") < phases.index("optimizer")
     assert max(nbytes for _, nbytes in step.curve) == step.peak_bytes
+
+
+class _Counts(nn.Module):
+    """A step whose shapes depend on the data: a histogram (chgnet's bincount) or a selection."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__()
+        self.op = op
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        if self.op == "bincount":
+            return y.sum() + torch.bincount((x[:, 0] > 0).long()).sum()
+        if self.op == "nonzero":
+            return y[y.nonzero(as_tuple=True)].sum()
+        return y.sum() * (1 if x.sum().item() > 0 else -1)  # a value read back into Python
+
+
+class _Wrapped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = _Counts("bincount")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)
+
+
+@pytest.mark.parametrize(
+    ("model", "operator", "where"),
+    [
+        (_Counts("bincount"), "aten.bincount", "_Counts.forward"),
+        (_Counts("nonzero"), "aten.nonzero", "_Counts.forward"),
+        (_Counts("item"), "aten._local_scalar_dense", "_Counts.forward"),
+        (_Wrapped(), "aten.bincount", "module 'head'"),
+    ],
+)
+def test_a_step_with_data_dependent_shapes_is_refused_in_one_line_naming_the_operator(model, operator, where):
+    with pytest.raises(slimtorch.SlimtorchError) as refused:
+        estimate(model, torch.randn(8, 4))
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1
+    assert operator in message and where in message and "slimtorch.memory.profile" in message
+    assert profile(model, torch.randn(8, 4)).peak_bytes > 0  # measuring it on real tensors works

@@ -175,16 +175,26 @@ def test_equal_tensors_are_stored_once_and_load_as_separate_tensors_even_after_a
         assert loaded["head.weight"] is loaded["fc.weight"]
 
 
-def test_non_tensor_values_are_dropped(training, tmp_path):
+def test_plain_non_tensor_values_are_kept_and_training_state_values_dropped(training, tmp_path):
     path, _, _ = training
     out = tmp_path / "model.safetensors"
 
-    slimtorch.shrink(path, out)
+    report = slimtorch.shrink(path, out)
 
-    assert slimtorch.open(path).objects  # epoch, scheduler, optimizer hyperparameters ...
-    assert slimtorch.open(out).objects == []
+    assert report.objects == ["epoch"]  # not the optimizer's hyperparameters nor the scheduler's state
+    assert slimtorch.load_objects(out) == {"epoch": 3}
     with safe_open(out, "pt") as f:
-        assert set(f.metadata()) == {"slimtorch", "format"}
+        assert set(f.metadata()) == {"slimtorch", "format"}  # kept inside slimtorch's own metadata
+
+
+def test_no_objects_drops_every_non_tensor_value(training, tmp_path, capsys):
+    path, _, _ = training
+    out = tmp_path / "model.safetensors"
+
+    report = _shrink(capsys, str(path), "-o", str(out), "--no-objects")
+
+    assert report["objects"] == [] and slimtorch.load_objects(out) == {}
+    assert slimtorch.open(out).objects == []
 
 
 # -- pruned models ------------------------------------------------------------------------------------------
@@ -419,6 +429,8 @@ OPTIONS = [
     "--keep-optimizer",
     "--keep-embeddings",
     "--keep-names",
+    "--quantize-all",
+    "--no-objects",
     "--shard-size",
     "--skip",
     "--top",

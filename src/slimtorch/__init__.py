@@ -6,6 +6,7 @@ The public API:
 - :func:`inspect`: where a checkpoint's bytes go, and what could be saved.
 - :func:`save` / :func:`load`: the slim format (safetensors with codecs and checksums), tensors in and out.
 - :func:`shrink`: any checkpoint to a slim one, dropping what only training needs.
+- :func:`load_objects`: the non-tensor values (a config, an epoch) a slim file or torch.save file keeps.
 - :func:`save_model`: a model's weights plus, once pruned, its structural delta (no pickle).
 - :func:`recover`: fine-tune or distil a pruned model back (BatchNorm re-estimated, zeros kept).
 - :mod:`prune`: structured pruning that physically shrinks a model (``slimtorch.prune.channels``).
@@ -14,6 +15,8 @@ The public API:
   and measured (``slimtorch.memory.profile``).
 - :mod:`deploy`: ``slimtorch.deploy.export`` to ONNX or ``.pt2``, verified against eager PyTorch, as a bundle
   that runs without torch; ``measure_footprint`` of its runtime; ``operators`` for a selective build.
+- :func:`open_model`: the model a command works on (a Hugging Face or sentence-transformers folder, or a
+  ``pkg.module:factory`` spec with weights from any checkpoint) and an example input it accepts.
 - :func:`load_model`: a model built on the meta device and filled from any checkpoint, zero-copy where it
   can, decoding in parallel, staging through pinned memory to CUDA.
 """
@@ -36,8 +39,10 @@ from slimtorch.io.source import ObjectInfo, TensorInfo, TensorSource
 
 __version__ = "0.1.0"
 
-from slimtorch import deploy, memory, prune
+from slimtorch import deploy, memory, models, prune
 from slimtorch.io.loader import LoadProfile, load, load_model, load_model_profiled
+from slimtorch.io.objects import load_objects
+from slimtorch.models import ModelInput, open_model
 from slimtorch.policy import ShrinkOptions
 from slimtorch.quant import QuantizeReport, quantize, quantize_with_report
 from slimtorch.recovery import RecoverReport, recover
@@ -73,6 +78,7 @@ __all__ = [
     "FormatError",
     "InspectReport",
     "LoadProfile",
+    "ModelInput",
     "ObjectInfo",
     "QuantizeReport",
     "RecoverReport",
@@ -88,8 +94,11 @@ __all__ = [
     "load",
     "load_model",
     "load_model_profiled",
+    "load_objects",
     "memory",
+    "models",
     "open",
+    "open_model",
     "prune",
     "quantize",
     "quantize_with_report",

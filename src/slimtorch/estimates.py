@@ -5,7 +5,8 @@ finalize pruning masks, store each tensor once, store zeros sparsely; then one l
 (fp16/bf16, int8 or int4). Tensor bytes come from the size functions of :mod:`slimtorch.policy`, the same
 ones ``slimtorch shrink`` uses to choose its codecs, so they are what shrink writes: a sparse tensor is a
 bitmask plus its non-zero values, int8 one byte per weight plus an fp32 scale per output channel, int4 half
-a byte per weight plus an fp16 scale and zero point per group. Two things are not exact: values that round
+a byte per weight plus an fp16 scale and zero point per group (rows padded to whole groups, as shrink
+writes them). Two things are not exact: values that round
 to zero in fp16 or int8 count as non-zero here (the file comes out slightly smaller), and the file's
 header (pickle or JSON) is kept at its current size.
 """
@@ -18,10 +19,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from slimtorch.policy import int4_bytes, int8_bytes, lossless_bytes, weight_like
+from slimtorch.policy import INT4_GROUP_SIZE, int4_stored_bytes, int8_bytes, lossless_bytes, weight_like
 
 TRAINING_ONLY = ("optimizer_state", "training_state")
-INT4_GROUP = 128
+INT4_GROUP = INT4_GROUP_SIZE
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def _int8(cost: TensorCost) -> float:
 def _int4(cost: TensorCost) -> float:
     if not cost.whole or not cost.quantizable:
         return _lossless(cost)
-    return int4_bytes(cost.numel, cost.zeros or 0, INT4_GROUP, sparse=cost.zeros is not None)
+    return int4_stored_bytes(cost.shape, cost.zeros or 0, INT4_GROUP, sparse=cost.zeros is not None)
 
 
 _LOSSLESS_STEPS: tuple[tuple[str, Callable[[TensorCost], bool]], ...] = (

@@ -6,7 +6,7 @@
   scaled by T squared, mixed with the task loss by ``alpha``; ``features`` adds FitNets-style matching of
   intermediate outputs through a learned 1x1 adapter, since a pruned layer is narrower than its original;
 - BatchNorm statistics are re-estimated on the training data first (pruning changes what they describe);
-- zeros left by unstructured pruning stay zero (:func:`slimtorch.prune.keep_sparse`);
+- zeros left by unstructured pruning stay zero, whatever the optimizer (:func:`slimtorch.prune.keep_sparse`);
 - ``eval_fn`` is called every ``eval_every`` steps and at the end; training stops once it reaches
   ``target``.
 """
@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 
 from slimtorch.errors import SlimtorchError
-from slimtorch.prune.unstructured import PRUNABLE, keep_sparse
+from slimtorch.prune.unstructured import keep_sparse
 
 BN_BATCHES = 50
 
@@ -54,6 +54,7 @@ def recover(
     epochs: int | None = None,
     lr: float = 1e-3,
     weight_decay: float = 0.0,
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
     temperature: float = 4.0,
     alpha: float = 0.9,
     features: Mapping[str, str] | None = None,
@@ -65,6 +66,9 @@ def recover(
     progress: bool | None = None,
 ) -> RecoverReport:
     """Fine-tune (or, with ``teacher``, distil into) ``student`` in place; returns a :class:`RecoverReport`.
+
+    ``optimizer`` makes the optimizer from the parameters to train (default: AdamW with ``lr`` and
+    ``weight_decay``); whichever it is, zeros from unstructured pruning stay zero.
 
     Example:
         >>> report = recover(pruned, loader, teacher=dense, epochs=3, eval_fn=accuracy)  # doctest: +SKIP
@@ -81,16 +85,18 @@ def recover(
         first = _to(next(iter(train_data))[0], _device_of(student))
         adapters.prepare(student, teacher, first)  # widths known before the optimizer
     trainable = list(student.parameters()) + (list(adapters.parameters()) if adapters else [])
-    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
+    if optimizer is None:
+        stepper = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
+    else:
+        stepper = optimizer(trainable)
     every = eval_every or max(1, total // 10)
     metrics: list[tuple[int, float]] = []
     loss_value, step, stopped = float("nan"), 0, False
-    sparse = any(isinstance(m, PRUNABLE) and bool((m.weight == 0).any()) for m in student.modules())
     console = Console(stderr=True)
     device = _device_of(student)
     with (
         contextlib.closing(adapters) if adapters is not None else contextlib.nullcontext(),
-        keep_sparse(student) if sparse else contextlib.nullcontext(),
+        keep_sparse(student),
         Progress(
             TextColumn("recovering"),
             BarColumn(),
@@ -111,9 +117,9 @@ def recover(
             loss = _loss(student, teacher, inputs, targets, loss_fn, temperature, alpha)
             if adapters is not None:
                 loss = loss + feature_weight * adapters.loss()
-            optimizer.zero_grad(set_to_none=True)
+            stepper.zero_grad(set_to_none=True)
             loss.backward()
-            optimizer.step()
+            stepper.step()
             step, loss_value = step + 1, float(loss.detach())
             if eval_fn is not None and (step % every == 0 or step == total):
                 metrics.append((step, _evaluate(student, eval_fn)))

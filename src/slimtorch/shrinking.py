@@ -2,8 +2,10 @@
 
 :func:`shrink` reads any checkpoint and writes a slim one: it drops optimizer and training state, folds
 ``torch.nn.utils.prune`` re-parametrizations (``weight = weight_orig * weight_mask``), stores tied and
-duplicated tensors once, and encodes each tensor by the rules of :mod:`slimtorch.policy`. :func:`save`
-does the same for an in-memory state dict.
+duplicated tensors once, keeps the checkpoint's other plain-data values as JSON (:mod:`slimtorch.io.objects`)
+and encodes each tensor by the rules of :mod:`slimtorch.policy`, storing at a higher precision the few
+weights quantizing would hurt most (:mod:`slimtorch.sensitive_weights`). :func:`save` does the same for
+an in-memory state dict.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +25,26 @@ from slimtorch.errors import SlimtorchError
 from slimtorch.inspection import Bucket, classify, inspect
 from slimtorch.io.codecs import REGISTRY, Encoded, decode
 from slimtorch.io.codecs.chain import parse_dtype
+from slimtorch.io.objects import PlainObjects, model_objects, plain_objects
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.io.readers.hf_folder import weight_files
 from slimtorch.io.readers.slim import SlimSource
 from slimtorch.io.source import TensorInfo, TensorSource, dtype_name
 from slimtorch.io.writer import SlimWriter
-from slimtorch.policy import ShrinkOptions, convert, encode_tensor, finish_coded
+from slimtorch.policy import (
+    EMBEDDING,
+    INT4_GROUP_SIZE,
+    ShrinkOptions,
+    check_patterns,
+    convert,
+    encode_tensor,
+    finish_coded,
+    quantizable,
+)
 from slimtorch.prune.delta import StructuralDelta, delta_of
 from slimtorch.quant.modules import QuantizedWeight
 from slimtorch.scan import find_duplicates
+from slimtorch.sensitive_weights import StoredInstead, higher_precision, rounding_error
 
 TRAINING_ONLY = ("optimizer_state", "training_state")
 WRAPPER_PREFIXES = ("model", "state_dict", "model_state_dict", "module", "net", "network")
@@ -87,6 +100,13 @@ class ShrinkReport:
     renamed_prefix: str | None
     seconds: float
     notes: list[str] = field(default_factory=list)
+    objects: list[str] = field(default_factory=list)
+    """Top-level names of the non-tensor values kept (read them with :func:`slimtorch.load_objects`)."""
+    dropped_objects: dict[str, str] = field(default_factory=dict)
+    """Non-tensor values left out because they are not plain data, with the reason."""
+    stored_instead: list[StoredInstead] = field(default_factory=list)
+    """Weights stored at a higher precision than asked (float16 or int8), and why; none with
+    ``quantize_all``."""
 
     @property
     def ratio(self) -> float:
@@ -123,6 +143,8 @@ class _Plan:
     dropped: list[str] = field(default_factory=list)
     folded: list[str] = field(default_factory=list)
     renamed_prefix: str | None = None
+    objects: PlainObjects = field(default_factory=lambda: PlainObjects({}, {}))
+    stored_instead: list[StoredInstead] = field(default_factory=list)
 
 
 def shrink(
@@ -132,6 +154,7 @@ def shrink(
     options: ShrinkOptions | None = None,
     keep_optimizer: bool = False,
     keep_names: bool = False,
+    keep_objects: bool = True,
     shard_bytes: int | None = None,
     allow_globals: Sequence[str] = (),
     progress: Progress | None = None,
@@ -144,6 +167,10 @@ def shrink(
         options: codecs (see :class:`slimtorch.policy.ShrinkOptions`); the default is lossless.
         keep_optimizer: keep optimizer and training state (dropped by default).
         keep_names: do not strip a wrapper prefix such as ``model.`` from a training checkpoint.
+        keep_objects: keep non-tensor values that are plain data (a config, an epoch) as JSON; those
+            that are not are listed in ``dropped_objects``.
+
+    Raises :class:`SlimtorchError` before writing anything when a ``skip`` pattern matches no tensor.
 
     Example:
         >>> from slimtorch.policy import ShrinkOptions
@@ -156,6 +183,9 @@ def shrink(
     with open_checkpoint(source_path, allow_globals=allow_globals) as source:
         before = inspect(source, scan=False)
         plan = _plan_source(source, keep_optimizer, keep_names)
+        if keep_objects:
+            plan.objects = model_objects(source.tree, plan.dropped, keep_training=keep_optimizer)
+        options = _checked(plan, options)
         companions = _companions(source.path, Path(out))
         if shard_bytes is None and Path(out).suffix != ".safetensors":
             shard_bytes = DEFAULT_SHARD_BYTES
@@ -177,7 +207,7 @@ def save(
     *,
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
-    group_size: int = 128,
+    group_size: int = INT4_GROUP_SIZE,
     sparse: str = "auto",
     entropy: bool = False,
     quantize_embeddings: bool = True,
@@ -187,6 +217,8 @@ def save(
     structure: StructuralDelta | None = None,
     extra_files: Mapping[str, Path] | None = None,
     coded: Mapping[str, Encoded] | None = None,
+    objects: Mapping[str, Any] | None = None,
+    quantize_all: bool = False,
 ) -> ShrinkReport:
     """Save a state dict in the slim format (a valid safetensors file), atomically, with checksums.
 
@@ -194,7 +226,10 @@ def save(
     -0.0 comes back as 0.0). ``dtype="fp16"``, ``quantize="int8"`` or ``"int4"`` are lossy within the
     bounds documented in :mod:`slimtorch.io.codecs.lossy`. Tensors sharing memory (tied weights) are stored
     once and come back shared. ``coded`` adds tensors already encoded (a quantized layer's codes and
-    scales), stored as they are.
+    scales), stored as they are. ``objects`` (plain JSON data: a config, an epoch) are stored beside the
+    tensors and read back by :func:`slimtorch.load_objects`. Quantizing stores the few weights whose
+    error would dominate at float16, and recurrent layers' weights at a higher precision (see
+    :mod:`slimtorch.sensitive_weights`), unless ``quantize_all=True``. int4 groups hold 32 values.
 
     Example:
         >>> import torch, slimtorch
@@ -211,6 +246,7 @@ def save(
         entropy=entropy,
         quantize_embeddings=quantize_embeddings,
         skip=skip,
+        quantize_all=quantize_all,
     )
     started = time.perf_counter()
     plan = _plan_state_dict(state_dict)
@@ -218,6 +254,11 @@ def save(
         stage = encoded.stages[0]
         before = math.prod(stage["shape"]) * parse_dtype(stage["dtype"]).itemsize
         plan.items.append(_Item(name, "parameters", before, lambda: torch.empty(0), encoded))
+    plan.objects = plain_objects(dict(objects or {}))
+    if plan.objects.dropped:
+        name, why = next(iter(plan.objects.dropped.items()))
+        raise SlimtorchError(f"save: object {name!r} cannot be stored as JSON: {why}")
+    options = _checked(plan, options)
     provenance = {
         "tool": f"slimtorch {__version__}",
         "options": _describe_options(options),
@@ -249,12 +290,30 @@ def save_model(model: torch.nn.Module, path: str | os.PathLike[str], **options: 
         if isinstance(module, QuantizedWeight):
             for attr, (tensor, _) in module.SLIM_PARTS.items():
                 state.pop(_joined(prefix, attr))
-                coded[_joined(prefix, tensor)] = module.encoded()
+                coded[_joined(prefix, tensor)] = module.encoded(tensor)
     return save(state, path, structure=delta_of(model), coded=coded, **options)
 
 
 def _joined(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+
+
+def _checked(plan: _Plan, options: ShrinkOptions) -> ShrinkOptions:
+    """Refuse ``skip`` patterns that match nothing; store the weights quantizing would hurt most at a higher
+    precision (unless ``quantize_all``), noting them in the plan."""
+    names = [item.name for item in plan.items] + list(plan.ties) + list(plan.copies)
+    check_patterns(options.skip, names, plan.renamed_prefix)
+    if options.quantize is None or options.quantize_all:
+        return options
+    errors = {}
+    for item in plan.items:
+        if item.encoded is None:
+            value = convert(item.name, item.fetch().detach(), options)
+            if quantizable(item.name, value, item.category, options) and not EMBEDDING.search(item.name):
+                errors[item.name] = rounding_error(value, options.quantize, options.group_size)
+    plan.stored_instead = higher_precision(errors, options.quantize)
+    chosen = {c.name: c.stored for c in plan.stored_instead}
+    return replace(options, stored_as={**chosen, **options.stored_as})
 
 
 # -- planning ----------------------------------------------------------------------------------------------
@@ -292,9 +351,34 @@ def _plan_source(source: TensorSource, keep_optimizer: bool, keep_names: bool) -
                 continue
             stored[key] = name
         plan.items.append(_Item(name, category, before, fetch))
-    if not keep_names:
-        _strip_wrapper_prefix(plan, had_training_state=bool(plan.dropped) or _has_training_values(source))
+    if not keep_names and not isinstance(source, SlimSource):  # a slim file's names are as chosen already
+        _strip_wrapper_prefix(plan, _wrapper_prefix(plan, source))
     return plan
+
+
+def _wrapper_prefix(plan: _Plan, source: TensorSource) -> str:
+    """The prefix that only wraps the model's tensors in the checkpoint: ``model_state.`` (resemblyzer),
+    ``model.state_dict.`` (chgnet), ``state_dict.`` (Lightning), or ``""``.
+
+    In a pickle, it is the path of dict keys to where the kept tensors' names begin: the dict keys they all
+    sit under, not the dotted state-dict keys (a Lightning module's own ``model.`` stays). Without a pickle
+    (safetensors, TorchScript), a single head in :data:`WRAPPER_PREFIXES`, only in a training checkpoint.
+    """
+    names = [item.name for item in plan.items] + list(plan.ties) + list(plan.copies)
+    if not names or not all("." in name for name in names):
+        return ""
+    if source.tree is None:
+        heads = {name.split(".", 1)[0] for name in names}
+        had_training_state = bool(plan.dropped) or _has_training_values(source)
+        (head, *others) = heads
+        return f"{head}." if had_training_state and not others and head in WRAPPER_PREFIXES else ""
+    prefix, node = "", source.tree
+    while isinstance(node, dict):
+        key = names[0][len(prefix) :].split(".", 1)[0]
+        if not isinstance(node.get(key), dict) or not all(n.startswith(f"{prefix}{key}.") for n in names):
+            break
+        prefix, node = f"{prefix}{key}.", node[key]
+    return prefix
 
 
 def _has_training_values(source: TensorSource) -> bool:
@@ -315,21 +399,16 @@ def _view_key(info: TensorInfo, storage: str) -> tuple:
     return (storage, info.storage_offset, info.shape, info.stride, info.dtype, info.codec)
 
 
-def _strip_wrapper_prefix(plan: _Plan, had_training_state: bool) -> None:
-    """``model.encoder...`` -> ``encoder...`` when a training checkpoint wrapped the model in one key."""
-    names = [item.name for item in plan.items] + list(plan.ties) + list(plan.copies)
-    heads = {name.split(".", 1)[0] for name in names}
-    if not had_training_state or len(heads) != 1 or not all("." in name for name in names):
+def _strip_wrapper_prefix(plan: _Plan, prefix: str) -> None:
+    """``model.encoder...`` -> ``encoder...`` when a training checkpoint wrapped the model in ``prefix``."""
+    if not prefix:
         return
-    (head,) = heads
-    if head not in WRAPPER_PREFIXES:
-        return
-    cut = len(head) + 1
-    plan.items = [_Item(i.name[cut:], i.category, i.before_bytes, i.fetch) for i in plan.items]
+    cut = len(prefix)
+    plan.items = [replace(i, name=i.name[cut:]) for i in plan.items]
     plan.ties = {k[cut:]: v[cut:] for k, v in plan.ties.items()}
     plan.copies = {k[cut:]: v[cut:] for k, v in plan.copies.items()}
     plan.folded = [name[cut:] for name in plan.folded]
-    plan.renamed_prefix = head + "."
+    plan.renamed_prefix = prefix
 
 
 def _plan_state_dict(state_dict: Mapping[str, torch.Tensor]) -> _Plan:
@@ -382,6 +461,7 @@ def _write(
         provenance=provenance,
         delta=delta,
         extra_files=companions,
+        objects=plan.objects.values,
     )
     try:
         for item in (i for i in plan.items if i.encoded is not None):
@@ -449,6 +529,7 @@ def _describe_options(options: ShrinkOptions) -> dict[str, Any]:
     described = asdict(options)
     described["dtype"] = dtype_name(options.dtype) if options.dtype else None
     described["skip"] = list(options.skip)
+    described["unquantized"] = sorted(options.unquantized)
     return described
 
 
@@ -490,4 +571,7 @@ def _report(
         renamed_prefix=plan.renamed_prefix,
         seconds=time.perf_counter() - started,
         notes=notes,
+        objects=list(plan.objects.values),
+        dropped_objects=plan.objects.dropped,
+        stored_instead=plan.stored_instead,
     )

@@ -68,9 +68,9 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded = command_model(args)
+    loaded = command_model(args, check_example=not args.example)
     model = loaded.model.eval()
-    example = _example(args, model) if args.example else loaded.example
+    example = _example(args, model) if args.example else loaded.positional()
     tolerance = None
     if args.atol is not None or args.rtol is not None:
         base = INT8 if args.quantize else FP32

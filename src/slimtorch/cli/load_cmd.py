@@ -7,7 +7,8 @@ import argparse
 from slimtorch.cli.arguments import add_allow_global, add_command, print_json
 from slimtorch.cli.model_spec import SPEC_HELP, resolve_factory
 from slimtorch.errors import SlimtorchError
-from slimtorch.io.loader import load_model_profiled, load_profiled
+from slimtorch.io.loader import LoadProfile, load_model_profiled, load_profiled
+from slimtorch.io.name_matching import file_groups
 from slimtorch.report.inspect_view import output_console
 from slimtorch.report.load_view import render_load
 
@@ -26,6 +27,11 @@ examples:
   slimtorch load model-int8.safetensors --model mypkg.models:build_net --profile
   slimtorch load ./bert --model transformers:AutoModel ...   (a factory taking no arguments)
   slimtorch load ckpt.pt --model ./train.py:Net --device cuda --dtype bf16
+  slimtorch load pretrained.pt --model ./voice.py:Encoder --prefix model_state. --rename lstm.=rnn.
+
+Names: the wrapper a training script put around the model's names (model_state., state_dict., module.)
+is found by matching; --prefix names it, --rename OLD=NEW maps names once it is off. Names the model
+does without (buffers it computes, Hugging Face's _keys_to_ignore_on_load_*) are left out and listed.
 """
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -46,6 +52,18 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument(
         "--threads", type=int, metavar="N", help="decode threads (default: one per core, up to 4)"
     )
+    parser.add_argument(
+        "--prefix",
+        metavar="P",
+        help="with --model: the model's names sit under P. in the file (default: found)",
+    )
+    parser.add_argument(
+        "--rename",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="with --model: file names starting OLD (after the prefix) start NEW instead; repeatable",
+    )
     parser.add_argument("--profile", action="store_true", help="show the time of each phase")
     parser.add_argument("--json", action="store_true", help="print the profile as JSON")
     add_allow_global(parser)
@@ -64,14 +82,50 @@ def run(args: argparse.Namespace) -> int:
     if args.model:
         factory = resolve_factory(args.model)
         _, profile = load_model_profiled(
-            args.path, factory, device=args.device, dtype=dtype, strict=args.strict, **common
+            args.path,
+            factory,
+            device=args.device,
+            dtype=dtype,
+            strict=args.strict,
+            prefix=args.prefix,
+            rename=args.rename,
+            **common,
         )
     else:
-        if args.device or dtype:
-            raise SlimtorchError("--device and --dtype need --model (without it, tensors load as stored)")
+        if args.device or dtype or args.prefix is not None or args.rename:
+            raise SlimtorchError(
+                "--device, --dtype, --prefix and --rename need --model (without it, tensors load as stored)"
+            )
         _, profile = load_profiled(args.path, **common)
     if args.json:
         print_json(profile.to_dict())
     else:
-        render_load(profile, output_console(), show_phases=args.profile)
+        console = output_console()
+        render_load(profile, console, show_phases=args.profile)
+        if profile.model is not None:
+            for line in name_lines(profile, every=args.profile):
+                console.print(line, highlight=False, markup=False)
     return 0
+
+
+def name_lines(profile: LoadProfile, *, every: bool) -> list[str]:
+    """One line per kind of name a load left out (every kind with ``every``, else those that happened)."""
+    lines = []
+    if every or profile.prefix or profile.model_prefix:
+        where = f"under {profile.prefix!r}" if profile.prefix else "as they are"
+        if profile.model_prefix:
+            where = f"as the model's names after {profile.model_prefix!r}"
+        outside = profile.outside_prefix
+        rest = f"; {len(outside)} other tensors: {file_groups(outside)}" if outside else ""
+        lines.append(f"names: read {where}{rest}")
+    kinds = (
+        ("ignored", [f"{s.name} ({s.reason})" for s in profile.ignored]),
+        ("unmatched", profile.unmatched),
+        ("missing", profile.missing),
+    )
+    for label, names in kinds:
+        if names or every:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            lines.append(f"{label}: {len(names)}" + (f" ({shown})" if names else ""))
+    lines += [f"note: {note}" for note in profile.notes]
+    return lines

@@ -8,8 +8,7 @@ import argparse
 from rich.table import Table
 
 from slimtorch.cli.arguments import add_command, print_json
-from slimtorch.cli.model_input import DEFAULT_SHAPE, meta_model, shape
-from slimtorch.cli.model_spec import SPEC_HELP
+from slimtorch.cli.model_input import MODEL_HELP, add_input_shape, meta_model
 from slimtorch.memory import CATEGORIES, OPTIMIZERS, PRECISIONS, MemoryReport, estimate
 from slimtorch.report.inspect_view import output_console
 from slimtorch.report.memory_chart import write_chart
@@ -36,14 +35,8 @@ examples:
 
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "memory", HELP, DESCRIPTION)
-    parser.add_argument("model", metavar="MODEL", help=SPEC_HELP + ", or a Hugging Face model folder")
-    parser.add_argument(
-        "--input-shape",
-        type=shape,
-        default=DEFAULT_SHAPE,
-        metavar="N,...",
-        help="shape of one example input (default 1,3,224,224; token ids of 1,128 for a text model)",
-    )
+    parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    add_input_shape(parser)
     parser.add_argument(
         "--batch", type=int, nargs="+", metavar="N", help="batch sizes (default: the input's)"
     )
@@ -56,7 +49,11 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         metavar="MODULE",
         help="activation checkpointing: 'blocks' (each layer of the longest nn.ModuleList) or module names",
     )
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="default cuda")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        help="sizes as allocated there (default: cuda if this machine has it)",
+    )
     parser.add_argument("--budget", type=_size, metavar="SIZE", help="memory to fit in, e.g. 24GB or 80GiB")
     parser.add_argument(
         "--chart", metavar="PNG", help="also draw memory over the step to this PNG (needs matplotlib)"
@@ -73,7 +70,8 @@ def _size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    model, example = meta_model(args)
+    loaded = meta_model(args)
+    model, example = loaded.model, loaded.example
     checkpointing = args.checkpointing
     if checkpointing == ["blocks"]:
         checkpointing = "blocks"
@@ -90,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     fits = _largest_batch(report, args.budget) if args.budget else None
     chart = None
     if args.chart:
-        what = f"{args.model}: {args.mode}, {args.precision}, on {args.device}"
+        what = f"{args.model}: {args.mode}, {args.precision}, on {report.device}"
         chart = write_chart(report, args.chart, title=what, budget=args.budget)
     if args.json:
         print_json({**report.to_dict(), "budget_bytes": args.budget, "largest_batch_in_budget": fits})
@@ -109,7 +107,7 @@ def _largest_batch(report: MemoryReport, budget: int) -> int | None:
 def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) -> None:
     console = output_console()
     what = f"{args.mode}, {args.precision}" + (f", {args.optimizer}" if args.mode == "train" else "")
-    table = Table(title=f"{args.model}: {what}, on {args.device}", title_justify="left", header_style="dim")
+    table = Table(title=f"{args.model}: {what}, on {report.device}", title_justify="left", header_style="dim")
     table.add_column("at the peak")
     for step in report.steps:
         table.add_column(f"batch {step.batch_size or args.input_shape[0]}", justify="right")

@@ -1,62 +1,109 @@
-"""The model a command works on, and a sample input for it: a factory spec or a Hugging Face folder.
+"""MODEL and its options, the same on every command that works on a model: one layer over
+:func:`slimtorch.models.open_model`.
 
-Shared by ``slimtorch prune`` and ``slimtorch quantize``: the same MODEL argument, ``--weights``,
-``--input-shape`` and ``--allow-global``, and the same rules for the example input (token ids for a text
-model, images for a vision config, a random tensor of ``--input-shape`` for anything else).
+``prune``, ``quantize``, ``export`` and ``ops`` take MODEL (a factory spec, a Hugging Face folder or a
+sentence-transformers folder), ``--weights``, ``--non-strict``, ``--prefix``, ``--rename``,
+``--input-shape`` and ``--allow-global``; ``memory`` takes MODEL and ``--input-shape`` (it builds on the
+meta device and loads nothing). The example input comes from the model unless ``--input-shape`` is given,
+and it has been run through the model once: a model that rejects it is one line, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-import torch
+import sys
 
 from slimtorch.cli.arguments import add_allow_global
-from slimtorch.cli.model_spec import SPEC_HELP, resolve_factory
+from slimtorch.cli.model_spec import SPEC_HELP
 from slimtorch.errors import SlimtorchError
-from slimtorch.graph.capture import random_like
-from slimtorch.io.loader import load_model
+from slimtorch.models import ModelInput, open_meta_model, open_model
+from slimtorch.models.examples import DEFAULT_SHAPE
 
-DEFAULT_SHAPE = (1, 3, 224, 224)
+MODEL_HELP = SPEC_HELP + ", a Hugging Face model folder, or a sentence-transformers folder"
+NOTED_NAMES = 3
 
-
-@dataclass
-class CommandModel:
-    model: torch.nn.Module
-    example: tuple
-    folder: Path | None
-    """the Hugging Face folder it came from (None: a factory)"""
-
-    def samples(self, count: int) -> list[tuple]:
-        """``count`` inputs like the example: the example, then fresh random ones of its shape and kind."""
-        return [self.example, *(tuple(random_like(t) for t in self.example) for _ in range(count - 1))]
+__all__ = ["DEFAULT_SHAPE", "add_model_arguments", "command_model", "meta_model", "shape"]
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, default_shape: str) -> None:
-    parser.add_argument("model", metavar="MODEL", help=SPEC_HELP + ", or a Hugging Face model folder")
+def add_model_arguments(parser: argparse.ArgumentParser, default_shape: str | None = None) -> None:
+    """MODEL, ``--weights``, the name-matching options, ``--input-shape`` and ``--allow-global``."""
+    parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     parser.add_argument(
-        "--weights", metavar="PATH", help="checkpoint to load into the model first (any format)"
+        "--weights",
+        metavar="PATH",
+        help="checkpoint to load into the model (any format); for a folder, instead of its own weights",
     )
-    parser.add_argument(
-        "--input-shape",
-        type=shape,
-        default=DEFAULT_SHAPE,
-        metavar="N,C,H,W",
-        help=f"shape of the example input (default {default_shape}; token ids for a text model)",
-    )
+    add_name_matching(parser)
+    add_input_shape(parser, default_shape)
     add_allow_global(parser)
 
 
-def command_model(args: argparse.Namespace) -> CommandModel:
-    folder = Path(args.model)
-    if folder.is_dir() and (folder / "config.json").is_file():
-        model, example = _hugging_face(folder, args)
-        return CommandModel(model, example, folder)
-    model, example = _from_factory(args)
-    return CommandModel(model, example, None)
+def add_input_shape(parser: argparse.ArgumentParser, default_shape: str | None = None) -> None:
+    fallback = default_shape or ",".join(map(str, DEFAULT_SHAPE))
+    parser.add_argument(
+        "--input-shape",
+        type=shape,
+        metavar="N,...",
+        help="shape of the example input; default from the model: N,LENGTH token ids and a mask for a text "
+        f"model, an image for a vision one, else the model's example_input_shape or {fallback}",
+    )
+
+
+def add_name_matching(parser: argparse.ArgumentParser, *, non_strict: bool = True) -> None:
+    """``--prefix`` and ``--rename`` (and ``--non-strict`` unless the command has its own)."""
+    if non_strict:
+        parser.add_argument(
+            "--non-strict",
+            dest="strict",
+            action="store_false",
+            help="load even if the file holds tensors the model lacks or lacks some of its buffers",
+        )
+    parser.add_argument(
+        "--prefix",
+        metavar="P",
+        help="the model's tensors sit under P in the file (e.g. model_state.); default: found by matching",
+    )
+    parser.add_argument(
+        "--rename",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="replace the name prefix OLD by NEW in the file's names (repeatable), e.g. lstm.=rnn.",
+    )
+
+
+def name_matching(args: argparse.Namespace) -> dict:
+    """``prefix`` and ``rename`` for :func:`slimtorch.load_model`, only those given."""
+    given: dict = {}
+    if getattr(args, "prefix", None) is not None:
+        given["prefix"] = args.prefix
+    if getattr(args, "rename", None):
+        given["rename"] = [_rename(text) for text in args.rename]
+    return given
+
+
+def command_model(args: argparse.Namespace, *, check_example: bool = True) -> ModelInput:
+    """The model MODEL names, its weights loaded, and an example input it accepts (not run through the
+    model with ``check_example=False``: the command has an input of its own)."""
+    loaded = open_model(
+        args.model,
+        args.weights,
+        strict=args.strict,
+        input_shape=args.input_shape,
+        allow_globals=tuple(args.allow_global),
+        check_example=check_example,
+        **name_matching(args),
+    )
+    _note_left_out(loaded)
+    args.input_shape = loaded.shape  # the reports print the shape that was used
+    return loaded
+
+
+def meta_model(args: argparse.Namespace) -> ModelInput:
+    """The model built on the meta device (no memory, no weights read), and an example input it accepts."""
+    loaded = open_meta_model(args.model, input_shape=args.input_shape)
+    args.input_shape = loaded.shape
+    return loaded
 
 
 def shape(text: str) -> tuple[int, ...]:
@@ -69,70 +116,17 @@ def shape(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _from_factory(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
-    factory = resolve_factory(args.model)
-    if args.weights:
-        model = load_model(args.weights, factory, allow_globals=tuple(args.allow_global))
-    else:
-        model = factory()
-        if not isinstance(model, torch.nn.Module):
-            raise SlimtorchError(f"{args.model} returned a {type(model).__name__}, not a torch.nn.Module")
-    return model, (torch.randn(args.input_shape),)
+def _rename(text: str) -> tuple[str, str]:
+    old, sep, new = text.partition("=")
+    if not sep or not old:
+        raise SlimtorchError(f"--rename {text!r}: expected OLD=NEW, e.g. --rename lstm.=rnn.")
+    return old, new
 
 
-def _hugging_face(folder: Path, args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
-    """The folder's model (its class from config.json, its weights through slimtorch's safe loader) and
-    an example input: token ids, or images for a vision config (``--input-shape`` overrides)."""
-    config, model_class = _hf_class(folder)
-    model = load_model(folder, lambda: model_class(config), allow_globals=tuple(args.allow_global))
-    return model, _example(config, args.input_shape)
-
-
-def _hf_class(folder: Path) -> tuple[Any, Any]:
-    """config.json read by transformers, and the model class its ``architectures`` names."""
-    try:
-        import transformers
-    except ImportError:
-        raise SlimtorchError(
-            "a Hugging Face folder needs transformers: pip install 'slimtorch[hf]'"
-        ) from None
-    try:
-        config = transformers.AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError) as exc:
-        raise SlimtorchError(f"{folder}/config.json: {exc}") from None
-    architecture = (config.architectures or [None])[0]
-    model_class = getattr(transformers, architecture or "", None)
-    if model_class is None:
-        raise SlimtorchError(
-            f"{folder}: config.json names no architecture transformers knows ({architecture})"
-        )
-    return config, model_class
-
-
-def meta_model(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple]:
-    """The model built on the meta device (shapes, no memory, no weights read) and an example input:
-    what a memory estimate needs, for models larger than RAM too."""
-    folder = Path(args.model)
-    if folder.is_dir() and (folder / "config.json").is_file():
-        config, model_class = _hf_class(folder)
-        with torch.device("meta"):
-            return model_class(config), _example(config, args.input_shape)
-    factory = resolve_factory(args.model)
-    with torch.device("meta"):
-        model = factory()
-    if not isinstance(model, torch.nn.Module):
-        raise SlimtorchError(f"{args.model} returned a {type(model).__name__}, not a torch.nn.Module")
-    return model, (torch.randn(args.input_shape),)
-
-
-def _example(config: Any, input_shape: tuple[int, ...]) -> tuple:
-    """Token ids for a text config, images for a vision one; ``--input-shape`` overrides the size."""
-    if input_shape != DEFAULT_SHAPE:
-        sizes = input_shape
-    elif hasattr(config, "image_size"):
-        sizes = (1, getattr(config, "num_channels", 3), config.image_size, config.image_size)
-    else:
-        sizes = (1, min(128, getattr(config, "max_position_embeddings", 128)))
-    if len(sizes) == 2:
-        return (torch.randint(0, config.vocab_size, sizes),)
-    return (torch.randn(sizes),)
+def _note_left_out(loaded: ModelInput) -> None:
+    """Nothing is left out silently: what the load skipped goes to stderr (stdout may be --json)."""
+    if not loaded.ignored:
+        return
+    shown = "; ".join(loaded.ignored[:NOTED_NAMES])
+    more = f"; and {len(loaded.ignored) - NOTED_NAMES} more" if len(loaded.ignored) > NOTED_NAMES else ""
+    print(f"slimtorch: note: the load left out {shown}{more}", file=sys.stderr)

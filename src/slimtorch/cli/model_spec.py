@@ -1,64 +1,10 @@
-"""``package.module:factory`` or ``path/to/file.py:factory``: the model a command builds, named by the user.
-
-This imports the user's own code, which they name on the command line; it never runs code from a
-checkpoint.
-"""
+"""MODEL on the command line: the help text shared by every command; resolution lives in
+:mod:`slimtorch.models.spec`, where the Python API finds it too."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-from collections.abc import Callable
-from pathlib import Path
-
-from torch import nn
-
-from slimtorch.errors import SlimtorchError
+from slimtorch.models.spec import resolve_factory
 
 SPEC_HELP = "the model: package.module:factory or path/to/file.py:factory (a class or a function)"
 
-
-def resolve_factory(spec: str) -> Callable[[], nn.Module]:
-    """The callable that ``spec`` names; the current folder is importable, like ``python -m``.
-
-    Example:
-        >>> factory = resolve_factory("torch.nn:Identity")
-        >>> type(factory()).__name__
-        'Identity'
-    """
-    where, sep, attr = spec.rpartition(":")
-    if not sep or not where or not attr:
-        raise SlimtorchError(f"model {spec!r}: expected package.module:factory or file.py:factory")
-    module = _import(where, spec)
-    try:
-        factory = getattr(module, attr)
-    except AttributeError:
-        raise SlimtorchError(f"model {spec!r}: {where} has no attribute {attr!r}") from None
-    if not callable(factory):
-        raise SlimtorchError(f"model {spec!r}: {attr} is a {type(factory).__name__}, not callable")
-    return factory
-
-
-def _import(where: str, spec: str):
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise SlimtorchError(f"model {spec!r}: no such file {where}")
-        loaded = importlib.util.spec_from_file_location(path.stem, path)
-        assert loaded is not None and loaded.loader is not None
-        module = importlib.util.module_from_spec(loaded)
-        # Registered while it runs, as an import would be: dataclasses and pickling look the module up.
-        sys.modules[loaded.name] = module
-        try:
-            loaded.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[loaded.name]
-            raise
-        return module
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        return importlib.import_module(where)
-    except ModuleNotFoundError as exc:
-        raise SlimtorchError(f"model {spec!r}: cannot import {where} ({exc})") from None
+__all__ = ["SPEC_HELP", "resolve_factory"]

@@ -53,7 +53,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
 
 def run(args: argparse.Namespace) -> int:
     loaded = command_model(args)
-    found = operators(loaded.model, loaded.example, training=args.training)
+    found = operators(loaded.model, loaded.positional(), training=args.training)
     for note in found.notes:
         print(f"slimtorch: note: {note}", file=sys.stderr)
     if args.output:

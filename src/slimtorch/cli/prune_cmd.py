@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import copy
 from pathlib import Path
 
 from rich.table import Table
 
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
-from slimtorch.measure import measure
+from slimtorch.measure import compare, measure
 from slimtorch.prune import channels_with_report
 from slimtorch.prune.hf import save_pretrained
 from slimtorch.report.inspect_view import output_console
@@ -24,7 +25,9 @@ removes the least important share of each group from every weight, bias, running
 attribute, and saves a slim file that records the new structure: load it back with
 slimtorch.load_model(OUT, factory) and the original model's factory.
 
-Prints parameters, MACs and CPU latency (median) before and after, on a random input of --input-shape.
+Prints parameters, MACs and CPU latency (median +- IQR, the two models timed in turns) before and
+after, on an example input (from the model: token ids and a mask for a text model, an image for a vision
+one; or of --input-shape).
 Channels that reach the model's output, or ops whose channel layout is unknown, are left alone; the
 report says which and why.
 
@@ -57,7 +60,12 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         "--ignore", nargs="+", default=[], metavar="MODULE", help="modules whose outputs stay"
     )
     parser.add_argument("--quantize", choices=("int8", "int4"), help="also quantize the saved weights")
-    parser.add_argument("--runs", type=int, default=10, help="timed forward passes for latency (default 10)")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=10,
+        help="interleaved latency rounds, about 2 s in all (default 10; 0: none)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
 
@@ -81,12 +89,14 @@ def _count(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     loaded = command_model(args)
-    model, example, hugging_face = loaded.model, loaded.example, loaded.folder is not None
+    model, example, hugging_face = loaded.model, loaded.positional(), loaded.folder is not None
     model.eval()
-    before = measure(model, example, runs=args.runs)
+    before = measure(model, example)
+    original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the pruned model, in turns
     _, report = channels_with_report(
         model,
-        example,
+        loaded.args,
+        example_kwargs=loaded.kwargs,
         ratio=args.ratio,
         target_params=args.target_params,
         target_macs=args.target_macs,
@@ -96,7 +106,11 @@ def run(args: argparse.Namespace) -> int:
         round_to=args.round_to,
         ignore=args.ignore,
     )
-    after = measure(model, example, runs=args.runs)
+    after = measure(model, example)
+    latency = (
+        None if original is None else compare(original, model, loaded.args, loaded.kwargs, rounds=args.runs)
+    )
+    del original
     problems: list[str] = []
     if hugging_face:
         problems = save_pretrained(model, args.output, quantize=args.quantize).problems
@@ -110,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
                 "schema": "slimtorch.prune/1",
                 "before": before.to_dict(),
                 "after": after.to_dict(),
+                "latency": latency.to_dict() if latency else None,
                 "file_bytes": size,
                 "files": files,
                 "config_problems": problems,
@@ -130,17 +145,15 @@ def run(args: argparse.Namespace) -> int:
     rows = (
         ("parameters", before.params, after.params, f"{after.params:,}", f"{before.params:,}"),
         ("MACs", before.macs, after.macs, f"{after.macs / 1e9:.3f} G", f"{before.macs / 1e9:.3f} G"),
-        (
-            f"latency, batch {args.input_shape[0]}",
-            before.latency_s,
-            after.latency_s,
-            f"{after.latency_s * 1e3:.1f} ms",
-            f"{before.latency_s * 1e3:.1f} ms",
-        ),
     )
     for label, b, a, a_text, b_text in rows:
         table.add_row(label, b_text, a_text, f"{a / b:.3f}x" if b else "-")
+    if latency:
+        label = f"latency, batch {args.input_shape[0]}"
+        table.add_row(label, latency.before.describe(), latency.after.describe(), latency.verdict())
     console.print(table)
+    if latency:
+        console.print(f"  latency: {latency.how}", highlight=False)
     console.print(
         f"{report.pruned_groups} of {report.groups} channel groups pruned "
         f"({report.channels_before:,} -> {report.channels_after:,} channels)",

@@ -3,33 +3,37 @@
 from __future__ import annotations
 
 import argparse
-from collections import Counter
+import copy
 from pathlib import Path
 
 from rich.table import Table
 
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
-from slimtorch.measure import measure_latency
+from slimtorch.measure import LatencyComparison, compare
 from slimtorch.quant import SCHEMES, QuantizeReport, quantize_with_report
 from slimtorch.report.inspect_view import output_console
 from slimtorch.report.units import format_bytes
 from slimtorch.shrinking import COMPANION_FILES, save_model
 
-HELP = "quantize Linear and Embedding layers (int8 / int4), check them against the float model, save"
+HELP = "quantize Linear, Embedding, LSTM and GRU layers (int8 / int4), check against the float model, save"
 DESCRIPTION = """\
-Swaps the model's nn.Linear and nn.Embedding layers (and Hugging Face's Conv1D) for quantized ones and
-saves a slim file in which they stay quantized: load it back with slimtorch.load_model(OUT, factory) and
-the float model's factory, and the layers come back quantized, their codes mapped from the file.
+Swaps the model's nn.Linear, nn.Embedding, nn.LSTM and nn.GRU layers (and Hugging Face's Conv1D) for
+quantized ones, except the few whose output error on the samples would dominate (--quantize-all: those
+too), and saves a slim file in which they stay quantized: load it back with slimtorch.load_model(OUT,
+factory) and the float model's factory, and the layers come back quantized, their codes mapped from the
+file. Every layer left float that holds a real share of the weights is listed with the reason; a --skip
+pattern that matches no module, or a model with nothing to quantize, is an error.
 
 schemes:
   int8-dynamic  int8 weights and int8 activations (scaled per row on each call): the fastest on CPU
   int8-weight   int8 weights, float activations (computed in the input's dtype)
   int4-weight   4-bit weights, a scale and zero point per --group-size inputs: the smallest
 
-Prints the model's size before and after, CPU latency (median), how closely the outputs agree with the
-float model on --samples random inputs (cosine similarity, largest difference) and each layer's error:
-the relative error of its weight and of its output against the float layer on the same inputs.
+Prints the model's size before and after, CPU latency (median +- IQR, the two models timed in turns),
+how closely the outputs agree with the float model on --samples random inputs (cosine similarity, largest
+difference) and each layer's error: the relative error of its weight and of its output against the float
+layer on the same inputs.
 
 examples:
   slimtorch quantize ./bert-folder -o bert-int8 --scheme int8-dynamic
@@ -53,10 +57,20 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     )
     parser.add_argument("--no-embeddings", action="store_true", help="keep nn.Embedding layers float")
     parser.add_argument(
+        "--quantize-all",
+        action="store_true",
+        help="also quantize the few layers whose output error would dominate (kept float by default)",
+    )
+    parser.add_argument(
         "--samples", type=int, default=4, metavar="N", help="random inputs to compare on (default 4)"
     )
     parser.add_argument("--layers", type=int, default=10, metavar="N", help="layers listed, worst first")
-    parser.add_argument("--runs", type=int, default=10, help="timed forward passes for latency (default 10)")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=10,
+        help="interleaved latency rounds, about 2 s in all (default 10; 0: none)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
 
@@ -65,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = command_model(args)
     model = loaded.model.eval()
     samples = loaded.samples(max(1, args.samples))
-    before = measure_latency(model, loaded.example, runs=args.runs) if args.runs else 0.0
+    original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the quantized model, in turns
     _, report = quantize_with_report(
         model,
         args.scheme,
@@ -73,8 +87,12 @@ def run(args: argparse.Namespace) -> int:
         skip=args.skip,
         calibration=samples,
         embeddings=not args.no_embeddings,
+        keep_sensitive=not args.quantize_all,
     )
-    after = measure_latency(model, loaded.example, runs=args.runs) if args.runs else 0.0
+    latency = (
+        None if original is None else compare(original, model, loaded.args, loaded.kwargs, rounds=args.runs)
+    )
+    del original
     out = Path(args.output)
     extra = (
         {name: loaded.folder / name for name in COMPANION_FILES if (loaded.folder / name).is_file()}
@@ -84,18 +102,17 @@ def run(args: argparse.Namespace) -> int:
     files = save_model(model, out, extra_files=extra).files
     size = sum(Path(f).stat().st_size for f in files if f.endswith(".safetensors"))
     if args.json:
-        latency = {"before_s": before, "after_s": after}
-        print_json({**report.to_dict(), "latency": latency, "file_bytes": size, "files": files})
+        timing = latency.to_dict() if latency else None
+        print_json({**report.to_dict(), "latency": timing, "file_bytes": size, "files": files})
         return 0
-    _render(args, report, before, after, files, size)
+    _render(args, report, latency, files, size)
     return 0
 
 
 def _render(
     args: argparse.Namespace,
     report: QuantizeReport,
-    before: float,
-    after: float,
+    latency: LatencyComparison | None,
     files: list[str],
     size: int,
 ) -> None:
@@ -109,10 +126,12 @@ def _render(
         format_bytes(report.after_bytes),
         f"{report.ratio:.3f}x",
     )
-    if before and after:
-        batch = f"latency, input {','.join(str(s) for s in args.input_shape)}"
-        table.add_row(batch, f"{before * 1e3:.2f} ms", f"{after * 1e3:.2f} ms", f"{after / before:.3f}x")
+    if latency:
+        label = f"latency, input {','.join(str(s) for s in args.input_shape)}"
+        table.add_row(label, latency.before.describe(), latency.after.describe(), latency.verdict())
     console.print(table)
+    if latency:
+        console.print(f"  latency: {latency.how}", highlight=False)
     if report.output_cosine is not None:
         console.print(
             f"outputs on {report.samples} random input(s): cosine similarity {report.output_cosine:.5f}, "
@@ -120,9 +139,26 @@ def _render(
             highlight=False,
         )
     _render_layers(console, report, args.layers)
-    for reason, count in Counter(report.skipped.values()).most_common():
-        console.print(f"  kept float: {count} layer(s): {reason}", highlight=False)
+    for line in _kept_float_lines(report):
+        console.print(line, highlight=False)
     console.print(f"wrote {', '.join(files)} ({format_bytes(size)})", highlight=False)
+
+
+def _kept_float_lines(report: QuantizeReport, shown: int = 8) -> list[str]:
+    """One line per layer left float (a line per reason when there are many), then the smaller ones."""
+    layers = report.kept_float
+    if len(layers) <= shown:
+        lines = [f"  kept float: {k.name} ({k.kind}, {format_bytes(k.bytes)}): {k.reason}" for k in layers]
+    else:
+        by_reason: dict[str, list] = {}
+        for layer in layers:
+            by_reason.setdefault(layer.reason, []).append(layer)
+        lines = [
+            f"  kept float: {len(group)} layers ({group[0].name} ...), "
+            f"{format_bytes(sum(k.bytes for k in group))}: {reason}"
+            for reason, group in by_reason.items()
+        ]
+    return lines + [f"  kept float: {note}" for note in report.notes]
 
 
 def _render_layers(console, report: QuantizeReport, shown: int) -> None:

@@ -6,7 +6,7 @@ import argparse
 
 from slimtorch.cli.arguments import add_allow_global, add_command, print_json
 from slimtorch.io.readers import open_checkpoint
-from slimtorch.policy import ShrinkOptions
+from slimtorch.policy import INT4_GROUP_SIZE, ShrinkOptions
 from slimtorch.report.inspect_view import output_console
 from slimtorch.report.progress import ByteProgress
 from slimtorch.report.shrink_view import render_shrink
@@ -19,11 +19,19 @@ Reads any checkpoint slimtorch reads and writes only what carries information, a
 any safetensors reader opens (codecs are described in the file's metadata; nothing is pickled):
 
   - drops optimizer and training state (--keep-optimizer keeps them)
+  - keeps the other non-tensor values that are plain data (a config, an epoch, constructor arguments) as
+    JSON in the file's metadata, read back by slimtorch.load_objects(); lists what it cannot keep
+    (--no-objects drops them all)
   - folds torch.nn.utils.prune masks into their weights (weight = weight_orig * weight_mask)
   - stores tied and duplicated tensors once (ties come back tied on load)
   - stores zeros sparsely (bitmask + non-zeros) where that is smaller (--sparse off disables)
   - optionally converts floats (--dtype) and quantizes weights (--quantize): norms, biases and small
-    tensors keep their precision; embeddings are quantized per row unless --keep-embeddings
+    tensors keep their precision; embeddings are quantized per row unless --keep-embeddings; int4 groups
+    hold 32 values (--group-size); unless --quantize-all, the weights quantizing would hurt most are
+    stored at a higher precision and listed: those whose rounding error would dominate (5x the median or
+    more: typically an input layer on raw features) at float16, and recurrent layers' weights (LSTM, GRU,
+    RNN: their error compounds over time steps) at int8 under int4, their recurrent matrices at float16
+    under int8
 
 The write is atomic (temp file, fsync, rename) and every part carries a CRC-32.
 OUT ending in .safetensors is one file; any other OUT is a folder (shards + index, Hugging Face style;
@@ -48,9 +56,9 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument(
         "--group-size",
         type=_group_size,
-        default=128,
+        default=INT4_GROUP_SIZE,
         metavar="G",
-        help="int4 group size, 32 to 256 (default 128)",
+        help=f"int4 group size, 32 to 256 (default {INT4_GROUP_SIZE})",
     )
     parser.add_argument(
         "--sparse",
@@ -66,6 +74,16 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("--keep-optimizer", action="store_true", help="keep optimizer and training state")
     parser.add_argument("--keep-embeddings", action="store_true", help="do not quantize embeddings")
     parser.add_argument(
+        "--quantize-all",
+        action="store_true",
+        help="quantize every weight as asked, even those stored at a higher precision by default",
+    )
+    parser.add_argument(
+        "--no-objects",
+        action="store_true",
+        help="drop every non-tensor value (by default plain data such as a config or an epoch is kept)",
+    )
+    parser.add_argument(
         "--keep-names", action="store_true", help="keep a training wrapper prefix such as 'model.'"
     )
     parser.add_argument(
@@ -79,7 +97,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         nargs="+",
         default=[],
         metavar="PATTERN",
-        help="tensor names (glob patterns) kept exact: no conversion, no quantization",
+        help="tensor names (glob patterns) kept exact: no conversion, no quantization; each must match",
     )
     parser.add_argument(
         "--top", type=int, default=15, metavar="K", help="largest tensors to list (default 15)"
@@ -112,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         entropy=args.entropy,
         quantize_embeddings=not args.keep_embeddings,
         skip=args.skip,
+        quantize_all=args.quantize_all,
     )
     with open_checkpoint(args.source, allow_globals=args.allow_global) as source:
         total = sum(info.nbytes for info in source.tensors)
@@ -122,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             options=options,
             keep_optimizer=args.keep_optimizer,
             keep_names=args.keep_names,
+            keep_objects=not args.no_objects,
             shard_bytes=args.shard_size,
             allow_globals=args.allow_global,
             progress=bar.advance,

@@ -2,7 +2,7 @@
 
 Walking the captured ATen graph, every activation gets a *layout*: the axis that carries its channels and
 what those channels are made of. A layer that makes new channels (``conv2d``, ``linear``, ``embedding``)
-opens a *space*; ops that keep channels (activations, norms, pooling, depthwise convolution) pass the
+opens a *space*; ops that keep channels (activations, PReLU, norms, pooling, depthwise convolution) pass the
 layout on; ``add`` and ``mul`` of two activations unite their spaces (a residual connection ties the
 channels of both branches); ``cat`` lays spaces side by side; ``flatten`` turns each channel into a run of
 ``H*W`` features. Every weight dimension that a layout reaches is recorded as a :class:`Slice` of the space
@@ -76,6 +76,24 @@ class _Walk:
         self.layouts[node] = layout
         return layout
 
+    def attach(self, layout: Layout, value: object, dim: int, role: str) -> None:
+        """Record that weight ``value``'s ``dim`` runs along ``layout``'s channels. A weight that the
+        forward computes (``weight_norm``'s ``g * v / |v|``) is traced back to the stored tensors it is made
+        of; one computed some other way freezes the channels, since cutting it would cut nothing stored."""
+        if not isinstance(value, Node):
+            return
+        key = self.key(value)
+        if key is not None:
+            self.spaces.attach(layout, key, dim, role)
+        elif value.op == "call_function" and _op_name(value) == "_weight_norm":
+            size = _shape(value)[dim]
+            for part in value.args[:2]:  # v (the direction) and g (the magnitude, size 1 off its dim)
+                if self.key(part) is not None and _shape(part)[dim] == size:
+                    self.spaces.attach(layout, self.key(part), dim, role)
+        elif self.layout(value) is None:
+            made_by = _op_name(value) if value.op == "call_function" else "a constant"
+            self.freeze(layout, f"a weight computed by {made_by} (from {_where(value)})")
+
     def freeze(self, layout: Layout | None, reason: str) -> None:
         for segment in layout.segments if layout else ():
             for root in self.spaces.roots(segment.space):
@@ -118,14 +136,14 @@ class _Walk:
         w_shape = _shape(weight)
         if groups == 1:
             out = self.fresh(node, 1)
-            self.spaces.attach(out, self.key(weight), 0, "out")
-            self.spaces.attach(out, self.key(bias), 0, "out")
+            self.attach(out, weight, 0, "out")
+            self.attach(out, bias, 0, "out")
             if source is not None:
-                self.spaces.attach(source, self.key(weight), 1, "in")
+                self.attach(source, weight, 1, "in")
         elif source is not None and groups == source.size == w_shape[0] and w_shape[1] == 1:
             self.layouts[node] = source  # depthwise: one filter per channel
-            self.spaces.attach(source, self.key(weight), 0, "norm")
-            self.spaces.attach(source, self.key(bias), 0, "norm")
+            self.attach(source, weight, 0, "norm")
+            self.attach(source, bias, 0, "norm")
         else:
             self.freeze(source, f"grouped convolution (from {_where(node)})")
             self.fresh(node, 1, f"grouped convolution (from {_where(node)})")
@@ -147,10 +165,10 @@ class _Walk:
             self.fresh(node, 1, f"grouped transposed convolution (from {_where(node)})")
             return
         out = self.fresh(node, 1)
-        self.spaces.attach(out, self.key(weight), 1, "out")
-        self.spaces.attach(out, self.key(bias), 0, "out")
+        self.attach(out, weight, 1, "out")
+        self.attach(out, bias, 0, "out")
         if source is not None:
-            self.spaces.attach(source, self.key(weight), 0, "in")
+            self.attach(source, weight, 0, "in")
 
     def linear(self, node: Node) -> None:
         source, weight = self.layout(node.args[0]), node.args[1]
@@ -159,19 +177,19 @@ class _Walk:
             self.freeze(source, f"linear over a non-channel axis (from {_where(node)})")
             source = None
         out = self.fresh(node, len(_shape(node)) - 1)
-        self.spaces.attach(out, self.key(weight), 0, "out")
-        self.spaces.attach(out, self.key(bias), 0, "out")
+        self.attach(out, weight, 0, "out")
+        self.attach(out, bias, 0, "out")
         if source is not None:
-            self.spaces.attach(source, self.key(weight), 1, "in")
+            self.attach(source, weight, 1, "in")
 
     def addmm(self, node: Node) -> None:
         """``bias + x @ weight`` with weight stored [in, out] (Hugging Face's GPT-2 ``Conv1D``)."""
         bias, source, weight = node.args[0], self.layout(node.args[1]), node.args[2]
         out = self.fresh(node, 1)
-        self.spaces.attach(out, self.key(weight), 1, "out")
-        self.spaces.attach(out, self.key(bias), 0, "out")
+        self.attach(out, weight, 1, "out")
+        self.attach(out, bias, 0, "out")
         if source is not None and source.axis == 1:
-            self.spaces.attach(source, self.key(weight), 0, "in")
+            self.attach(source, weight, 0, "in")
         elif source is not None:
             self.freeze(source, f"addmm over a non-channel axis (from {_where(node)})")
 
@@ -180,7 +198,7 @@ class _Walk:
 
     def embedding(self, node: Node) -> None:
         out = self.fresh(node, len(_shape(node)) - 1)
-        self.spaces.attach(out, self.key(node.args[0]), 1, "out")
+        self.attach(out, node.args[0], 1, "out")
 
     def norm(self, node: Node) -> None:
         source = self.layout(node.args[0])
@@ -191,7 +209,22 @@ class _Walk:
             return
         self.layouts[node] = source
         for value in node.args[1:5]:
-            self.spaces.attach(source, self.key(value), 0, "norm")
+            self.attach(source, value, 0, "norm")
+
+    def prelu(self, node: Node) -> None:
+        """``nn.PReLU(C)`` scales each channel's negative side by its own slope, so its weight is one more
+        per-channel vector of the group; ``nn.PReLU()`` (one shared slope) just passes the channels on."""
+        source, weight = self.layout(node.args[0]), node.args[1]
+        if source is None:
+            return
+        if math.prod(_shape(weight) or (1,)) == 1:
+            self.layouts[node] = source
+            return
+        if source.axis != min(1, len(_shape(node.args[0])) - 1):  # PReLU's slopes run along axis 1
+            self.freeze(source, f"prelu over a non-channel axis (from {_where(node)})")
+            return
+        self.layouts[node] = source
+        self.attach(source, weight, 0, "norm")
 
     def layer_norm(self, node: Node) -> None:
         source = self.layout(node.args[0])
@@ -203,7 +236,7 @@ class _Walk:
             return
         self.layouts[node] = source
         for value in node.args[2:4]:
-            self.spaces.attach(source, self.key(value), 0, "norm")
+            self.attach(source, value, 0, "norm")
 
     def elementwise(self, node: Node) -> None:
         out_shape = _shape(node)
@@ -429,6 +462,8 @@ _HANDLERS.update(
         "linear": _Walk.linear,
         "embedding": _Walk.embedding,
         "layer_norm": _Walk.layer_norm,
+        "prelu": _Walk.prelu,
+        "_prelu_kernel": _Walk.prelu,
         "cat": _Walk.cat,
         "flatten": _Walk.flatten,
         "view": _Walk.view,

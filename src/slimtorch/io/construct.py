@@ -7,6 +7,11 @@ parameter to the meta device, so the initialisers that follow see meta tensors a
 
 Buffers stay real on purpose. Non-persistent buffers (``position_ids``, rotary ``inv_freq``, causal masks)
 are not in any checkpoint: the constructor is the only place their values come from.
+
+Constructors move what they built (``nn.Linear(4, 4).to(device)``, ``self.cuda()``): a meta tensor stays
+on meta and remembers where it was sent (:func:`intended_device`), so the loader puts the file's tensor
+there. A constructor that needs its weights' values (``.item()``, a buffer computed from them) cannot run
+on meta: :func:`build_model` then builds normally and says so.
 """
 
 from __future__ import annotations
@@ -34,17 +39,54 @@ INITIALISERS = frozenset(
 )
 
 
+_MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu})
+_INTENDED = "_slimtorch_intended_device"
+
+
 class _SkipMetaInit(TorchFunctionMode):
-    """Return a meta tensor untouched from the value-only in-place ops above."""
+    """Return a meta tensor untouched from the value-only in-place ops above, and keep it on meta when the
+    constructor moves it (a copy "out of meta" has no data to copy)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _MOVES and args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            return _stay_on_meta(func, args[0], args[1:], kwargs)
         if getattr(func, "__name__", "") in INIT_OPS or func in INITIALISERS:
             # torch.nn.init passes its tensor as a keyword to __torch_function__
             target = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
             if isinstance(target, torch.Tensor) and target.is_meta:
                 return target
         return func(*args, **kwargs)
+
+
+def _stay_on_meta(func, tensor: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+    if func is torch.Tensor.to:
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)  # Module.to's own parser
+    elif func is torch.Tensor.cuda:
+        index = args[0] if args else kwargs.get("device")
+        device, dtype = (
+            torch.device("cuda", index) if isinstance(index, int) else torch.device(index or "cuda"),
+            None,
+        )
+    else:
+        device, dtype = torch.device("cpu"), None
+    moved = tensor if dtype is None or dtype == tensor.dtype else tensor.to(dtype)
+    if device is not None and device.type != "meta":
+        for each in (tensor, moved):  # Module._apply keeps the parameter object and swaps its .data
+            setattr(each, _INTENDED, device)
+    return moved
+
+
+def intended_device(tensor: torch.Tensor) -> torch.device | None:
+    """Where the constructor sent a meta tensor (``.to(device)``, ``.cuda()``); None: it did not say.
+
+    Example:
+        >>> with parameters_on_meta():
+        ...     layer = nn.Linear(2, 2).to("cpu")
+        >>> layer.weight.is_meta, intended_device(layer.weight)
+        (True, device(type='cpu'))
+    """
+    return getattr(tensor, _INTENDED, None)
 
 
 @contextlib.contextmanager
@@ -62,7 +104,9 @@ def parameters_on_meta() -> Iterator[None]:
     def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         original(module, name, param)
         if param is not None and param.device.type != "meta":
-            module._parameters[name] = _like(param, param.to("meta"))
+            module._parameters[name] = meta = _like(param, param.to("meta"))
+            if param.device.type != "cpu":  # created on an accelerator: that is where it belongs
+                setattr(meta, _INTENDED, param.device)
 
     # Patching a class attribute is process-wide: one build at a time, restored whatever happens.
     with _lock:
@@ -95,3 +139,50 @@ def build_on_meta(factory: Callable[[], nn.Module]) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise SlimtorchError(f"the model factory returned a {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def build_model(factory: Callable[[], nn.Module]) -> tuple[nn.Module, str | None]:
+    """:func:`build_on_meta` where the constructor allows it, else a normal build and a note saying why.
+
+    A constructor that reads its weights' values (``float(w.max())``, a buffer computed from them) fails
+    on meta or leaves a meta tensor that no checkpoint fills; built normally, it costs RAM and an init
+    but works. A factory that fails both ways raises its own error.
+
+    Example:
+        >>> model, note = build_model(lambda: nn.Linear(2, 2))
+        >>> model.weight.is_meta, note
+        (True, None)
+    """
+    try:
+        model = build_on_meta(factory)
+    except SlimtorchError:
+        raise
+    except Exception as exc:  # any failure on meta is retried for real: a real bug raises again there
+        lines = str(exc).strip().splitlines()
+        why = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+        return _build_normally(
+            factory
+        ), f"built with initialised weights: its constructor fails on meta ({why})"
+    unfilled = _meta_no_file_fills(model)
+    if unfilled is None:
+        return model, None
+    note = f"built with initialised weights: its constructor computes {unfilled!r} from weights on meta"
+    return _build_normally(factory), note
+
+
+def _build_normally(factory: Callable[[], nn.Module]) -> nn.Module:
+    model = factory()
+    if not isinstance(model, nn.Module):
+        raise SlimtorchError(f"the model factory returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _meta_no_file_fills(model: nn.Module) -> str | None:
+    """A meta tensor that a checkpoint never holds (a non-persistent buffer, a plain tensor attribute)."""
+    for prefix, module in model.named_modules():
+        owned = [(a, b) for a, b in module._buffers.items() if a in module._non_persistent_buffers_set]
+        owned += [(a, v) for a, v in vars(module).items() if isinstance(v, torch.Tensor)]
+        for attr, tensor in owned:
+            if tensor is not None and tensor.is_meta:
+                return f"{prefix}.{attr}" if prefix else attr
+    return None

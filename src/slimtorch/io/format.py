@@ -16,13 +16,18 @@ tensor stored as is keeps its own name (so any safetensors reader sees it), a co
       "ties": {"lm_head.weight": "embed.weight"},     # same tensor on load
       "copies": {"decoder.bias": "encoder.bias"},     # equal bytes, stored once, loaded as separate tensors
       "provenance": {"tool": "slimtorch 0.1.0", "source": "ckpt.pt", ...},
-      "delta": null                                   # structural changes of a pruned model
+      "delta": null,                                  # structural changes of a pruned model
+      "objects": {"model": {"model_args": {"n_conv": 4}}, "epoch": 29}
     }
+
+``objects`` (optional; absent in files without any) holds the checkpoint's non-tensor values that are plain
+JSON data, nested as in the original (see :mod:`slimtorch.io.objects`); :func:`slimtorch.load_objects`
+reads them. Files written before it existed read as having none.
 
 ``crc32`` holds one CRC-32 per :data:`CHECKSUM_CHUNK` bytes of each part as stored, so a flipped bit is
 found before decoding and chunks can be checked in parallel. A sharded checkpoint repeats ``ties``,
-``copies`` and ``provenance`` in every shard, lists only its own tensors, and has a Hugging Face style
-``model.safetensors.index.json`` (``weight_map`` over physical parts) beside the shards.
+``copies``, ``provenance`` and ``objects`` in every shard, lists only its own tensors, and has a Hugging
+Face style ``model.safetensors.index.json`` (``weight_map`` over physical parts) beside the shards.
 """
 
 from __future__ import annotations
@@ -120,6 +125,7 @@ class Layout:
     delta: Any = None
     checkpoint: str = ""
     shard: int = 1
+    objects: dict[str, Any] = field(default_factory=dict)
 
     def to_metadata(self) -> dict[str, str]:
         """The safetensors ``__metadata__`` (string to string)."""
@@ -133,6 +139,7 @@ class Layout:
             "copies": self.copies,
             "provenance": self.provenance,
             "delta": self.delta,
+            **({"objects": self.objects} if self.objects else {}),
         }
         return {METADATA_KEY: json.dumps(body, separators=(",", ":")), "format": "pt"}
 
@@ -158,6 +165,9 @@ class Layout:
         shard = body.get("shard", 1)
         if not isinstance(shard, int) or isinstance(shard, bool) or shard < 1:
             raise FormatError(path, "the shard number is not a positive integer")
+        objects = body.get("objects", {})
+        if not isinstance(objects, dict):
+            raise FormatError(path, "the stored objects are not a JSON object")
         return cls(
             tensors={name: Entry.from_json(path, name, value) for name, value in tensors.items()},
             ties=ties,
@@ -166,6 +176,7 @@ class Layout:
             delta=body.get("delta"),
             checkpoint=str(body.get("checkpoint", "")),
             shard=shard,
+            objects=objects,
         )
 
 

@@ -28,8 +28,9 @@ import torch
 from torch import nn
 
 from slimtorch.errors import FormatError, SlimtorchError
-from slimtorch.io.construct import build_on_meta
+from slimtorch.io.construct import build_model, intended_device
 from slimtorch.io.model_slots import (
+    Matching,
     Slot,
     assign,
     file_slots,
@@ -39,6 +40,7 @@ from slimtorch.io.model_slots import (
     place_the_rest,
     target_dtype,
 )
+from slimtorch.io.name_matching import Rename, Skipped
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.io.readers.slim import SlimSource
 from slimtorch.io.source import TensorSource
@@ -127,6 +129,27 @@ class LoadProfile:
     """Putting the tensors into the model."""
     wall_s: float = 0.0
     by_codec: dict[str, int] = field(default_factory=dict)
+    prefix: str = ""
+    """The wrapper prefix the model's names were read under in the file (``model_state.``)."""
+    model_prefix: str = ""
+    """A prefix of the model's names that the file lacks (``bert.``: a base model saved alone)."""
+    ignored: list[Skipped] = field(default_factory=list)
+    """Names left out because the model declares it does without them, each with the reason."""
+    unmatched: list[str] = field(default_factory=list)
+    """File names under the prefix that the model lacks, left out (strict=False)."""
+    missing: list[str] = field(default_factory=list)
+    """Model names the file lacks, left at the model's own values (strict=False)."""
+    outside_prefix: list[str] = field(default_factory=list)
+    """File names outside the wrapper prefix (optimizer state, ...), not the model's."""
+    notes: list[str] = field(default_factory=list)
+    """What the load did differently from the fast path, and why."""
+
+    def record(self, matching: Matching) -> None:
+        """Keep what name matching decided."""
+        self.prefix, self.model_prefix = matching.prefix.file, matching.prefix.model
+        self.ignored, self.unmatched = matching.ignored, matching.unmatched
+        self.missing, self.outside_prefix = matching.missing, matching.outside
+        self.notes += matching.notes
 
     def to_dict(self) -> dict:
         return {"schema": "slimtorch.load-profile/1", **asdict(self)}
@@ -153,6 +176,8 @@ def load_model(
     threads: int | None = None,
     progress: bool | None = None,
     allow_globals: tuple[str, ...] = (),
+    prefix: str | None = None,
+    rename: Rename = (),
 ) -> nn.Module:
     """Build a model and fill it from a checkpoint, fast and without holding the weights twice.
 
@@ -166,15 +191,23 @@ def load_model(
             where they already are for a built model.
         dtype: floating-point tensors are converted to it; None: the dtype the model declares.
         strict: refuse a file that lacks a tensor of the model or holds one the model does not have.
-            Parameters of a factory-built model must come from the file whatever ``strict`` says.
+            Parameters of a factory-built model must come from the file whatever ``strict`` says, and
+            a file that matches no name at all is refused either way. Names the model declares it
+            does without (its non-persistent buffers, Hugging Face's ``_keys_to_ignore_on_load_*``)
+            are left out and listed in the profile, never refused.
         verify: check the CRC-32 of every part of a slim file (a mismatch names the tensor).
         threads: decode threads (default: up to 4, one per core).
         progress: a progress bar on stderr for loads over a second; None: only on a terminal.
+        prefix: the wrapper the model's names sit under in the file (``"model_state."``); None: found
+            by matching (:func:`~slimtorch.io.name_matching.find_prefix`), at any depth.
+        rename: (old, new) name prefixes, or a mapping, replaced in the file's names once the wrapper
+            prefix is off (``{"lstm.": "rnn."}``; ``{"": "bert."}`` puts a prefix in front of all).
 
     Example:
         >>> import slimtorch, torch
         >>> build = lambda: torch.nn.Linear(1024, 1024)
         >>> model = slimtorch.load_model("linear.safetensors", build)  # doctest: +SKIP
+        >>> model = slimtorch.load_model("ckpt.pt", Net, rename={"lstm.": "rnn."})  # doctest: +SKIP
     """
     model, _ = load_model_profiled(
         path,
@@ -186,6 +219,8 @@ def load_model(
         threads=threads,
         progress=progress,
         allow_globals=allow_globals,
+        prefix=prefix,
+        rename=rename,
     )
     return model
 
@@ -201,6 +236,8 @@ def load_model_profiled(
     threads: int | None = None,
     progress: bool | None = None,
     allow_globals: tuple[str, ...] = (),
+    prefix: str | None = None,
+    rename: Rename = (),
 ) -> tuple[nn.Module, LoadProfile]:
     """:func:`load_model`, plus a :class:`LoadProfile` of where the time went (``slimtorch load
     --profile`` prints it)."""
@@ -214,12 +251,16 @@ def load_model_profiled(
         early = {} if stager else _prefetch(source, pool, dtype)
         try:
             clock = time.perf_counter()
-            model = _model(model_or_factory)
+            model, note = _model(model_or_factory)
             profile.construct_s = time.perf_counter() - clock
             profile.model = type(model).__name__
+            profile.notes += [note] if note else []
             _reshape(source, model)
             slots = model_slots(model)
-            match(source, slots, strict, built)
+            matching = match(source, model, slots, strict=strict, built=built, prefix=prefix, rename=rename)
+            profile.record(matching)
+            if target is None:
+                _check_intended_devices(slots)
             _fill(source, slots, target, dtype, stager, pool, early, progress, profile)
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)  # fail now, not after decoding the whole file
@@ -258,14 +299,25 @@ def _device(device: str | torch.device | None) -> torch.device | None:
     return device
 
 
-def _model(model_or_factory: ModelOrFactory) -> nn.Module:
+def _model(model_or_factory: ModelOrFactory) -> tuple[nn.Module, str | None]:
     if isinstance(model_or_factory, nn.Module):
-        return model_or_factory
+        return model_or_factory, None
     if not callable(model_or_factory):
         raise SlimtorchError(
             f"load_model takes a model or a function that builds one, not a {type(model_or_factory).__name__}"
         )
-    return build_on_meta(model_or_factory)
+    return build_model(model_or_factory)
+
+
+def _check_intended_devices(slots: list[Slot]) -> None:
+    """A constructor that sends the model to CUDA (``.cuda()``, ``.to(device)``) gets it there, if it can."""
+    for slot in slots:
+        wanted = intended_device(slot.tensor) if slot.tensor.is_meta else None
+        if wanted is not None and wanted.type == "cuda" and not torch.cuda.is_available():
+            raise SlimtorchError(
+                f"the model's constructor puts {slot.names[0]!r} on {wanted}, but this torch sees no CUDA "
+                "device: load it with device='cpu' (--device cpu)"
+            )
 
 
 def _reshape(source: TensorSource, model: nn.Module) -> None:
@@ -320,7 +372,12 @@ def _prefetch(source: TensorSource, pool: ThreadPoolExecutor, dtype: torch.dtype
 def _quantized_weights(source: SlimSource) -> set[str]:
     delta = source.layout.delta
     layers = delta.get("quantized") if isinstance(delta, dict) else None
-    return {f"{name}.weight" if name else "weight" for name in layers} if isinstance(layers, dict) else set()
+    if not isinstance(layers, dict):
+        return set()
+    # an LSTM / GRU codes each of its "matrices" under its own name; other layers code their weight
+    matrices = {name: how.get("matrices") if isinstance(how, dict) else None for name, how in layers.items()}
+    tensors = [(name, tensor) for name, coded in matrices.items() for tensor in coded or ["weight"]]
+    return {f"{name}.{tensor}" if name else tensor for name, tensor in tensors}
 
 
 def _fetch_part(source: TensorSource, slot: Slot) -> _Fetched:
@@ -370,6 +427,8 @@ def _fill(
             clock = time.perf_counter()
             tensor = _to_target(fetched.tensor, slot, device, dtype, stager)
             replaced = not fills_in_place(slot, tensor)
+            if replaced:
+                tensor = in_model_layout(tensor, slot.tensor)
             zero_copy = fetched.zero_copy and replaced and tensor is fetched.tensor
             if zero_copy and tensor.numel():
                 key = tensor.untyped_storage().data_ptr()
@@ -394,6 +453,41 @@ def _fill(
             profile.copy_s += time.perf_counter() - clock
     for unused in early.values():
         unused.cancel()
+
+
+def in_model_layout(tensor: torch.Tensor, model_tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` laid out in memory as the model's own tensor is (returned as is when it already is).
+
+    A file may store a weight transposed (legacy ``torch.save`` of a ``.t()`` view): kernels pick other
+    algorithms for other strides, so the model would compute with other rounding than
+    ``load_state_dict`` (which copies into the model's tensor) gives. Contiguous tensors, the usual
+    case, stay the file's mapped bytes.
+
+    Example:
+        >>> in_model_layout(torch.ones(2, 3).t(), torch.empty(3, 2, device="meta")).is_contiguous()
+        True
+    """
+    if tensor.is_contiguous() and model_tensor.is_contiguous():
+        return tensor
+    if tensor.stride() == model_tensor.stride() or model_tensor.shape != tensor.shape:
+        return tensor
+    if model_tensor.is_contiguous() or not _dense(model_tensor):
+        return tensor.contiguous()
+    laid_out = torch.empty_strided(
+        tensor.shape, model_tensor.stride(), dtype=tensor.dtype, device=tensor.device
+    )
+    return laid_out.copy_(tensor)
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Its elements fill a block of memory with neither gaps nor overlaps (a permutation of contiguous)."""
+    step = 1
+    for size, stride in sorted(zip(tensor.shape, tensor.stride(), strict=True), key=lambda p: p[1]):
+        if size != 1:
+            if stride != step:
+                return False
+            step *= size
+    return True
 
 
 def _stored_bytes(source: TensorSource, slot: Slot) -> int:
@@ -446,7 +540,12 @@ def _to_target(
     stager: Stager | None,
 ) -> torch.Tensor:
     want_dtype = target_dtype(slot, dtype) or tensor.dtype
-    want_device = device or (torch.device("cpu") if slot.tensor.is_meta else slot.tensor.device)
+    if device is not None:
+        want_device = device
+    elif slot.tensor.is_meta:  # where its constructor sent it, else the CPU
+        want_device = intended_device(slot.tensor) or torch.device("cpu")
+    else:
+        want_device = slot.tensor.device
     if stager is not None:
         tensor = stager.copy(tensor)
     elif tensor.device != want_device:

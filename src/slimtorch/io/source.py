@@ -155,6 +155,9 @@ class TensorSource:
     files: list[Path] = field(default_factory=list)
     structure_bytes: int = 0
     """Bytes of the serialized structure around the tensors (pickle stream, JSON header, index)."""
+    tree: Any = field(default=None, repr=False)
+    """The checkpoint's object as unpickled, tensors as meta tensors (a slim file: its stored objects);
+    None for formats without one. :func:`slimtorch.load_objects` reads its plain data."""
     _by_name: dict[str, TensorInfo] = field(init=False, repr=False)
     _maps: dict[Path, torch.UntypedStorage] = field(init=False, repr=False, default_factory=dict)
 

@@ -56,6 +56,7 @@ class SlimWriter:
         provenance: Mapping[str, Any] | None = None,
         delta: Any = None,
         extra_files: Mapping[str, Path] | None = None,
+        objects: Mapping[str, Any] | None = None,
     ) -> None:
         self.out = Path(out)
         self.single = self.out.suffix == ".safetensors"
@@ -69,6 +70,7 @@ class SlimWriter:
         self.checkpoint = uuid.uuid4().hex
         self.ties, self.copies = dict(ties or {}), dict(copies or {})
         self.provenance, self.delta = dict(provenance or {}), delta
+        self.objects = dict(objects or {})  # plain JSON data (slimtorch.io.objects checked it)
         self.extra_files = dict(extra_files or {})
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self._staging = self.out.parent / f"{TEMP_PREFIX}{self.out.name}-{self.checkpoint[:8]}"
@@ -117,6 +119,7 @@ class SlimWriter:
             delta=self.delta,
             checkpoint=self.checkpoint,
             shard=number,
+            objects=self.objects,
         )
         tensors = {key: t for _, parts in self._pending for key, t in parts.items()}
         target = self._staging if self.single else self._staging / f"shard-{number}.tmp"

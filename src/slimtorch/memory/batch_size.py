@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from slimtorch.errors import SlimtorchError
+from slimtorch.memory.device import runnable_device
 from slimtorch.memory.estimating import MemoryReport, measure_peak
 
 OOM_MESSAGES = (
@@ -80,14 +81,15 @@ def find_batch_size(
         margin: share of the budget kept free, for what a step's peak varies by.
         max_trials: real steps at most (each measured; an out-of-memory error counts as one). The answer
             is always a batch size a real step ran at within the budget.
-        device: where ``train_step`` runs (default: the report's device).
+        device: where ``train_step`` runs (default: the report's device, itself this machine's unless the
+            estimate named one).
 
     Example:
         >>> report = slimtorch.memory.estimate(model, batch, batch_sizes=[8, 16])  # doctest: +SKIP
         >>> find_batch_size(lambda n: step(model, data(n)), report).batch_size  # doctest: +SKIP
         112
     """
-    device = device or report.device
+    device = runnable_device(device or report.device, "find_batch_size")
     budget = budget if budget is not None else _free_memory(device)
     if not report.phase_lines:
         raise SlimtorchError(

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from slimtorch.errors import SlimtorchError
+from slimtorch.memory.device import default_device, runnable_device
 from slimtorch.memory.step import DONE, StepPlan, StepRecord, run_step
 from slimtorch.memory.timeline import StorageTimeline
 
@@ -102,7 +103,7 @@ def estimate(
     optimizer: str = "adamw",
     precision: str = "fp32",
     checkpointing: str | Sequence[str] | None = None,
-    device: str = "cuda",
+    device: str | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
 ) -> MemoryReport:
     """Predict a training (or inference) step's peak memory without running it for real.
@@ -122,7 +123,8 @@ def estimate(
             ``"fp16"`` (weights in that dtype).
         checkpointing: None, ``"blocks"`` (each entry of the longest ``nn.ModuleList``, non-reentrant)
             or module names.
-        device: ``"cuda"`` (sizes rounded as CUDA's caching allocator rounds them) or ``"cpu"``.
+        device: ``"cuda"`` (sizes rounded as CUDA's caching allocator rounds them) or ``"cpu"``; None:
+            this machine's (CUDA if torch sees one). Any machine can plan for CUDA: nothing runs on it.
         loss_fn: output -> scalar loss (default: the sum of the first floating-point output).
 
     Example:
@@ -134,7 +136,7 @@ def estimate(
         >>> held["optimizer_state"] // held["parameters"]  # AdamW: two moments per weight
         2
     """
-    plan = _plan(mode, optimizer, precision, checkpointing, device)
+    plan = _plan(mode, optimizer, precision, checkpointing, device or default_device())
     steps = [
         _measured(run_step(model, example_inputs, b, plan, fake=True, loss_fn=loss_fn), b)
         for b in _sizes(batch_sizes)
@@ -151,14 +153,19 @@ def profile(
     optimizer: str = "adamw",
     precision: str = "fp32",
     checkpointing: str | Sequence[str] | None = None,
-    device: str = "cpu",
+    device: str | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
 ) -> MemoryReport:
-    """The same step as :func:`estimate`, run for real (on copies of the weights): the same breakdown,
-    measured, plus the allocator's own high-water mark to check both against."""
-    plan = _plan(mode, optimizer, precision, checkpointing, device)
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise SlimtorchError("profile(device='cuda') needs a CUDA device; this torch sees none")
+    """The same step as :func:`estimate`, run for real (on copies of the weights, on ``device``; None:
+    this machine's): the same breakdown, measured, plus the allocator's own high-water mark to check both
+    against.
+
+    Example:
+        >>> report = slimtorch.memory.profile(model, torch.randn(8, 64))  # doctest: +SKIP
+        >>> report.steps[0].peak_bytes, report.steps[0].allocator_peak_bytes  # doctest: +SKIP
+        (1_179_648, 1_183_744)
+    """
+    plan = _plan(mode, optimizer, precision, checkpointing, runnable_device(device, "profile"))
     steps = []
     for batch_size in _sizes(batch_sizes):
         sampler = _sampler(plan)
@@ -260,10 +267,16 @@ def _line(points: list[tuple[int, int]]) -> tuple[float, float] | None:
     return mean_p - slope * mean_b, slope
 
 
-def measure_peak(step: Callable[[], Any], device: str = "cpu", resident: int = 0) -> int:
-    """The peak bytes of running ``step``: CUDA's ``max_memory_allocated`` (everything allocated on the
-    device); on the CPU, the heap the step adds at its highest plus ``resident`` (what it found already
-    allocated: the model's weights)."""
+def measure_peak(step: Callable[[], Any], device: str | None = None, resident: int = 0) -> int:
+    """The peak bytes of running ``step`` on ``device`` (None: this machine's): CUDA's
+    ``max_memory_allocated`` (everything allocated on the device); on the CPU, the heap the step adds at
+    its highest plus ``resident`` (what it found already allocated: the model's weights).
+
+    Example:
+        >>> measure_peak(lambda: torch.zeros(2**20), "cpu") >= 4 * 2**20  # doctest: +SKIP
+        True
+    """
+    device = runnable_device(device, "measure_peak")
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)

@@ -7,7 +7,11 @@ The levers, in the order they are pulled:
 2. mixed precision (``torch.autocast`` to bfloat16): activations take half the bytes, results change in
    the last bits, so only when checkpointing alone does not fit;
 3. on CUDA, activations offloaded to pinned host memory (``torch.autograd.graph.save_on_cpu``): the
-   device keeps almost none, each crosses the bus twice.
+   device keeps almost none, each crosses the bus twice. On the CPU they already live in host memory,
+   so this lever does not exist there, and the plan's ``notes`` say so when it would have been pulled.
+
+The device is this machine's unless named (CUDA if torch sees one); bf16 autocast works on both (on the
+CPU, torch's CPU autocast: linear, matmul and convolution in bfloat16), and the plan notes it on the CPU.
 
 Every candidate is estimated on fake tensors (:func:`slimtorch.memory.estimate`), so choosing costs a few
 simulated steps (a bisection over the number of blocks) and no memory; the first that fits (with a
@@ -26,6 +30,7 @@ import torch
 from torch import nn
 
 from slimtorch.errors import SlimtorchError
+from slimtorch.memory.device import runnable_device
 from slimtorch.memory.estimating import estimate
 from slimtorch.memory.step import checkpoint_blocks, checkpoint_forward, replace_forward
 
@@ -44,6 +49,9 @@ class FitPlan:
     budget_bytes: int
     recompute_share: float
     """share of the model's parameters whose forward runs twice (a proxy for the extra compute)"""
+    device: str = "cpu"
+    notes: list[str] = field(default_factory=list)
+    """what the device changed about the plan (bf16 on the CPU, no offloading there)"""
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     @property
@@ -69,20 +77,23 @@ def fit(
     example_inputs: Any,
     *,
     optimizer: str = "adamw",
-    device: str = "cuda",
+    device: str | None = None,
     allow_precision: bool = True,
     allow_offload: bool = True,
     margin: float = MARGIN,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
 ) -> FitPlan:
     """Choose checkpointing, precision and offload so one training step fits ``budget`` bytes, with the
-    least recomputation, and apply them to ``model`` (``plan.remove()`` undoes it).
+    least recomputation, and apply them to ``model`` (``plan.remove()`` undoes it). ``device``: where the
+    model trains (None: this machine's, CUDA if torch sees one); a plan is applied here, so CUDA on a
+    machine without it is refused (:func:`slimtorch.memory.estimate` plans for a GPU anywhere).
 
     Example:
         >>> plan = slimtorch.memory.fit(model, 16 * 2**30, batch)  # doctest: +SKIP
         >>> plan.checkpointed, plan.predicted_peak_bytes  # doctest: +SKIP
         (['layers.0', 'layers.1', 'layers.2'], 15_812_000_000)
     """
+    device = runnable_device(device, "fit")
     blocks = checkpoint_blocks(model)
     usable = budget * (1 - margin)
 
@@ -118,14 +129,22 @@ def fit(
             low, high = (low, middle) if at(middle) <= usable else (middle, high)
         chosen = (blocks[:high], precision, at(high))
         break
-    offload = False
+    offload, cuda, notes = False, torch.device(device).type == "cuda", []
     if chosen is None:
         names, precision = blocks, precisions[-1]
-        offload = allow_offload and torch.device(device).type == "cuda"
+        offload = allow_offload and cuda
+        if allow_offload and not cuda:
+            notes.append("offloading activations is for CUDA: on the CPU they already live in host memory")
         predicted = peak(names, precision)  # offloading moves saved activations off the device
         chosen = (names, precision, predicted)
     names, precision, predicted = chosen
-    plan = FitPlan(names, precision, offload, predicted, unmodified, budget, _share(model, names))
+    if precision != "fp32" and not cuda:
+        notes.append(
+            "bf16 autocast on the CPU: linear, matmul and convolution run in bfloat16 (fast only on CPUs "
+            "with bf16 instructions)"
+        )
+    share = _share(model, names)
+    plan = FitPlan(names, precision, offload, predicted, unmodified, budget, share, device, notes)
     if not plan.fits and not offload:
         raise SlimtorchError(
             f"no plan fits {budget:,} bytes: the best ({len(names)} of {len(blocks)} blocks checkpointed, "

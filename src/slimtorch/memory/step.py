@@ -17,7 +17,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedFakeTensorException,
+    UnsupportedOperatorException,
+)
 from torch.utils.checkpoint import checkpoint
 
 from slimtorch.errors import SlimtorchError
@@ -113,9 +119,41 @@ def run_step(
         for value in _flat_tensors((args, kwargs)):
             record.inputs.add(timeline.track(value))
         with _swapped(model, tensors), _named_modules(model, timeline), timeline:
-            _forward_backward(model, tensors, args, kwargs, plan, device, timeline, loss_fn, record)
+            try:
+                _forward_backward(model, tensors, args, kwargs, plan, device, timeline, loss_fn, record)
+            except UNSIMULABLE as exc:
+                raise SlimtorchError(_unsimulable(exc, timeline.modules, model)) from None
             timeline.phase = DONE  # what follows is this simulation letting go of the step's tensors
     return record
+
+
+# What fake tensors cannot do: an output whose shape depends on the data (bincount, nonzero, unique), a
+# value read back into Python (``.item()``, ``if x.any()``), an operator without a shape rule.
+UNSIMULABLE = (
+    DynamicOutputShapeException,
+    DataDependentOutputException,
+    UnsupportedOperatorException,
+    UnsupportedFakeTensorException,
+)
+
+
+def _unsimulable(exc: Exception, modules: list[str], model: nn.Module) -> str:
+    """One line: which operator, in which module, could not run on fake tensors, and what to do."""
+    func = getattr(exc, "func", None)
+    where = ""
+    if modules:  # the innermost module whose forward was running ("" is the model itself)
+        where = f" in module {modules[-1]!r}" if modules[-1] else f" in {type(model).__name__}.forward"
+    if isinstance(exc, DynamicOutputShapeException | DataDependentOutputException):
+        why = f"{func} has an output that depends on the input's values{where}"
+    elif func is not None:
+        why = f"{func} has no shape rule for fake tensors{where}"
+    else:
+        why = f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}{where}"
+    return (
+        f"memory.estimate cannot simulate this model's step without data: {why}; measure it with "
+        "slimtorch.memory.profile on real inputs, or make the step's "
+        "shapes independent of the data (fixed-size inputs)"
+    )
 
 
 def _forward_backward(

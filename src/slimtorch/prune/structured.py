@@ -115,7 +115,8 @@ def channels_with_report(
     names = _ignored_names(model, ignore)
     params_before = sum(p.numel() for p in model.parameters())
     if ratio is None:
-        _, groups, scores = _analyse(model, example_inputs, example_kwargs, names, score)
+        every, groups, scores = _analyse(model, example_inputs, example_kwargs, names, score)
+        _refuse_nothing_to_prune(model, every, groups)
         measure = (
             (lambda m: sum(p.numel() for p in m.parameters()))
             if target_params is not None
@@ -134,6 +135,8 @@ def channels_with_report(
     delta, first = StructuralDelta(), None
     for step in range(1, iterative_steps + 1):
         every, groups, scores = _analyse(model, example_inputs, example_kwargs, names, score)
+        if first is None and ratio > 0:
+            _refuse_nothing_to_prune(model, every, groups)
         first = first or every
         for group in groups:
             originals.setdefault(_identity(group), group.size)
@@ -175,6 +178,31 @@ def _still_runs(
             f"the pruned model no longer runs ({first}): a module keeps a channel count of its own; prune a "
             "fresh copy with that module in ignore=[...]"
         ) from exc
+
+
+def _refuse_nothing_to_prune(
+    model: nn.Module, every: list[ChannelGroup], prunable: list[ChannelGroup]
+) -> None:
+    """A prune that can remove no channel is an error, not a 1.0x success: say what blocked every group
+    and which modules the channel graph does not follow at all (an ``nn.LSTM`` fixes its own sizes)."""
+    if prunable:
+        return
+    reasons: dict[str, int] = {}
+    for group in every:
+        reason = group.reason or "a single channel"
+        reasons[reason] = reasons.get(reason, 0) + 1
+    blocked = ", ".join(f"{count} by {reason}" for reason, count in reasons.items())
+    grouped = {piece.key for group in every for piece in group.slices}
+    opaque = sorted(
+        f"{type(module).__name__} {name or 'the model'}"
+        for name, module in model.named_modules()
+        if any(f"{name}.{p}".lstrip(".") not in grouped for p, _ in module.named_parameters(recurse=False))
+    )
+    unfollowed = f"; the channel graph does not follow {', '.join(opaque[:3])}" if opaque else ""
+    raise SlimtorchError(
+        f"no prunable channel group ({len(every)} kept whole: {blocked or 'none found'}{unfollowed}); "
+        "zero weights instead with slimtorch.prune.weights(model, amount)"
+    )
 
 
 def _check(
@@ -222,6 +250,7 @@ RESIZABLE = (
     nn.modules.batchnorm._NormBase,
     nn.LayerNorm,
     nn.Embedding,
+    nn.PReLU,
 )
 
 
@@ -349,7 +378,7 @@ def _apply(model: nn.Module, groups: list[ChannelGroup], removed: dict[int, torc
 
 def _resize_attributes(module: nn.Module) -> dict[str, Any]:
     """Bring a module's size attributes in line with its (pruned) tensors; returns what changed."""
-    before = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+    before = _size_attributes(module)
     weight = getattr(module, "weight", None)
     if isinstance(module, nn.modules.conv._ConvNd) and weight is not None:
         transposed = module.transposed
@@ -371,13 +400,23 @@ def _resize_attributes(module: nn.Module) -> dict[str, Any]:
         module.normalized_shape = tuple(weight.shape)
     elif isinstance(module, nn.Embedding):
         module.num_embeddings, module.embedding_dim = weight.shape
+    elif isinstance(module, nn.PReLU):
+        module.num_parameters = weight.numel()
     elif is_hf_conv1d(module) and weight is not None:
         module.nf = weight.shape[1]  # Hugging Face's Conv1D (GPT-2): weight [in, out], nf = out
         if hasattr(module, "nx"):
             module.nx = weight.shape[0]
     _resize_heads(module)
-    after = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+    after = _size_attributes(module)
     return {k: list(v) if isinstance(v, tuple) else v for k, v in after.items() if before.get(k) != v}
+
+
+def _size_attributes(module: nn.Module) -> dict[str, Any]:
+    """A module's public attributes that can hold a size; a tensor kept as a plain attribute (torchfcpe
+    does) is none, and comparing two of them has no single truth value."""
+    return {
+        k: v for k, v in vars(module).items() if not k.startswith("_") and not isinstance(v, torch.Tensor)
+    }
 
 
 HEAD_COUNTS = ("num_attention_heads", "num_heads", "n_head", "n_heads")

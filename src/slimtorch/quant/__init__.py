@@ -1,9 +1,11 @@
 """Quantization that is fast on CPU and stays quantized on disk.
 
-- :func:`quantize` / :func:`quantize_with_report`: swap ``nn.Linear`` and ``nn.Embedding`` layers (and
-  convolutions, for the weight-only schemes) for quantized ones (``int8-dynamic``, ``int8-weight``,
-  ``int4-weight``).
-- :mod:`slimtorch.quant.modules`: the quantized layers; their buffers are the slim format's codec parts.
+- :func:`quantize` / :func:`quantize_with_report`: swap ``nn.Linear``, ``nn.Embedding``, ``nn.LSTM`` and
+  ``nn.GRU`` layers (and convolutions, for the weight-only schemes) for quantized ones (``int8-dynamic``,
+  ``int8-weight``, ``int4-weight``), keeping float the few whose error would dominate; the report lists
+  every layer left float with the reason.
+- :mod:`slimtorch.quant.modules`, :mod:`slimtorch.quant.recurrent`: the quantized layers; their buffers
+  are the slim format's codec parts.
 - :mod:`slimtorch.quant.kernels`: the int8 / int4 kernels, and the fastest one here, found by timing.
 """
 
@@ -26,17 +28,23 @@ from slimtorch.quant.modules import (
     Int8WeightLinear,
     QuantizedWeight,
 )
+from slimtorch.quant.recurrent import Int4WeightRecurrent, Int8DynamicRecurrent, Int8WeightRecurrent
+from slimtorch.quant.targets import FloatLayer
 
 __all__ = [
     "CHOICES",
     "SCHEMES",
+    "FloatLayer",
     "Int4Embedding",
     "Int4WeightConv",
     "Int4WeightLinear",
+    "Int4WeightRecurrent",
     "Int8DynamicLinear",
+    "Int8DynamicRecurrent",
     "Int8Embedding",
     "Int8WeightConv",
     "Int8WeightLinear",
+    "Int8WeightRecurrent",
     "LayerResult",
     "QuantizeReport",
     "QuantizedWeight",

@@ -1,9 +1,11 @@
 """Building quantized layers: from a float layer (its weight encoded by the codecs, or by GPTQ), or empty
-on the meta device for :func:`slimtorch.load_model` to fill; the registries of layer classes by scheme."""
+on the meta device for :func:`slimtorch.load_model` to fill; the registries of layer classes by scheme.
+LSTM and GRU layers are in :mod:`slimtorch.quant.recurrent`."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -22,6 +24,7 @@ from slimtorch.quant.modules import (
     Int8WeightLinear,
     QuantizedWeight,
 )
+from slimtorch.quant.recurrent import RECURRENT_LAYERS, is_recurrent
 
 LINEAR = {cls.SCHEME: cls for cls in (Int8DynamicLinear, Int8WeightLinear, Int4WeightLinear)}
 EMBEDDING = {"int8-dynamic": Int8Embedding, "int8-weight": Int8Embedding, "int4-weight": Int4Embedding}
@@ -35,10 +38,19 @@ def codec_chain(scheme: str, group_size: int) -> list:
 
 
 def quantized_from(
-    module: nn.Module, scheme: str, group_size: int, hessian: torch.Tensor | None = None
+    module: nn.Module,
+    scheme: str,
+    group_size: int,
+    hessian: torch.Tensor | None = None,
+    matrices: Sequence[str] = (),
 ) -> QuantizedWeight:
-    """The quantized twin of an ``nn.Linear`` or ``nn.Embedding``, its weight encoded by the codecs; with
-    the layer's input moments ``hessian``, int4 codes are chosen by GPTQ instead of rounding."""
+    """The quantized twin of an ``nn.Linear``, ``nn.Embedding`` or convolution, its weight encoded by the
+    codecs; with the layer's input moments ``hessian``, int4 codes are chosen by GPTQ instead of
+    rounding. An ``nn.LSTM`` / ``nn.GRU`` has the ``matrices`` named coded, the others kept float."""
+    if is_recurrent(module):
+        chain = codec_chain(scheme, group_size)
+        coded = {name: encode(getattr(module, name).detach(), chain) for name in matrices}
+        return RECURRENT_LAYERS[scheme](module, coded)
     weight = float_weight(module).detach()
     encoded = None
     if hessian is not None and scheme == "int4-weight":
@@ -47,9 +59,18 @@ def quantized_from(
     return _build(module, scheme, encoded)
 
 
-def quantized_on_meta(module: nn.Module, scheme: str, group_size: int, dtype: torch.dtype) -> QuantizedWeight:
+def quantized_on_meta(
+    module: nn.Module, scheme: str, group_size: int, dtype: torch.dtype, matrices: Sequence[str] = ()
+) -> QuantizedWeight:
     """The same layer with empty parts on the meta device, for :func:`slimtorch.load_model` to fill."""
-    shape = list(float_weight_shape(module))
+    if is_recurrent(module):
+        shapes = {name: list(getattr(module, name).shape) for name in matrices}
+        coded = {name: _meta_encoded(shape, scheme, group_size, dtype) for name, shape in shapes.items()}
+        return RECURRENT_LAYERS[scheme](module, coded)
+    return _build(module, scheme, _meta_encoded(list(float_weight_shape(module)), scheme, group_size, dtype))
+
+
+def _meta_encoded(shape: list[int], scheme: str, group_size: int, dtype: torch.dtype) -> Encoded:
     rows, cols = shape[0], math.prod(shape[1:])
     stage: dict[str, Any] = {"dtype": dtype_name(dtype), "shape": shape}
     if scheme.startswith("int8"):
@@ -63,7 +84,7 @@ def quantized_on_meta(module: nn.Module, scheme: str, group_size: int, dtype: to
             "scale": _meta([rows, groups], torch.float16),
             "zero": _meta([rows, groups], torch.float16),
         }
-    return _build(module, scheme, Encoded(parts, [stage]))
+    return Encoded(parts, [stage])
 
 
 def _meta(shape: list[int], dtype: torch.dtype) -> torch.Tensor:

@@ -1,4 +1,11 @@
-"""``slimtorch.quantize``: swap a model's Linear and Embedding layers for quantized ones, and report the cost.
+"""``slimtorch.quantize``: swap a model's layers for quantized ones, and report the cost.
+
+Layers: ``nn.Linear`` (and Hugging Face's ``Conv1D``), ``nn.Embedding``, ``nn.LSTM`` / ``nn.GRU`` (each
+matrix coded on its own: :mod:`slimtorch.quant.recurrent`), and zero-padded convolutions for the
+weight-only schemes. Every layer holding a real share of the weights that stays float is listed in the
+report with the reason (:mod:`slimtorch.quant.targets`), and so are the few kept float because their
+error would dominate the model's (:mod:`slimtorch.quant.sensitivity`); a model where nothing could be
+quantized is an error.
 
 Schemes:
 
@@ -14,7 +21,6 @@ codes as they are and :func:`slimtorch.load_model` rebuilds the quantized layers
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -27,12 +33,22 @@ from slimtorch.graph.capture import as_args
 from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.io.codecs.chain import CodecError
 from slimtorch.io.codecs.lossy import INT4_GROUP_SIZES
+from slimtorch.io.source import dtype_name
 from slimtorch.prune.delta import StructuralDelta, delta_of, record
-from slimtorch.quant.build import CONV, LINEAR, SCHEMES, float_weight, quantized_from
-from slimtorch.quant.conv import quantizable_conv
+from slimtorch.quant.build import LINEAR, SCHEMES, quantized_from
 from slimtorch.quant.gptq import InputMoments
 from slimtorch.quant.modules import QuantizedWeight
-from slimtorch.quant.recorded import put_module, quantizable_type
+from slimtorch.quant.recorded import put_module
+from slimtorch.quant.recurrent import RECURRENT_LAYERS, QuantizedRecurrent
+from slimtorch.quant.sensitivity import flat_outputs, one_unit_quantized, sensitive_units, without_units
+from slimtorch.quant.targets import (
+    FloatLayer,
+    Target,
+    check_skip_patterns,
+    choose_targets,
+    kept_float,
+    weight_bytes,
+)
 from slimtorch.report.progress import ByteProgress
 
 PROGRESS_DELAY_S = 1.0
@@ -69,6 +85,9 @@ class QuantizeReport:
     """cosine similarity of the model's outputs with the float model's, over the calibration inputs"""
     output_max_abs: float | None = None
     notes: list[str] = field(default_factory=list)
+    kept_float: list[FloatLayer] = field(default_factory=list)
+    """the layers (and LSTM / GRU matrices) left float that hold a real share of the weights, largest
+    first, each with the reason; the rest are summed up in ``notes``"""
 
     @property
     def ratio(self) -> float:
@@ -97,24 +116,29 @@ def quantize(
     skip: Sequence[str] = (),
     calibration: Iterable[Any] | None = None,
     embeddings: bool = True,
+    keep_sensitive: bool = True,
     kernel: str | None = None,
     progress: bool | None = None,
 ) -> nn.Module:
-    """Quantize a model's ``nn.Linear`` and ``nn.Embedding`` layers in place; returns the model.
+    """Quantize a model's Linear, Embedding, LSTM and GRU layers in place; returns the model.
 
     Args:
         model: any model; layers are swapped where they sit.
         scheme: ``"int8-dynamic"`` (fastest on CPU), ``"int8-weight"`` or ``"int4-weight"``.
         group_size: inputs sharing one int4 scale and zero point (even, 32 to 256).
-        skip: module names or patterns (``"classifier"``, ``"*.pooler.*"``) that stay float.
+        skip: module names or patterns (``"classifier"``, ``"*.pooler.*"``, an LSTM's matrix
+            ``"lstm.weight_ih_l0"``) that stay float; a pattern that matches nothing is an error.
         calibration: sample inputs (each a tensor, a tuple of arguments or a dict of keyword arguments);
             with them the report measures each layer's output error and the model's output agreement,
-            and ``int4-weight`` chooses its codes by GPTQ (errors spread where these inputs feel them
+            the sensitivity check measures output errors besides judging weights, and
+            ``int4-weight`` chooses its codes by GPTQ (errors spread where these inputs feel them
             least) instead of rounding each weight.
         embeddings: quantize ``nn.Embedding`` too (int8 or int4 rows).
+        keep_sensitive: keep float the few layers (or LSTM / GRU matrices) whose error would dominate
+            the model's, measured (see :mod:`slimtorch.quant.sensitivity`); False quantizes them too.
         kernel: force one kernel (``"onednn"``, ``"int_mm"``, ``"dequantize"``, ``"int8pack"``,
-            ``"int4pack"``, and the weight-only ones with ``-bf16``); None times the candidates on
-            first use and keeps the fastest.
+            ``"int4pack"``, and the weight-only ones with ``-bf16``; ``"quantized_rnn"`` for LSTM /
+            GRU); None times the candidates on first use and keeps the fastest.
         progress: a progress bar on stderr for work over a second; None: only on a terminal.
 
     Example:
@@ -131,6 +155,7 @@ def quantize(
         skip=skip,
         calibration=calibration,
         embeddings=embeddings,
+        keep_sensitive=keep_sensitive,
         kernel=kernel,
         progress=progress,
     )
@@ -145,43 +170,63 @@ def quantize_with_report(
     skip: Sequence[str] = (),
     calibration: Iterable[Any] | None = None,
     embeddings: bool = True,
+    keep_sensitive: bool = True,
     kernel: str | None = None,
     progress: bool | None = None,
 ) -> tuple[nn.Module, QuantizeReport]:
-    """:func:`quantize`, plus a :class:`QuantizeReport` of sizes and errors."""
+    """:func:`quantize`, plus a :class:`QuantizeReport` of sizes, errors and the layers left float.
+
+    Example:
+        >>> import slimtorch, torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Conv1d(4, 4, 3))
+        >>> _, report = slimtorch.quantize_with_report(model, "int8-dynamic")
+        >>> [(layer.name, layer.reason[:28]) for layer in report.kept_float]
+        [('1', 'int8-dynamic has no convolut')]
+    """
     _check_options(scheme, group_size, kernel)
-    targets, skipped = _targets(model, scheme, tuple(skip), embeddings)
+    check_skip_patterns(model, tuple(skip))
+    choice = choose_targets(model, scheme, tuple(skip), embeddings)
+    skipped = choice.skipped
     inputs = list(calibration) if calibration is not None else []
-    before = model_bytes(model)
+    before, weights_before = model_bytes(model), weight_bytes(model)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            linear = {n: m for n, m in targets if type(m) is nn.Linear or is_hf_conv1d(m)}
+            linear = {
+                t.name: t.module
+                for t in choice.targets
+                if type(t.module) is nn.Linear or is_hf_conv1d(t.module)
+            }
             moments = InputMoments(linear if scheme == "int4-weight" else {})
             with moments.recording():
                 references = [_outputs(_call(model, sample)) for sample in inputs]
+            targets, twins = _twins(choice.targets, scheme, group_size, moments, skipped, progress)
+            sensitive: dict[str, str] = {}
+            if keep_sensitive:
+                codec = "int4" if scheme == "int4-weight" else "int8"
+                build = one_unit_quantized(twins, scheme, group_size)
+                sensitive = sensitive_units(model, targets, build, inputs, _call, codec, group_size)
+                targets, twins = without_units(targets, twins, sensitive, scheme, group_size)
+                skipped.update(sensitive)
+            if not twins:
+                listed, _ = kept_float(model, skipped, set(skipped), weights_before)
+                raise SlimtorchError(_nothing_quantized(scheme, listed))
             originals, layers = {}, []
-            total = sum(_weight_bytes(module) for _, module in targets)
-            with ByteProgress("quantizing", total, delay=PROGRESS_DELAY_S, enabled=progress) as bar:
-                for name, module in targets:
-                    try:
-                        quantized = quantized_from(module, scheme, group_size, moments.hessian(name))
-                    except CodecError as exc:  # inf or nan in a weight: a scale cannot hold them
-                        skipped[name] = f"its weight cannot be quantized ({exc})"
-                        continue
-                    finally:
-                        bar.advance(_weight_bytes(module))
-                    quantized.kernel = kernel if kernel in type(quantized).KERNELS else None
-                    put_module(model, name, quantized)
-                    originals[name] = module
-                    layers.append(_layer_result(name, module, quantized))
-            record(model, StructuralDelta(quantized=_recorded(originals, scheme, group_size)))
+            for target in targets:
+                quantized = twins[target.name]
+                quantized.kernel = kernel if kernel in type(quantized).KERNELS else None
+                put_module(model, target.name, quantized)
+                originals[target.name] = target.module
+                layers.append(_layer_result(target, quantized))
+            record(model, StructuralDelta(quantized=_recorded(twins, scheme, group_size)))
             output_errors, agreement = _calibrate(model, inputs, references, originals)
     finally:
         model.train(was_training)
     if output_errors:
         layers = [LayerResult(**{**asdict(r), "output_error": output_errors.get(r.name)}) for r in layers]
+    listed = {name for name, why in skipped.items() if name in sensitive or "skip pattern" in why}
+    float_layers, summary = kept_float(model, skipped, listed, weights_before)
     report = QuantizeReport(
         scheme,
         group_size if scheme == "int4-weight" else None,
@@ -191,8 +236,46 @@ def quantize_with_report(
         model_bytes(model),
         len(inputs),
         *agreement,
+        notes=[summary] if summary else [],
+        kept_float=float_layers,
     )
     return model, report
+
+
+def _twins(
+    targets: list[Target],
+    scheme: str,
+    group_size: int,
+    moments: InputMoments,
+    skipped: dict[str, str],
+    progress: bool | None,
+) -> tuple[list[Target], dict[str, QuantizedWeight]]:
+    """The quantized twin of each target (those whose weights the codecs can hold)."""
+    kept, twins = [], {}
+    total = sum(t.nbytes() for t in targets)
+    with ByteProgress("quantizing", total, delay=PROGRESS_DELAY_S, enabled=progress) as bar:
+        for target in targets:
+            try:
+                hessian = moments.hessian(target.name)
+                twins[target.name] = quantized_from(
+                    target.module, scheme, group_size, hessian, target.matrices
+                )
+                kept.append(target)
+            except CodecError as exc:  # inf or nan in a weight: a scale cannot hold them
+                skipped[target.name] = f"its weight cannot be quantized ({exc})"
+            finally:
+                bar.advance(target.nbytes())
+    return kept, twins
+
+
+def _nothing_quantized(scheme: str, listed: list[FloatLayer]) -> str:
+    if not listed:
+        return (
+            f"nothing to quantize with {scheme}: the model has no Linear, Embedding, LSTM, GRU or conv layer"
+        )
+    why = "; ".join(f"{layer.name}: {layer.reason}" for layer in listed[:2])
+    more = f" (and {len(listed) - 2} more)" if len(listed) > 2 else ""
+    return f"nothing in this model could be quantized with {scheme}: {why}{more}"
 
 
 def dequantize(model: nn.Module) -> list[str]:
@@ -217,10 +300,6 @@ def dequantize(model: nn.Module) -> list[str]:
     return names
 
 
-def _weight_bytes(module: nn.Module) -> int:
-    return module.weight.numel() * module.weight.element_size()
-
-
 def model_bytes(model: nn.Module) -> int:
     """Bytes of a model's parameters and buffers, each storage once."""
     seen: dict[int, int] = {}
@@ -231,92 +310,42 @@ def model_bytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
-# -- choosing layers --------------------------------------------------------------------------------------
+# -- options and results ----------------------------------------------------------------------------------
 def _check_options(scheme: str, group_size: int, kernel: str | None) -> None:
     if scheme not in SCHEMES:
         raise SlimtorchError(f"unknown scheme {scheme!r} (known: {', '.join(SCHEMES)})")
     if scheme == "int4-weight" and (group_size not in INT4_GROUP_SIZES or group_size % 2):
         raise SlimtorchError(f"int4 group size must be even, 32 to 256, not {group_size}")
-    if kernel is not None and kernel not in LINEAR[scheme].KERNELS:
-        raise SlimtorchError(
-            f"kernel {kernel!r} does not compute {scheme} (its kernels: {', '.join(LINEAR[scheme].KERNELS)})"
-        )
+    known = dict.fromkeys([*LINEAR[scheme].KERNELS, *RECURRENT_LAYERS[scheme].KERNELS])
+    if kernel is not None and kernel not in known:
+        raise SlimtorchError(f"kernel {kernel!r} does not compute {scheme} (its kernels: {', '.join(known)})")
 
 
-def _targets(
-    model: nn.Module, scheme: str, skip: tuple[str, ...], embeddings: bool
-) -> tuple[list[tuple[str, nn.Module]], dict[str, str]]:
-    owners: dict[int, list[str]] = {}
-    for name, module in model.named_modules():
-        for tensor in module._parameters.values():
-            if tensor is not None:
-                owners.setdefault(id(tensor), []).append(name)
-    targets, skipped = [], {}
-    for name, module in model.named_modules():
-        if isinstance(module, QuantizedWeight):
-            continue
-        why = _why_not(name, module, scheme, skip, embeddings, owners)
-        if why is None:
-            targets.append((name, module))
-        elif why:
-            skipped[name] = why
-    return targets, skipped
-
-
-def _why_not(
-    name: str,
-    module: nn.Module,
-    scheme: str,
-    skip: tuple[str, ...],
-    embeddings: bool,
-    owners: dict[int, list[str]],
-) -> str | None:
-    """Why a layer stays float; None: it is quantized; "": not a layer anyone would expect quantized."""
-    if isinstance(module, (nn.Linear, nn.Embedding)) and not quantizable_type(module):
-        base = "Linear" if isinstance(module, nn.Linear) else "Embedding"
-        return f"{type(module).__name__} subclasses nn.{base}; its owner may use the weight directly"
-    if isinstance(module, nn.modules.conv._ConvNd) and (scheme not in CONV or not quantizable_conv(module)):
-        if scheme not in CONV:
-            return f"{scheme} has no convolution kernel (int8-weight and int4-weight quantize convolutions)"
-        return "transposed, or padded other than with zeros: only plain zero-padded convolutions are swapped"
-    if not quantizable_type(module):
-        return ""
-    pattern = next((p for p in skip if fnmatch.fnmatchcase(name, p)), None)
-    if pattern is not None:
-        return f"matches skip pattern {pattern!r}"
-    weight = module.weight
-    if not weight.is_floating_point() or weight.is_meta:
-        return "its weight is not a float tensor with values"
-    others = [other for other in owners.get(id(weight), []) if other != name]
-    if others:
-        return f"its weight is tied to {others[0]!r} (quantizing one would untie them)"
-    if isinstance(module, nn.Embedding):
-        if not embeddings:
-            return "embeddings stay float (embeddings=False)"
-        if module.max_norm is not None:
-            return "max_norm renormalises rows in place on lookup"
-    return None
-
-
-def _recorded(originals: dict[str, nn.Module], scheme: str, group_size: int) -> dict[str, dict[str, Any]]:
+def _recorded(twins: dict[str, QuantizedWeight], scheme: str, group_size: int) -> dict[str, dict[str, Any]]:
     group = group_size if scheme == "int4-weight" else None
-    return {
-        name: {"scheme": scheme, "group_size": group, "dtype": str(m.weight.dtype).removeprefix("torch.")}
-        for name, m in originals.items()
-    }
+    recorded = {}
+    for name, twin in twins.items():
+        how: dict[str, Any] = {"scheme": scheme, "group_size": group, "dtype": dtype_name(twin.weight_dtype)}
+        if isinstance(twin, QuantizedRecurrent):
+            how["matrices"] = list(twin.stages)  # the others stay float, stored as they are
+        recorded[name] = how
+    return recorded
 
 
-def _layer_result(name: str, module: nn.Module, quantized: QuantizedWeight) -> LayerResult:
-    weight = float_weight(module).detach().float()
-    error = quantized.dequantized(torch.float32).sub_(weight)
-    norm = float(torch.linalg.vector_norm(weight))
-    after = sum(t.numel() * t.element_size() for t in quantized.parts().values())
+def _layer_result(target: Target, quantized: QuantizedWeight) -> LayerResult:
+    error = norm = 0.0
+    for unit, weight in target.weights().items():
+        tensor = unit.rpartition(".")[2] if target.matrices else "weight"
+        reference = weight.detach().float()
+        error += (
+            float(torch.linalg.vector_norm(quantized.dequantized(torch.float32, tensor) - reference)) ** 2
+        )
+        norm += float(torch.linalg.vector_norm(reference)) ** 2
+    after = sum(
+        getattr(quantized, a).numel() * getattr(quantized, a).element_size() for a in quantized.SLIM_PARTS
+    )
     return LayerResult(
-        name,
-        type(quantized).__name__,
-        weight.numel() * module.weight.element_size(),
-        after,
-        float(torch.linalg.vector_norm(error)) / norm if norm else 0.0,
+        target.name, quantized.kind, target.nbytes(), after, (error / norm) ** 0.5 if norm else 0.0
     )
 
 
@@ -351,14 +380,14 @@ def _calibrate(
     modules = dict(model.named_modules())
 
     def hook(name: str):
-        def compare(_module: nn.Module, args: tuple, out: torch.Tensor) -> None:
-            reference = originals[name](*args).float()
-            sums[name][0] += float(torch.linalg.vector_norm(out.float() - reference)) ** 2
+        def compare(_module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            reference = flat_outputs(originals[name](*args, **kwargs))
+            sums[name][0] += float(torch.linalg.vector_norm(flat_outputs(out) - reference)) ** 2
             sums[name][1] += float(torch.linalg.vector_norm(reference)) ** 2
 
         return compare
 
-    handles = [modules[name].register_forward_hook(hook(name)) for name in originals]
+    handles = [modules[name].register_forward_hook(hook(name), with_kwargs=True) for name in originals]
     try:
         outputs = [_outputs(_call(model, sample)) for sample in inputs]
     finally:

@@ -221,10 +221,13 @@ def batch_bucket(rows: int) -> int:
 def _fastest(
     candidates: Mapping[str, Callable[[], torch.Tensor]], reference: str, tolerance: Mapping[str, float]
 ) -> str:
-    """The fastest candidate (best of :data:`TRIALS` runs) among those that agree with the reference."""
+    """The fastest candidate (best of :data:`TRIALS` runs) among those that agree with the reference.
+
+    The runs are taken in turns, one of each candidate per round, so that a busy moment of the machine
+    slows them alike instead of the one that happened to be timed then."""
     expected = candidates[reference]().float()
     norm = float(torch.linalg.vector_norm(expected))
-    timings: dict[str, float] = {}
+    agreeing: list[str] = []
     for name, run in candidates.items():
         if name == reference:
             continue
@@ -233,11 +236,15 @@ def _fastest(
             limit = tolerance.get(name, AGREEMENT) * max(norm, 1e-12)
             if out.shape != expected.shape or float(torch.linalg.vector_norm(out.float() - expected)) > limit:
                 continue  # a kernel that disagrees on this machine is never chosen
-            timings[name] = min(_timed(run) for _ in range(TRIALS))
+            agreeing.append(name)
         except (RuntimeError, NotImplementedError):
             continue  # not available for this shape, dtype or build
-    if reference in FALLBACKS or not timings:
-        timings[reference] = min(_timed(candidates[reference]) for _ in range(TRIALS))
+    if reference in FALLBACKS or not agreeing:
+        agreeing.append(reference)
+    timings = dict.fromkeys(agreeing, math.inf)
+    for _ in range(TRIALS):
+        for name in agreeing:
+            timings[name] = min(timings[name], _timed(candidates[name]))
     return min(timings, key=timings.__getitem__)
 
 

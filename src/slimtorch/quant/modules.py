@@ -56,30 +56,48 @@ class QuantizedWeight(nn.Module):
         for attr, (_, role) in self.SLIM_PARTS.items():
             self.register_buffer(attr, parts[role].contiguous())  # kernels and the writer read it flat
         self.stage = stage
+        self._init_kernels()
+
+    def _init_kernels(self) -> None:
         self.kernel = None
         # (kernel, variant) -> (what it was made from, packed state); kept for the kernels chosen here
         self._prepared: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._chosen: set[str] = set()
 
     @property
+    def kind(self) -> str:
+        """What the report calls this layer."""
+        return type(self).__name__
+
+    def coded_tensors(self) -> list[str]:
+        """The names of the coded tensors these parts make: ``["weight"]``, one per matrix for an RNN."""
+        return list(dict.fromkeys(tensor for tensor, _ in self.SLIM_PARTS.values()))
+
+    def stage_of(self, tensor: str = "weight") -> dict[str, Any]:
+        """The codec stage that made the parts of ``tensor``."""
+        return self.stage
+
+    @property
     def weight_dtype(self) -> torch.dtype:
         """The dtype of the float weight these parts encode (what a slim reader decodes them to)."""
-        return parse_dtype(self.stage["dtype"])
+        return parse_dtype(self.stage_of(self.coded_tensors()[0])["dtype"])
 
-    def parts(self) -> dict[str, torch.Tensor]:
-        return {role: getattr(self, attr) for attr, (_, role) in self.SLIM_PARTS.items()}
+    def parts(self, tensor: str = "weight") -> dict[str, torch.Tensor]:
+        return {role: getattr(self, attr) for attr, (name, role) in self.SLIM_PARTS.items() if name == tensor}
 
-    def encoded(self) -> Encoded:
-        """The weight as the slim writer stores it: these parts under the codec stage that made them."""
-        return Encoded(self.parts(), [dict(self.stage)])
+    def encoded(self, tensor: str = "weight") -> Encoded:
+        """A coded tensor as the slim writer stores it: its parts under the codec stage that made them."""
+        return Encoded(self.parts(tensor), [dict(self.stage_of(tensor))])
 
-    def dequantized(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The float weight the parts encode, in ``dtype`` (default: the original weight's dtype)."""
-        codec = INT8 if self.stage["codec"] == "int8" else INT4
-        parts = self.parts()
+    def dequantized(self, dtype: torch.dtype | None = None, tensor: str = "weight") -> torch.Tensor:
+        """The float tensor the parts encode, in ``dtype`` (default: the original weight's dtype)."""
+        stage = self.stage_of(tensor)
+        codec = INT8 if stage["codec"] == "int8" else INT4
+        parts = self.parts(tensor)
         primary = parts.pop(codec.primary)
-        stage = {**self.stage, "dtype": dtype_name(dtype or self.weight_dtype)}
-        return codec.decode(primary, parts, stage)
+        return codec.decode(
+            primary, parts, {**stage, "dtype": dtype_name(dtype or parse_dtype(stage["dtype"]))}
+        )
 
     def float_module(self) -> nn.Module:
         """The float layer these parts stand for (``nn.Linear``, ``nn.Embedding``, ``nn.Conv2d`` ...),
@@ -89,11 +107,19 @@ class QuantizedWeight(nn.Module):
     def prepared(self, kernel: str, make: Callable[[], Any], variant: str = "") -> Any:
         """State ``kernel`` builds once from the buffers (a packed weight), rebuilt if the buffers change."""
         # inference-mode tensors have no version counter: their identity alone has to do
-        source = tuple((t.data_ptr(), 0 if t.is_inference() else t._version) for t in self.parts().values())
+        source = tuple((t.data_ptr(), 0 if t.is_inference() else t._version) for t in self._prepared_from())
         made = self._prepared.get((kernel, variant))
         if made is None or made[0] != source:
             made = self._prepared[kernel, variant] = (source, make())
         return made[1]
+
+    def _prepared_from(self) -> list[torch.Tensor]:
+        """The tensors packed state is made from: a change to any of them makes it again."""
+        return [self._buffers[attr] for attr in self.SLIM_PARTS]  # not getattr: this runs on every call
+
+    def _shape_key(self) -> tuple:
+        """What, besides the batch, tells this layer's kernel timings apart from another's."""
+        return tuple(self.stage["shape"]), self.stage.get("group_size")
 
     def run(
         self,
@@ -101,21 +127,31 @@ class QuantizedWeight(nn.Module):
         candidates: dict[str, Callable[[], torch.Tensor]],
         tolerance: dict[str, float] | None = None,
     ) -> torch.Tensor:
-        """Run the forced kernel, or the one measured fastest for this shape and batch size (among those
-        within ``tolerance``, relative L2, of the reference). A forced kernel that cannot run this input
-        (a ``-bf16`` one on bfloat16 inputs, a fused one on a shape it does not take) gives way to its
-        plain twin, else to the reference."""
+        """Run the forced kernel, or the one measured fastest for this shape and batch size (see
+        :meth:`choose`)."""
+        return candidates[self.choose(x2d, x2d.shape[0], candidates, tolerance)]()
+
+    def choose(
+        self,
+        x: torch.Tensor,
+        rows: int,
+        candidates: dict[str, Callable[[], torch.Tensor]],
+        tolerance: dict[str, float] | None = None,
+    ) -> str:
+        """The forced kernel, or the one measured fastest for this shape and ``rows`` batch rows of ``x``
+        (among those within ``tolerance``, relative L2, of the reference). A forced kernel that cannot
+        run this input (a ``-bf16`` one on bfloat16 inputs, a fused one on a shape it does not take)
+        gives way to its plain twin, else to the reference."""
         name = self.kernel
         if name is not None and name not in candidates:
             name = name.removesuffix("-bf16") if name.removesuffix("-bf16") in candidates else self.REFERENCE
         if name is None:
             key = (
                 type(self).__name__,
-                tuple(self.stage["shape"]),
-                self.stage.get("group_size"),
-                kernels.batch_bucket(x2d.shape[0]),
-                x2d.dtype,
-                x2d.device.type,
+                *self._shape_key(),
+                kernels.batch_bucket(rows),
+                x.dtype,
+                x.device.type,
                 torch.get_num_threads(),
             )
             name = CHOICES.best(key, candidates, self.REFERENCE, tolerance or {})
@@ -126,7 +162,7 @@ class QuantizedWeight(nn.Module):
                 self._chosen.add(plain)
                 for unused in [k for k in self._prepared if k[0] not in self._chosen]:
                     del self._prepared[unused]  # a packed copy of a kernel that lost is only memory
-        return candidates[name]()
+        return name
 
     def weight_only(
         self,

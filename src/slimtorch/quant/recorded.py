@@ -12,15 +12,21 @@ from slimtorch.io.codecs.chain import parse_dtype
 from slimtorch.io.codecs.lossy import INT4_GROUP_SIZES
 from slimtorch.quant.build import CONV, SCHEMES, quantized_on_meta
 from slimtorch.quant.conv import quantizable_conv
+from slimtorch.quant.recurrent import is_recurrent, recurrent_matrices
 
 FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 DEFAULT_GROUP = 128
 
 
 def quantizable_type(module: nn.Module) -> bool:
-    """``nn.Linear``, ``nn.Embedding`` (not subclasses, whose owners may read the weight), HF ``Conv1D``
-    or a zero-padded ``nn.Conv1d/2d/3d``."""
-    return type(module) in (nn.Linear, nn.Embedding) or is_hf_conv1d(module) or quantizable_conv(module)
+    """``nn.Linear``, ``nn.Embedding`` (not subclasses, whose owners may read the weight), HF ``Conv1D``,
+    a zero-padded ``nn.Conv1d/2d/3d``, ``nn.LSTM`` or ``nn.GRU``."""
+    return (
+        type(module) in (nn.Linear, nn.Embedding)
+        or is_hf_conv1d(module)
+        or quantizable_conv(module)
+        or is_recurrent(module)
+    )
 
 
 def restore(model: nn.Module, quantized: dict[str, dict[str, Any]]) -> None:
@@ -36,12 +42,12 @@ def restore(model: nn.Module, quantized: dict[str, dict[str, Any]]) -> None:
         ):
             what = "which the model does not have" if module is None else f"a {type(module).__name__}"
             raise SlimtorchError(f"the file quantized module {name!r}, {what}")
+        matrices = how.get("matrices", ())
+        if is_recurrent(module) and not (matrices and set(matrices) <= set(recurrent_matrices(module))):
+            raise SlimtorchError(f"the file quantized matrices {matrices} of {name!r}, which is a {module}")
         dtype = parse_dtype(how["dtype"])
-        put_module(
-            model,
-            name,
-            quantized_on_meta(module, how["scheme"], how.get("group_size") or DEFAULT_GROUP, dtype),
-        )
+        group = how.get("group_size") or DEFAULT_GROUP
+        put_module(model, name, quantized_on_meta(module, how["scheme"], group, dtype, matrices))
 
 
 def check_recorded(quantized: object) -> dict[str, dict[str, Any]]:
@@ -54,10 +60,16 @@ def check_recorded(quantized: object) -> dict[str, dict[str, Any]]:
             and how.get("scheme") in SCHEMES
             and how.get("dtype") in FLOAT_NAMES
             and (how.get("group_size") is None or how.get("group_size") in INT4_GROUP_SIZES)
+            and _names(how.get("matrices", []))
         )
         if not ok:
             raise SlimtorchError(f"the structural delta quantizes {name!r} as {how!r}, not a known scheme")
     return {name: dict(how) for name, how in quantized.items()}
+
+
+def _names(value: object) -> bool:
+    """A recurrent layer's coded matrices: a list of names."""
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def put_module(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -82,5 +82,44 @@ def render_shrink(report: ShrinkReport, console: Console, *, top: int = 15) -> N
         if (report.ties or report.copies)
         else []
     )
-    for line in [*dropped, *folded, *shared, *report.notes]:
+    for line in [*dropped, *folded, *shared, *_objects(report), *_stored_instead(report), *report.notes]:
         console.print(f"- {line}")
+
+
+def _objects(report: ShrinkReport) -> list[str]:
+    lines = []
+    if report.objects:
+        lines.append(
+            f"kept non-tensor values {_listed(report.objects)} as JSON (slimtorch.load_objects reads them)"
+        )
+    if report.dropped_objects:
+        listed = _listed(
+            [f"{name} ({why})" for name, why in report.dropped_objects.items()], 3, " (--json lists all)"
+        )
+        count = len(report.dropped_objects)
+        what = "objects that are" if count > 1 else "object that is"
+        lines.append(f"dropped {count} {what} not plain data: {listed}")
+    return lines
+
+
+def _stored_instead(report: ShrinkReport) -> list[str]:
+    """One line per precision chosen, e.g. ``int8 instead of int4: lstm.weight_hh_l0 (recurrent ...)``."""
+    lines = []
+    for stored in ("float16", "int8"):
+        chosen = [c for c in report.stored_instead if c.stored == stored]
+        if chosen:
+            by_reason: dict[str, list[str]] = {}
+            for c in chosen:
+                by_reason.setdefault(c.reason, []).append(c.name)
+            listed = "; ".join(
+                f"{_listed(names, 4, ' (--json lists all)')} ({why})" for why, names in by_reason.items()
+            )
+            lines.append(
+                f"{stored} instead of {chosen[0].instead_of}: {listed}; --quantize-all quantizes them anyway"
+            )
+    return lines
+
+
+def _listed(names: list[str], most: int = 4, where: str = "") -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more{where}" if len(names) > most else "")

@@ -7,11 +7,12 @@ merged into one source; the index is checked against them (every listed tensor m
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from slimtorch.errors import CheckpointNotFoundError, FormatError
+from slimtorch.errors import CheckpointError, CheckpointNotFoundError, FormatError
 from slimtorch.io.readers.slim import SlimSource, merge_shards
 from slimtorch.io.source import ObjectInfo, TensorSource
 
@@ -30,6 +31,7 @@ CANDIDATES = (
     ("files", "*.pth"),
     ("files", "*.ckpt"),
 )
+SHARD_NAME = re.compile(r"-\d+-of-\d+\.[^.]+$")  # model-00001-of-00003.safetensors, as transformers writes
 CONFIG_KEYS = (
     "model_type",
     "architectures",
@@ -43,11 +45,23 @@ CONFIG_KEYS = (
 
 
 def weight_files(folder: Path) -> tuple[Path | None, list[Path]]:
-    """The index file (if any) and the weight files a folder's model is made of."""
+    """The index file (if any) and the weight files a folder's model is made of.
+
+    Several weight files without an index are one model only when named as shards
+    (``model-00001-of-00003.safetensors``); otherwise they are separate checkpoints (facenet's
+    ``pnet.pt``, ``rnet.pt`` and ``onet.pt``), and reading any one of them, or all as one, would be a guess.
+    """
     for kind, pattern in CANDIDATES:
         found = sorted(p for p in folder.glob(pattern) if p.is_file())
         if found and kind == "index":
             return found[0], _shards_of(found[0], folder)
+        if len(found) > 1 and not all(SHARD_NAME.search(p.name) for p in found):
+            names = ", ".join(p.name for p in found[:6]) + (", ..." if len(found) > 6 else "")
+            raise CheckpointError(
+                folder,
+                f"holds {len(found)} separate checkpoints ({names}), not one model; name one file, "
+                f"e.g. {folder / found[0].name}",
+            )
         if found:
             return None, found
     raise CheckpointNotFoundError(
@@ -107,6 +121,7 @@ def open_hf_folder(folder: Path, open_file: Callable[[Path], TensorSource]) -> T
         objects,
         files=[*files, *extra],
         structure_bytes=sum(p.structure_bytes for p in parts),
+        tree=parts[0].tree if len(parts) == 1 else None,
     )
     if index is not None:
         for name, shard in _weight_map(index).items():

@@ -20,6 +20,7 @@ from slimtorch.errors import FormatError
 from slimtorch.io.codecs import CodecError, decode
 from slimtorch.io.codecs.chain import undo
 from slimtorch.io.format import CHECKSUM_CHUNK, Entry, Layout
+from slimtorch.io.readers.pickled import flatten
 from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
 
 ROW_CODECS = ("raw", "int8", "int4")  # chains whose parts are stored row by row, first dim = the tensor's
@@ -175,9 +176,10 @@ def slim_source(
         format,
         tensors,
         locations,
-        objects,
+        [*objects, *flatten(layout.objects).objects],
         files,
         structure_bytes=structure_bytes,
+        tree=layout.objects,
         layout=layout,
         physical=physical,
     )
@@ -212,7 +214,9 @@ def merge_shards(
     """One source over the shards of a sharded slim checkpoint, checked to come from one save."""
     first = shards[0].layout
     _check_complete(folder, shards)
-    layout = Layout(provenance=first.provenance, delta=first.delta, checkpoint=first.checkpoint)
+    layout = Layout(
+        provenance=first.provenance, delta=first.delta, checkpoint=first.checkpoint, objects=first.objects
+    )
     physical: dict[str, TensorInfo] = {}
     locations: dict[str, StorageLocation] = {}
     for shard in shards:

@@ -45,7 +45,9 @@ def open_torch_legacy(path: Path, trusted: list[tuple[Any, str]]) -> TensorSourc
     infos, locations = describe_tensors(
         path, flat.tensors, storages, lambda claim: StorageLocation(path, offsets[claim.key], claim.nbytes)
     )
-    return TensorSource(path, "torch-legacy", infos, locations, flat.objects, [path], structure_bytes)
+    return TensorSource(
+        path, "torch-legacy", infos, locations, flat.objects, [path], structure_bytes, tree=obj
+    )
 
 
 def _persistent_load(path: Path, storages: MetaStorages):

@@ -25,4 +25,6 @@ def open_torch_zip(
     infos, locations = describe_tensors(
         path, flat.tensors, storages, lambda claim: locate_storage(path, archive, f"{root}/data", claim)
     )
-    return TensorSource(path, "torch-zip", infos, locations, flat.objects, [path], structure_bytes=len(data))
+    return TensorSource(
+        path, "torch-zip", infos, locations, flat.objects, [path], structure_bytes=len(data), tree=obj
+    )

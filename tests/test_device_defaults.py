@@ -1,0 +1,122 @@
+"""Device defaults come from the machine: ``device=None`` is CUDA when torch sees it, else the CPU, so the
+README's memory examples run as written on a CPU machine, and naming CUDA where there is none is one
+clear error, never torch's bare AssertionError."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import slimtorch
+from slimtorch import memory
+from slimtorch.cli.main import main
+from slimtorch.errors import SlimtorchError
+from slimtorch.memory import default_device
+from slimtorch.memory.estimating import _heap_in_use
+from tests.test_memory import Blocks
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def _readme_example(heading: str) -> str:
+    """The first ```python block after the README heading that starts with ``heading``."""
+    text = README.read_text()
+    start = text.index(f"\n{heading}")
+    block = re.search(r"```python\n(.*?)```", text[start:], re.S)
+    assert block is not None, heading
+    return block.group(1)
+
+
+def _train_step(model: nn.Module, inputs: torch.Tensor) -> None:
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(inputs).float().sum().backward()
+    optimizer.step()
+    model.zero_grad(set_to_none=True)
+
+
+@pytest.fixture
+def no_cuda(monkeypatch) -> None:
+    """This machine as a CPU-only one, whatever it really has."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_the_default_device_is_cuda_only_where_torch_sees_it(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_device() == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_device() == "cpu"
+
+
+def test_every_memory_function_defaults_to_the_machines_device() -> None:
+    functions = (memory.estimate, memory.profile, memory.find_batch_size, memory.fit, memory.measure_peak)
+    for function in functions:
+        assert inspect.signature(function).parameters["device"].default is None, function.__name__
+    assert memory.estimate(Blocks(), torch.randn(2, 256)).device == default_device()
+
+
+@pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
+def test_the_readmes_find_batch_size_example_runs_as_written_on_a_cpu_machine(no_cuda) -> None:
+    code = _readme_example("### `find_batch_size`")
+    assert "budget=40 * 2**30" in code and "device" not in code
+    # the README's 40 GiB would ask this machine for a step of 40 GiB: the same call, with 64 MB
+    code = code.replace("budget=40 * 2**30", "budget=64 * 2**20")
+    names = {
+        "slimtorch": slimtorch,
+        "model": Blocks(),
+        "batch": torch.randn(8, 256),
+        "train_step": _train_step,
+        "data": lambda n: torch.randn(n, 256),
+    }
+    exec(code, names)
+    result = names["result"]
+    assert result.batch_size >= 1 and any(t.fits for t in result.trials)
+    assert names["report"].device == "cpu"
+
+
+def test_the_readmes_fit_example_runs_as_written_on_a_cpu_machine(no_cuda) -> None:
+    code = _readme_example("### `fit`")
+    assert "device" not in code
+    model = Blocks()
+    names = {"slimtorch": slimtorch, "model": model, "batch": torch.randn(8, 256)}
+    names["train"] = lambda m: _train_step(m, names["batch"])
+    exec(code, names)
+    plan = names["plan"]
+    assert plan.device == "cpu" and plan.fits and plan.precision == "fp32" and not plan.offload
+    assert "forward" not in vars(model)  # plan.remove() ran
+
+
+def test_fit_keeps_bf16_on_the_cpu_and_says_so(no_cuda) -> None:
+    model, x = Blocks(), torch.randn(4096, 256)
+    every = memory.estimate(model, x, checkpointing="blocks").steps[0].peak_bytes
+    plan = memory.fit(model, int(every * 0.97), x)  # checkpointing alone does not fit
+    assert plan.device == "cpu" and plan.precision == "bf16-mixed"
+    assert any("bf16 autocast on the CPU" in note for note in plan.notes)
+    assert model(x[:4]).dtype == torch.bfloat16  # applied, not dropped: CPU autocast runs the Linears in bf16
+    plan.remove()
+    assert model(x[:4]).dtype == torch.float32
+
+
+def test_naming_cuda_where_there_is_none_is_one_clear_error(no_cuda) -> None:
+    model, x = Blocks(), torch.randn(8, 256)
+    report = memory.estimate(model, x, batch_sizes=[8, 16], device="cuda")  # planning for a GPU works
+    assert report.device == "cuda" and report.steps[0].peak_bytes % 512 == 0
+    calls = {
+        "find_batch_size": lambda: memory.find_batch_size(lambda n: None, report, budget=2**30),
+        "profile": lambda: memory.profile(model, x, device="cuda"),
+        "fit": lambda: memory.fit(model, 2**30, x, device="cuda"),
+        "measure_peak": lambda: memory.measure_peak(lambda: None, "cuda"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(SlimtorchError, match="no CUDA device: use device='cpu'") as raised:
+            call()
+        assert name in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_memory_cli_estimates_for_the_machines_device(no_cuda, capsys) -> None:
+    assert main(["memory", "tests.test_memory:Blocks", "--input-shape", "8,256"]) == 0
+    assert "on cpu" in capsys.readouterr().out

@@ -1,0 +1,50 @@
+"""The model commands on every wild checkpoint's real class: load_model gives what the package's own
+loading gives, bit for bit; quantize, prune, memory and export do their job with the output compared to
+the original, or refuse in one line where the architecture does not allow it (``WildModel.refusals``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.wild.matrix import run, verdict
+from tests.wild.models import MODELS, WildModel
+
+every_model = pytest.mark.parametrize("model", MODELS, ids=str)
+
+
+@every_model
+def test_load_model_fills_the_real_class_exactly_as_its_package_does(model: WildModel, workdir) -> None:
+    outcome = run(model, "load_model", workdir)
+    assert verdict(model, outcome) is None, verdict(model, outcome)
+
+
+@every_model
+def test_int8_dynamic_quantization_keeps_cosine_099_or_refuses_in_one_line(model: WildModel, workdir) -> None:
+    outcome = run(model, "quantize", workdir)
+    assert verdict(model, outcome) is None, verdict(model, outcome)
+    if outcome.status != "refused":
+        assert outcome.size_after < outcome.size_before
+
+
+@every_model
+def test_structured_pruning_removes_channels_and_runs_or_refuses_in_one_line(
+    model: WildModel, workdir
+) -> None:
+    outcome = run(model, "prune", workdir)
+    assert verdict(model, outcome) is None, verdict(model, outcome)
+    if outcome.status != "refused":
+        assert outcome.size_after < outcome.size_before  # parameters
+
+
+@pytest.mark.slow
+@every_model
+def test_memory_estimate_on_fake_tensors_equals_the_real_step(model: WildModel, workdir) -> None:
+    outcome = run(model, "memory", workdir)
+    assert verdict(model, outcome) is None, verdict(model, outcome)
+
+
+@pytest.mark.slow
+@every_model
+def test_onnx_export_agrees_with_eager_or_refuses_in_one_line(model: WildModel, workdir) -> None:
+    outcome = run(model, "export", workdir)
+    assert verdict(model, outcome) is None, verdict(model, outcome)
