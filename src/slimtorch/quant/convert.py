@@ -40,7 +40,14 @@ from slimtorch.quant.gptq import InputMoments
 from slimtorch.quant.modules import QuantizedWeight
 from slimtorch.quant.recorded import put_module
 from slimtorch.quant.recurrent import RECURRENT_LAYERS, QuantizedRecurrent
-from slimtorch.quant.sensitivity import flat_outputs, one_unit_quantized, sensitive_units, without_units
+from slimtorch.quant.sensitivity import (
+    OutputErrors,
+    flat_outputs,
+    one_unit_quantized,
+    sensitive_units,
+    watching_outputs,
+    without_units,
+)
 from slimtorch.quant.targets import (
     FloatLayer,
     Target,
@@ -376,30 +383,19 @@ def _calibrate(
     """Each quantized layer's output error against its float layer, and the model's output agreement."""
     if not inputs:
         return {}, (None, None)
-    sums: dict[str, list[float]] = {name: [0.0, 0.0] for name in originals}
+    errors = OutputErrors()
+
+    def compare(name: str, args: tuple, kwargs: dict, out: Any) -> None:
+        errors.add(name, flat_outputs(out), flat_outputs(originals[name](*args, **kwargs)))
+
     modules = dict(model.named_modules())
-
-    def hook(name: str):
-        def compare(_module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-            reference = flat_outputs(originals[name](*args, **kwargs))
-            sums[name][0] += float(torch.linalg.vector_norm(flat_outputs(out) - reference)) ** 2
-            sums[name][1] += float(torch.linalg.vector_norm(reference)) ** 2
-
-        return compare
-
-    handles = [modules[name].register_forward_hook(hook(name), with_kwargs=True) for name in originals]
-    try:
+    with watching_outputs({name: modules[name] for name in originals}, compare):
         outputs = [_outputs(_call(model, sample)) for sample in inputs]
-    finally:
-        for handle in handles:
-            handle.remove()
+    ratios = errors.ratios()
+    layer_errors = {name: ratios.get(name, 0.0) for name in originals}
     got = torch.cat([t.reshape(-1) for out in outputs for t in out] or [torch.zeros(0)])
     want = torch.cat([t.reshape(-1) for ref in references for t in ref] or [torch.zeros(0)])
     if got.shape != want.shape or not got.numel():
-        return _ratios(sums), (None, None)
+        return layer_errors, (None, None)
     cosine = float(torch.nn.functional.cosine_similarity(got.double(), want.double(), dim=0))
-    return _ratios(sums), (cosine, float((got - want).abs().max()))
-
-
-def _ratios(sums: dict[str, list[float]]) -> dict[str, float]:
-    return {name: (err / ref) ** 0.5 if ref else 0.0 for name, (err, ref) in sums.items()}
+    return layer_errors, (cosine, float((got - want).abs().max()))

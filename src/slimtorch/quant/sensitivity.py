@@ -18,8 +18,9 @@ above 0.99.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -81,27 +82,54 @@ def output_errors(
 ) -> dict[str, float]:
     """Relative L2 error of each unit's layer output when only that unit is quantized, over ``inputs``."""
     units = {t.name: [(unit, twin(t, unit)) for unit in t.weights()] for t in targets}
-    sums = {unit: [0.0, 0.0] for pairs in units.values() for unit, _ in pairs}
+    errors = OutputErrors()
 
-    def hook(name: str):
-        def compare(_module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-            want = flat_outputs(out)
-            for unit, quantized in units[name]:
-                got = flat_outputs(quantized(*args, **kwargs))
-                if got.shape == want.shape:
-                    sums[unit][0] += float(torch.linalg.vector_norm(got - want)) ** 2
-                    sums[unit][1] += float(torch.linalg.vector_norm(want)) ** 2
+    def compare(name: str, args: tuple, kwargs: dict, out: Any) -> None:
+        want = flat_outputs(out)
+        for unit, quantized in units[name]:
+            errors.add(unit, flat_outputs(quantized(*args, **kwargs)), want)
 
-        return compare
-
-    handles = [t.module.register_forward_hook(hook(t.name), with_kwargs=True) for t in targets]
-    try:
+    with watching_outputs({t.name: t.module for t in targets}, compare):
         for sample in inputs:
             call(model, sample)
+    return errors.ratios()
+
+
+class OutputErrors:
+    """Relative L2 error of outputs against their float reference, summed over calls, by key."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, list[float]] = {}
+
+    def add(self, key: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        """One call's outputs (a shape mismatch counts for nothing: there is nothing to compare)."""
+        sums = self._sums.setdefault(key, [0.0, 0.0])
+        if got.shape == want.shape:
+            sums[0] += float(torch.linalg.vector_norm(got - want)) ** 2
+            sums[1] += float(torch.linalg.vector_norm(want)) ** 2
+
+    def ratios(self) -> dict[str, float]:
+        """Key -> relative error, for the keys whose reference was ever non-zero."""
+        return {key: (err / ref) ** 0.5 for key, (err, ref) in self._sums.items() if ref}
+
+
+@contextlib.contextmanager
+def watching_outputs(
+    modules: Mapping[str, nn.Module], on_output: Callable[[str, tuple, dict, Any], None]
+) -> Iterator[None]:
+    """Inside, ``on_output(name, args, kwargs, output)`` sees every call of each named module; the hooks
+    are removed whatever happens."""
+    handles = [
+        module.register_forward_hook(
+            lambda _m, args, kwargs, out, name=name: on_output(name, args, kwargs, out), with_kwargs=True
+        )
+        for name, module in modules.items()
+    ]
+    try:
+        yield
     finally:
         for handle in handles:
             handle.remove()
-    return {unit: (err / ref) ** 0.5 for unit, (err, ref) in sums.items() if ref}
 
 
 def one_unit_quantized(
