@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import math
 import re
@@ -30,6 +29,7 @@ import torch
 from slimtorch.errors import SlimtorchError
 from slimtorch.io.codecs import CodecError, Encoded, encode
 from slimtorch.io.codecs.chain import extend
+from slimtorch.io.name_matching import unmatched_pattern
 from slimtorch.io.readers.safetensors_file import DTYPES
 from slimtorch.scan import count_zeros
 
@@ -98,20 +98,18 @@ def check_patterns(
         ...
         slimtorch.errors.SlimtorchError: skip pattern 'fc.wieght' matches no tensor; closest names: fc.weight
     """
-    for pattern in patterns:
-        if any(fnmatch.fnmatchcase(name, pattern) for name in names):
-            continue
-        if removed_prefix and pattern.startswith(removed_prefix):
-            hint = (
-                f"names lost the wrapper prefix {removed_prefix!r}: write {pattern[len(removed_prefix) :]!r}"
-                " (or keep the prefix with --keep-names)"
-            )
-        else:
-            close = difflib.get_close_matches(pattern, sorted(names), n=3, cutoff=0.5)
-            hint = (
-                f"closest names: {', '.join(close)}" if close else f"names look like {min(names, default='')}"
-            )
-        raise SlimtorchError(f"skip pattern {pattern!r} matches no tensor; {hint}")
+    unmatched = unmatched_pattern(patterns, sorted(names))
+    if unmatched is None:
+        return
+    pattern, close = unmatched
+    if removed_prefix and pattern.startswith(removed_prefix):
+        hint = (
+            f"names lost the wrapper prefix {removed_prefix!r}: write {pattern[len(removed_prefix) :]!r}"
+            " (or keep the prefix with --keep-names)"
+        )
+    else:
+        hint = f"closest names: {', '.join(close)}" if close else f"names look like {min(names, default='')}"
+    raise SlimtorchError(f"skip pattern {pattern!r} matches no tensor; {hint}")
 
 
 def weight_like(category: str, dtype: torch.dtype, shape: Sequence[int]) -> bool:

@@ -11,6 +11,7 @@ helps an error say what the file holds instead of only what it lacks.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -296,3 +297,18 @@ def closest(wanted: Sequence[str], pool: Iterable[str], count: int = 3) -> str:
         if near:
             found.append(f"{tails[near[0]]!r} for {name!r}")
     return ", ".join(found)
+
+
+def unmatched_pattern(patterns: Iterable[str], names: Sequence[str]) -> tuple[str, list[str]] | None:
+    """The first pattern (fnmatch, case-sensitive) that matches none of ``names``, with up to three of the
+    closest names; None when every pattern matches. Options that take patterns (shrink's and quantize's
+    ``skip``) refuse such a pattern: a typo would otherwise quietly change what they do.
+
+    Example:
+        >>> unmatched_pattern(["fc.*", "norm.wieght"], ["fc.weight", "norm.weight"])
+        ('norm.wieght', ['norm.weight', 'fc.weight'])
+    """
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            return pattern, difflib.get_close_matches(pattern, sorted(names), n=3, cutoff=0.5)
+    return None

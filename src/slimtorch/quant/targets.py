@@ -8,7 +8,6 @@ check and ``skip`` can keep one of them float, ``"lstm.weight_ih_l0"``).
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from dataclasses import asdict, dataclass, field
 
@@ -17,6 +16,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from slimtorch.errors import SlimtorchError
+from slimtorch.io.name_matching import unmatched_pattern
 from slimtorch.quant.build import CONV, float_weight
 from slimtorch.quant.conv import quantizable_conv
 from slimtorch.quant.modules import QuantizedWeight
@@ -78,12 +78,11 @@ def check_skip_patterns(model: nn.Module, skip: tuple[str, ...]) -> None:
     names += [
         f"{n}.{m}" for n, mod in model.named_modules() if is_recurrent(mod) for m in recurrent_matrices(mod)
     ]
-    for pattern in skip:
-        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
-            close = difflib.get_close_matches(pattern, names, n=3, cutoff=0.5) or names[:3]
-            raise SlimtorchError(
-                f"skip pattern {pattern!r} matches no module of the model (closest: {', '.join(close)})"
-            )
+    unmatched = unmatched_pattern(skip, names)
+    if unmatched is not None:
+        pattern, close = unmatched
+        shown = ", ".join(close or names[:3])
+        raise SlimtorchError(f"skip pattern {pattern!r} matches no module of the model (closest: {shown})")
 
 
 def choose_targets(model: nn.Module, scheme: str, skip: tuple[str, ...], embeddings: bool) -> Choice:
