@@ -378,17 +378,27 @@ def measure_recurrent(
                     times[method].append(timer.blocked_autorange(min_run_time=0.2).median)
             for method in made:
                 rows[method][f"batch {batch} ms"] = statistics.median(times[method]) * 1e3
+                rows[method][f"batch {batch} iqr ms"] = _iqr(times[method]) * 1e3
     return rows
+
+
+def _iqr(values: list[float]) -> float:
+    """The spread of the rounds' medians: the interquartile range (0 for fewer than two rounds)."""
+    if len(values) < 2:
+        return 0.0
+    low, _, high = statistics.quantiles(values, n=4)
+    return high - low
 
 
 def print_recurrent(title: str, rows: dict[str, Any]) -> None:
     print(f"\n{title}")
     peer = rows["torch.ao quantize_dynamic"]
-    header = "".join(f"{f'batch {b}':>12} {'vs ao':>6}" for b in RECURRENT_BATCHES)
+    header = "".join(f"{f'batch {b} (IQR)':>20} {'vs ao':>6}" for b in RECURRENT_BATCHES)
     print(f"  {'method':40}{header} {'cos min':>9} {'cos mean':>9}")
     for method, row in rows.items():
         cells = "".join(
-            f"{row[f'batch {b} ms']:10.2f}ms {row[f'batch {b} ms'] / peer[f'batch {b} ms']:5.2f}x"
+            f"{row[f'batch {b} ms']:10.2f}ms ({row[f'batch {b} iqr ms']:5.2f}) "
+            f"{row[f'batch {b} ms'] / peer[f'batch {b} ms']:5.2f}x"
             for b in RECURRENT_BATCHES
         )
         print(f"  {method:40}{cells} {row['cosine_min']:9.5f} {row['cosine_mean']:9.5f}")
