@@ -399,6 +399,16 @@ def test_int8_error_is_at_most_half_a_row_scale(dtype: torch.dtype, case: Case) 
     assert_within(round_trip(x, ["int8"]), x, int8_bound(x.double(), dtype))
 
 
+def test_int8_one_scale_gives_every_row_the_largest_values_scale_in_the_same_format() -> None:
+    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(0)) * torch.arange(1, 7).unsqueeze(1)
+    rows, one = encode(x, ["int8"]), encode(x, [("int8", {"one_scale": True})])
+    assert one.stages == rows.stages  # nothing new in the metadata: any reader decodes it
+    scale = one.parts["scale"]
+    assert bool((scale == float(x.abs().max()) / 127).all())
+    assert float((decode(one.parts, one.stages, x.dtype, x.shape) - x).abs().max()) <= float(scale[0]) / 2
+    assert not torch.equal(rows.parts["scale"], scale)  # rows of unlike ranges: a scale per row differs
+
+
 @pytest.mark.parametrize("flat", [False, True], ids=["rows", "flat"])
 @SOME
 @given(case=cases(), group_size=st.sampled_from(INT4_GROUPS), dtype=st.sampled_from(FLOATS))

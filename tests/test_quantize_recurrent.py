@@ -134,6 +134,43 @@ def test_a_quantized_lstm_round_trips_through_save_and_load_with_its_int8_codes(
     assert torch.equal(weights["rnn.weight_ih_l0"], model.rnn.weight_ih_l0)
 
 
+def _qscheme(layer: Int8DynamicRecurrent, matrix: str) -> torch.qscheme:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch deprecates its quantized tensors
+        packed = layer._packed(matrix, torch.zeros(layer.parts(matrix)["q"].shape[0]))
+        return torch.ops.quantized.linear_unpack(packed)[0].qscheme()
+
+
+def test_int8_dynamic_takes_one_scale_per_matrix_only_where_rows_have_like_ranges(tmp_path) -> None:
+    """torch's int8 RNN runs a matrix with one scale faster; a matrix whose rows differ in range (trained
+    ones do) keeps a scale per row, and torch's per-channel kernel, for its accuracy."""
+    model = Recurrent("GRU", num_layers=2).eval()
+    with torch.no_grad():  # rows whose ranges span a decade, as in trained matrices
+        model.rnn.weight_hh_l1.mul_(torch.logspace(-1, 0, 144).unsqueeze(1))
+    x = _sequence(False)
+    expected = model(x)
+    slimtorch.quantize(model, "int8-dynamic", keep_sensitive=False)
+    layer = model.rnn
+    shared = {m for m in layer.stages if bool((layer.parts(m)["scale"] == layer.parts(m)["scale"][0]).all())}
+    # (the first input matrix's rows are 24 long: their ranges differ by chance more than 5% allows)
+    assert {"weight_hh_l0", "weight_ih_l1"} <= shared and "weight_hh_l1" not in shared
+    assert {m: _qscheme(layer, m) for m in layer.stages} == {
+        m: torch.per_tensor_affine if m in shared else torch.per_channel_affine for m in layer.stages
+    }
+    layer.kernel = "quantized_rnn"
+    assert _cosine(model(x), expected) >= 0.999
+    slimtorch.save_model(model, tmp_path / "gru.safetensors")
+    loaded = slimtorch.load_model(tmp_path / "gru.safetensors", lambda: Recurrent("GRU", num_layers=2))
+    assert _qscheme(loaded.rnn, "weight_hh_l0") == torch.per_tensor_affine
+    loaded.rnn.kernel = "quantized_rnn"
+    assert torch.equal(loaded(x), model(x))
+
+
+def test_weight_only_schemes_keep_a_scale_per_row_in_every_matrix() -> None:
+    layer = slimtorch.quantize(Recurrent("GRU").eval(), "int8-weight", keep_sensitive=False).rnn
+    assert all(len(set(layer.parts(m)["scale"].tolist())) > 1 for m in layer.stages)
+
+
 def test_unbatched_input_a_given_state_and_packed_sequences_run_like_nn_lstm() -> None:
     float_lstm = nn.LSTM(24, 48, 2).eval()
     model = slimtorch.quantize(nn.Sequential(copy.deepcopy(float_lstm)), "int8-dynamic")

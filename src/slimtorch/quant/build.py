@@ -24,7 +24,7 @@ from slimtorch.quant.modules import (
     Int8WeightLinear,
     QuantizedWeight,
 )
-from slimtorch.quant.recurrent import RECURRENT_LAYERS, is_recurrent
+from slimtorch.quant.recurrent import RECURRENT_LAYERS, encode_matrices, is_recurrent
 
 LINEAR = {cls.SCHEME: cls for cls in (Int8DynamicLinear, Int8WeightLinear, Int4WeightLinear)}
 EMBEDDING = {"int8-dynamic": Int8Embedding, "int8-weight": Int8Embedding, "int4-weight": Int4Embedding}
@@ -48,8 +48,7 @@ def quantized_from(
     codecs; with the layer's input moments ``hessian``, int4 codes are chosen by GPTQ instead of
     rounding. An ``nn.LSTM`` / ``nn.GRU`` has the ``matrices`` named coded, the others kept float."""
     if is_recurrent(module):
-        chain = codec_chain(scheme, group_size)
-        coded = {name: encode(getattr(module, name).detach(), chain) for name in matrices}
+        coded = encode_matrices(module, matrices, scheme, codec_chain(scheme, group_size))
         return RECURRENT_LAYERS[scheme](module, coded)
     weight = float_weight(module).detach()
     encoded = None

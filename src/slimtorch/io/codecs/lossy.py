@@ -98,14 +98,19 @@ class Cast:
 class Int8:
     name, primary, lossless = "int8", "q", False
 
-    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, dict, dict]:
+    def encode(self, x: torch.Tensor, one_scale: bool = False) -> tuple[torch.Tensor, dict, dict]:
+        """``one_scale=True`` gives every row the scale of the largest value in the tensor (the format is
+        the same: a scale per row, here all equal), which torch's per-tensor int8 kernels can take."""
         _require_float(x, "int8")
         rows = as_rows(x)
         q = torch.empty(rows.shape, dtype=torch.int8)
         scale = torch.empty(rows.shape[0], dtype=torch.float32)
+        largest = rows.abs().amax().to(torch.float32) if one_scale and rows.numel() else None
         for block in row_blocks(*rows.shape):
             values = rows[block].to(torch.float32)
             s = values.abs().amax(dim=1) / 127 if values.shape[1] else values.new_zeros(values.shape[0])
+            if largest is not None:
+                s = (largest / 127).expand_as(s).clone()
             # Near float32's largest value, 127 * s can round up to inf: take the float32 just below, so that
             # code 127 decodes to a finite number (the error bound holds with room to spare).
             s = torch.where(torch.isinf(s * 127), torch.nextafter(s, torch.zeros_like(s)), s)
