@@ -18,6 +18,7 @@ from slimtorch.cli.main import main
 from slimtorch.io.codecs import decode, encode
 from slimtorch.quant import kernels
 from slimtorch.quant.modules import Int4WeightLinear, Int8DynamicLinear, Int8WeightLinear
+from tests.hostile import reseal
 from tests.zoo.models import MLP
 
 SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight")
@@ -286,6 +287,7 @@ def test_an_unknown_scheme_in_a_file_is_refused_with_exit_2(tmp_path, capsys) ->
     body["delta"]["quantized"]["up"]["scheme"] = "os.system"
     metadata["slimtorch"] = json.dumps(body)
     save_file(load_file(tmp_path / "q.safetensors"), tmp_path / "bad.safetensors", metadata=metadata)
+    reseal(tmp_path / "bad.safetensors")  # the checks behind the header seal, as a deliberate edit meets them
     with pytest.raises(slimtorch.FormatError, match="not a known scheme"):
         slimtorch.load_model(tmp_path / "bad.safetensors", TokenMLP)
     assert main(["load", str(tmp_path / "bad.safetensors"), "--model", "tests.test_quantize:TokenMLP"]) == 2

@@ -184,7 +184,11 @@ def test_plain_non_tensor_values_are_kept_and_training_state_values_dropped(trai
     assert report.objects == ["epoch"]  # not the optimizer's hyperparameters nor the scheduler's state
     assert slimtorch.load_objects(out) == {"epoch": 3}
     with safe_open(out, "pt") as f:
-        assert set(f.metadata()) == {"slimtorch", "format"}  # kept inside slimtorch's own metadata
+        assert set(f.metadata()) == {
+            "slimtorch",
+            "slimtorch.crc",
+            "format",
+        }  # kept inside slimtorch's own metadata
 
 
 def test_no_objects_drops_every_non_tensor_value(training, tmp_path, capsys):

@@ -34,10 +34,15 @@ class FormatError(CheckpointError):
 class UnsafeCheckpointError(CheckpointError):
     """Reading the file would need a Python global that is not on the safe list.
 
-    ``global_name`` is the dotted name the pickle asked for (for example ``os.system``).
+    ``global_name`` is the dotted name the pickle asked for (for example ``os.system``). ``allowable`` says
+    whether ``--allow-global`` may trust it: never for what runs code or touches files (``builtins.eval``,
+    ``os.system``, ``subprocess.Popen``) nor for a name no installed module has, so the message suggests the
+    flag only where the reader checked it can help.
     """
 
-    def __init__(self, path: str | Path, global_name: str, detail: str = "") -> None:
+    def __init__(
+        self, path: str | Path, global_name: str, detail: str = "", *, allowable: bool = False
+    ) -> None:
         self.global_name = global_name
         problem = (
             f"refused: the pickle needs the global `{global_name}`, which is not on the safe list, and "
@@ -45,5 +50,6 @@ class UnsafeCheckpointError(CheckpointError):
         )
         if detail:
             problem += f" ({detail})"
-        problem += f". If you trust this file and that global, allow it with --allow-global {global_name}"
+        if allowable:
+            problem += f". If you trust this file and that global, allow it with --allow-global {global_name}"
         super().__init__(path, problem)

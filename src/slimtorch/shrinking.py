@@ -21,12 +21,12 @@ from typing import Any
 import torch
 
 from slimtorch import __version__
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import FormatError, SlimtorchError
 from slimtorch.inspection import Bucket, classify, inspect
 from slimtorch.io.codecs import REGISTRY, Encoded, decode
 from slimtorch.io.codecs.chain import parse_dtype
 from slimtorch.io.objects import PlainObjects, model_objects, plain_objects
-from slimtorch.io.readers import open_checkpoint
+from slimtorch.io.readers import folder_file, open_checkpoint
 from slimtorch.io.readers.hf_folder import weight_files
 from slimtorch.io.readers.slim import SlimSource
 from slimtorch.io.source import TensorInfo, TensorSource, dtype_name
@@ -339,6 +339,8 @@ def _plan_source(source: TensorSource, keep_optimizer: bool, keep_names: bool) -
         if name.endswith("_orig") and name[: -len("_orig")] + "_mask" in names:
             name = name[: -len("_orig")]
             mask = source.info(name + "_mask")
+            if mask.shape != info.shape:
+                raise FormatError(source.path, _unfoldable(info.name, info.shape, mask.shape))
             fetch = lambda info=info, mask=mask: source.get(info.name) * source.get(mask.name)  # noqa: E731
             before += mask.nbytes
             plan.folded.append(name)
@@ -418,12 +420,20 @@ def _plan_state_dict(state_dict: Mapping[str, torch.Tensor]) -> _Plan:
     for name, tensor in state_dict.items():
         if not isinstance(tensor, torch.Tensor):
             raise SlimtorchError(f"save: {name!r} is a {type(tensor).__name__}, not a tensor")
+        if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested or tensor.is_meta:
+            kind = "meta" if tensor.is_meta else "quantized" if tensor.is_quantized else tensor.layout
+            raise SlimtorchError(
+                f"save: {name!r} is a {kind} tensor; save takes dense tensors with data (.to_dense() "
+                "a sparse one, .dequantize() a quantized one)"
+            )
         if name.endswith("_mask") and name[: -len("_mask")] + "_orig" in names:
             continue
         category = "buffers" if not tensor.dtype.is_floating_point else "parameters"
         fetch = lambda tensor=tensor: tensor  # noqa: E731
         if name.endswith("_orig") and name[: -len("_orig")] + "_mask" in names:
             mask = state_dict[name[: -len("_orig")] + "_mask"]
+            if not isinstance(mask, torch.Tensor) or mask.shape != tensor.shape:
+                raise SlimtorchError("save: " + _unfoldable(name, tensor.shape, getattr(mask, "shape", ())))
             name = name[: -len("_orig")]
             fetch = lambda tensor=tensor, mask=mask: tensor * mask  # noqa: E731
             plan.folded.append(name)
@@ -435,6 +445,15 @@ def _plan_state_dict(state_dict: Mapping[str, torch.Tensor]) -> _Plan:
             stored[key] = name
         plan.items.append(_Item(name, category, tensor.numel() * tensor.element_size(), fetch))
     return plan
+
+
+def _unfoldable(name: str, weight: Sequence[int], mask: Sequence[int]) -> str:
+    """Why ``weight_orig * weight_mask`` is refused: torch.nn.utils.prune makes the mask in the weight's
+    shape, and any other would broadcast (``[1, N] x [N, 1]`` is N**2 values from 2N)."""
+    return (
+        f"{name!r} {list(weight)} and its pruning mask {list(mask)[:8]} differ in shape: the mask must have "
+        "the weight's shape"
+    )
 
 
 def _layout(tensor: torch.Tensor) -> tuple:
@@ -522,7 +541,8 @@ def _companions(source: Path, out: Path) -> dict[str, Path]:
     if not source.is_dir() or out.suffix == ".safetensors":
         return {}
     weight_files(source)  # the folder was read as a model folder
-    return {name: source / name for name in COMPANION_FILES if (source / name).is_file()}
+    # a companion linking outside the folder is refused like a weight file would be: never copied out
+    return {name: folder_file(source, source / name) for name in COMPANION_FILES if (source / name).is_file()}
 
 
 def _describe_options(options: ShrinkOptions) -> dict[str, Any]:

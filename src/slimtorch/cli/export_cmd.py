@@ -10,6 +10,7 @@ from rich.table import Table
 
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
+from slimtorch.cli.output_path import check_output, model_inputs
 from slimtorch.deploy import FP32, INT8, ExportReport, Tolerance, export
 from slimtorch.deploy.export import forward_names
 from slimtorch.deploy.runner import BundleError, read_inputs
@@ -68,6 +69,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.output, [*model_inputs(args.model, args.weights), *(args.example or ())])
     loaded = command_model(args, check_example=not args.example)
     model = loaded.model.eval()
     example = _example(args, model) if args.example else loaded.positional()
@@ -104,7 +106,7 @@ def _example(args: argparse.Namespace, model: torch.nn.Module) -> tuple:
     named = len(files) == 1 and files[0].endswith((".npz", ".json"))
     try:
         arrays = read_inputs(files, names if named else names[: len(files)])
-    except (BundleError, OSError, ValueError) as exc:
+    except (BundleError, OSError, ValueError, RecursionError) as exc:
         raise SlimtorchError(f"{files[0]}: cannot read the example input ({exc})") from None
     unknown = [name for name in arrays if name not in names]
     if unknown:

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import MODEL_HELP, add_input_shape, meta_model
+from slimtorch.cli.output_path import check_output, model_inputs
 from slimtorch.memory import CATEGORIES, OPTIMIZERS, PRECISIONS, MemoryReport, estimate
 from slimtorch.report.inspect_view import output_console
 from slimtorch.report.memory_chart import write_chart
@@ -70,6 +71,8 @@ def _size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.chart:
+        check_output(args.chart, model_inputs(args.model))
     loaded = meta_model(args)
     model, example = loaded.model, loaded.example
     checkpointing = args.checkpointing

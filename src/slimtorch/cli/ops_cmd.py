@@ -8,6 +8,7 @@ from pathlib import Path
 
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
+from slimtorch.cli.output_path import check_output, model_inputs
 from slimtorch.deploy.ops import operators
 from slimtorch.io.writer import write_atomic_text
 
@@ -52,6 +53,8 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output:
+        check_output(args.output, model_inputs(args.model, args.weights))
     loaded = command_model(args)
     found = operators(loaded.model, loaded.positional(), training=args.training)
     for note in found.notes:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
+from slimtorch.cli.output_path import check_output, model_inputs
 from slimtorch.measure import compare, measure
 from slimtorch.prune import channels_with_report
 from slimtorch.prune.hf import save_pretrained
@@ -88,6 +89,7 @@ def _count(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.output, model_inputs(args.model, args.weights))
     loaded = command_model(args)
     model, example, hugging_face = loaded.model, loaded.positional(), loaded.folder is not None
     model.eval()

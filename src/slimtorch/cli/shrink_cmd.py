@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from slimtorch.cli.arguments import add_allow_global, add_command, print_json
+from slimtorch.cli.output_path import check_output
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.policy import INT4_GROUP_SIZE, ShrinkOptions
 from slimtorch.report.inspect_view import output_console
@@ -132,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         skip=args.skip,
         quantize_all=args.quantize_all,
     )
+    check_output(args.output, [args.source])
     with open_checkpoint(args.source, allow_globals=args.allow_global) as source:
         total = sum(info.nbytes for info in source.tensors)
     with ByteProgress("shrinking", total) as bar:

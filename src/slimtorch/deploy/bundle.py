@@ -25,6 +25,7 @@ import numpy as np
 from slimtorch import __version__
 from slimtorch.deploy import runner
 from slimtorch.errors import SlimtorchError
+from slimtorch.io.untrusted import load_json
 from slimtorch.io.writer import TEMP_PREFIX, replace_folder
 
 FORMAT = "slimtorch-bundle"
@@ -102,10 +103,10 @@ def read_manifest(folder: Path, *, strict: bool = True) -> dict[str, Any] | None
     """The bundle's manifest, checked for our format (None when it is not a bundle and not ``strict``)."""
     path = Path(folder) / runner.MANIFEST
     try:
-        document = json.loads(path.read_text())
+        document = load_json(path, path.read_bytes(), "manifest")
         if not isinstance(document, dict) or document.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} manifest")
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SlimtorchError) as exc:
         if strict:
             raise SlimtorchError(f"{path}: not a slimtorch bundle ({exc})") from None
         return None

@@ -39,6 +39,7 @@ from slimtorch.deploy.venv import (
 )
 from slimtorch.deploy.venv import weigh as weigh_venv
 from slimtorch.errors import CheckpointNotFoundError, FormatError, SlimtorchError
+from slimtorch.io.untrusted import load_json
 
 # Installers, not runtime: every fresh venv has them and a deployment image need not keep them.
 BUILD_TOOLS = frozenset({"pip", "setuptools", "wheel"})
@@ -265,10 +266,10 @@ def _model_files(folder: Path) -> list[Path]:
     manifest = folder / "manifest.json"
     model = None
     if manifest.is_file():
-        try:
-            model = json.loads(manifest.read_text(encoding="utf-8")).get("model")
-        except (ValueError, AttributeError) as exc:
-            raise FormatError(manifest, f"not a JSON object: {exc}") from None
+        document = load_json(manifest, manifest.read_bytes(), "manifest")
+        if not isinstance(document, dict):
+            raise FormatError(manifest, f"not a JSON object but a {type(document).__name__}")
+        model = document.get("model")
     if not isinstance(model, dict) or "files" not in model:
         return sorted(path for path in folder.glob("model.*") if path.is_file())
     names = model["files"]
@@ -327,14 +328,14 @@ def _measure_torch(
 def _read_baseline(path: Path) -> Baseline | None:
     """The cached baseline, or None when there is none or it cannot be read (it is measured again)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path, path.read_bytes(), "baseline")
         packages = tuple(
             PackageBytes(p["name"], p["version"], int(p["bytes"]), int(p["bytecode"]))
             for p in data["packages"]
         )
         runtime, when = int(data["runtime_bytes"]), data["measured_at"]
         return Baseline(data["requirement"], packages, runtime, when, True, bool(data["compiled"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, FormatError):
         return None
 
 
@@ -349,6 +350,6 @@ def _json_object(text: str) -> dict[str, Any] | None:
     """The runner's report: the last line it printed, when that is a JSON object."""
     try:
         value = json.loads(text.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, RecursionError):  # the bundle's own runner printed it
         return None
     return value if isinstance(value, dict) else None

@@ -39,7 +39,7 @@ class Bundle:
         self.folder = Path(folder)
         try:
             self.manifest = json.loads((self.folder / MANIFEST).read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # this file runs without slimtorch's load_json
             raise BundleError(f"{self.folder / MANIFEST}: cannot read the manifest ({exc})") from None
         self.inputs = [spec["name"] for spec in self.manifest["inputs"]]
         self.outputs = [spec["name"] for spec in self.manifest["outputs"]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,9 +104,51 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+MAX_DIMS = 64
+"""The most dimensions a tensor from a file may have (torch's own kernels stop at 25): a shape of 150,000
+ones is a CPU bomb for every walk over it, not a tensor."""
+INT64_MAX = 2**63 - 1
+
+
+def shape_problem(shape: Sequence[object]) -> str | None:
+    """Why ``shape`` cannot be a tensor's (None when it can), checked before any product over it.
+
+    torch counts elements in int64: every size, and the product of the non-zero ones, must fit (``[10**30,
+    0]`` holds no element, but torch cannot build it).
+
+    Example:
+        >>> shape_problem([10**30, 0])
+        'size 1000000000000000000000000000000 is beyond int64'
+    """
+    if len(shape) > MAX_DIMS:
+        return f"{len(shape)} dimensions, more than the {MAX_DIMS} allowed"
+    count = 1
+    for size in shape:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return f"size {size!r} is not a non-negative integer"
+        if size > INT64_MAX:
+            return f"size {size} is beyond int64"
+        count *= size or 1
+        if count > INT64_MAX:
+            return f"{list(shape)} holds more elements than int64 can count"
+    return None
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides of ``shape`` (``math.prod(shape[i + 1:])`` each) in one pass, not D products."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
 def check_tensor_fits(path: str | Path, info: TensorInfo) -> None:
     """Refuse a tensor whose shape or strides reach outside its storage (a corrupt or hostile file)."""
-    if any(size < 0 for size in info.shape) or any(step < 0 for step in info.stride):
+    problem = shape_problem(info.shape)
+    if problem:
+        raise FormatError(path, f"tensor {info.name!r}: shape refused ({problem})")
+    if any(step < 0 for step in info.stride):
         raise FormatError(path, f"tensor {info.name!r} has a negative size or stride {info.shape}")
     if len(info.shape) != len(info.stride):
         raise FormatError(

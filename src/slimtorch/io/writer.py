@@ -3,10 +3,14 @@
 A checkpoint is written where nothing reads it (a temporary file beside the target, or a temporary folder
 beside the target folder), flushed to disk with fsync, and only then moved into place with one rename, or,
 for a folder that already exists, one atomic exchange (Linux ``renameat2``). An interrupted run leaves the
-previous checkpoint untouched and, at worst, a ``.slimtorch-tmp-*`` leftover.
+previous checkpoint untouched and, at worst, a ``.slimtorch-tmp-*`` leftover, which the next write to the
+same place removes (concurrent writes to one output are not supported: the last rename would win anyway).
+OUT is never a symbolic link (replacing it would replace the link, not write where it points), and a
+folder is replaced only when it holds nothing but what slimtorch writes.
 
 Shards are flushed as they fill up, so memory holds at most one shard of encoded parts; parts stored as is
-are written straight from the source's memory map.
+are written straight from the source's memory map. How many shards a save makes is known only at its end,
+so each shard's header leaves room for the count, filled in (and the header resealed) before the commit.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import ctypes
 import ctypes.util
 import json
 import os
+import re
 import shutil
 import struct
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -27,11 +33,27 @@ import torch
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.io.codecs.chain import Encoded
-from slimtorch.io.format import INDEX_NAME, SINGLE_NAME, Entry, Layout, crc32_chunks, is_slim, part_key
+from slimtorch.io.format import (
+    INDEX_NAME,
+    METADATA_KEY,
+    RESERVED_NAMES,
+    SINGLE_NAME,
+    Entry,
+    Layout,
+    crc32_chunks,
+    is_slim,
+    part_key,
+    seal,
+)
 from slimtorch.io.readers.safetensors_file import DTYPES, read_metadata
+from slimtorch.io.untrusted import load_json
 
 SAFETENSORS_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 TEMP_PREFIX = ".slimtorch-tmp-"
+STARTED = time.time()
+"""When this process started writing: temporary files of OUT older than this are an earlier run's."""
+HEADER_ROOM = 16
+"""Spaces left at the end of every header, for the shard count filled in at the end of a save."""
 
 
 class SlimWriter:
@@ -72,7 +94,10 @@ class SlimWriter:
         self.provenance, self.delta = dict(provenance or {}), delta
         self.objects = dict(objects or {})  # plain JSON data (slimtorch.io.objects checked it)
         self.extra_files = dict(extra_files or {})
+        if self.out.is_symlink():
+            raise SlimtorchError(f"{self.out}: is a symbolic link; give the path it points to")
         self.out.parent.mkdir(parents=True, exist_ok=True)
+        clear_stale_temps(self.out)
         self._staging = self.out.parent / f"{TEMP_PREFIX}{self.out.name}-{self.checkpoint[:8]}"
         if not self.single:
             check_replaceable(self.out, self.extra_files)  # before any work, not only at the end
@@ -86,9 +111,13 @@ class SlimWriter:
     # -- collecting ------------------------------------------------------------------------------------
     def add(self, name: str, encoded: Encoded, dtype: torch.dtype, shape: tuple[int, ...]) -> Entry:
         """Queue one logical tensor; flushes a shard first when it would overflow ``shard_bytes``."""
-        parts = {role: _storable(tensor) for role, tensor in encoded.parts.items()}
-        keys = {role: part_key(name, role) for role in parts}
+        keys = {role: part_key(name, role) for role in encoded.parts}
         for key in keys.values():
+            if key in RESERVED_NAMES:
+                raise SlimtorchError(
+                    f"{self.out}: a tensor named {key!r} cannot be saved: safetensors keeps the file's "
+                    "metadata under that name; rename the tensor"
+                )
             # A tensor named like another one's part ("fc.weight::scale" beside a quantized "fc.weight")
             # would overwrite that part in the file, which would then not load.
             if key in self._owners:
@@ -97,6 +126,7 @@ class SlimWriter:
                     f"tensor {self._owners[key]!r}; rename one of them"
                 )
         self._owners.update(dict.fromkeys(keys.values(), name))
+        parts = {role: _storable(tensor) for role, tensor in encoded.parts.items()}
         entry = Entry(
             name, dtype, tuple(shape), encoded.stages, keys, {r: crc32_chunks(t) for r, t in parts.items()}
         )
@@ -107,7 +137,9 @@ class SlimWriter:
         self._pending_bytes += nbytes
         return entry
 
-    def _flush(self) -> None:
+    def _flush(self, last: bool = False) -> None:
+        """Write the queued tensors as the next shard; before the ``last`` one the shard count is not known
+        yet (0), and :meth:`_count_shards` fills it in."""
         number = len(self._shards) + 1
         here = {entry.name for entry, _ in self._pending}
         layout = Layout(
@@ -120,6 +152,7 @@ class SlimWriter:
             checkpoint=self.checkpoint,
             shard=number,
             objects=self.objects,
+            shards=number if last else 0,
         )
         tensors = {key: t for _, parts in self._pending for key, t in parts.items()}
         target = self._staging if self.single else self._staging / f"shard-{number}.tmp"
@@ -131,19 +164,39 @@ class SlimWriter:
     def commit(self) -> list[Path]:
         """Write what is queued and move the checkpoint into place; returns the files written."""
         if self._pending or not self._shards:
-            self._flush()
+            self._flush(last=True)
+        self._count_shards()
         if self.single:
             os.replace(self._staging, self.out)
             _fsync_dir(self.out.parent)
             return [self.out]
         files = self._name_shards()
         for name, source in self.extra_files.items():
-            shutil.copyfile(source, self._staging / name)
+            _copy_synced(source, self._staging / name)
             files.append(self.out / name)
         _fsync_dir(self._staging)
         check_replaceable(self.out, (p.name for p in self._staging.iterdir()))
         replace_folder(self._staging, self.out)
         return files
+
+    def _count_shards(self) -> None:
+        """Record the shard count in the shards written before the last one (their headers left room)."""
+        count = len(self._shards)
+        for staged, _ in self._shards:
+            header, length = _read_own_header(staged)
+            body = load_json(staged, header["__metadata__"][METADATA_KEY], "slimtorch metadata")
+            if body["shards"] == count:
+                continue
+            body["shards"] = count
+            header["__metadata__"][METADATA_KEY] = json.dumps(body, separators=(",", ":"))
+            text = _header_bytes(header).rstrip(b" ")
+            if len(text) > length:
+                raise SlimtorchError(f"{staged}: no room left in the header for the shard count")
+            with open(staged, "r+b") as stream:
+                stream.seek(8)
+                stream.write(text.ljust(length))
+                stream.flush()
+                os.fsync(stream.fileno())
 
     def _name_shards(self) -> list[Path]:
         count = len(self._shards)
@@ -162,6 +215,7 @@ class SlimWriter:
                     "total_size": self.bytes_written,
                     "format": "slimtorch",
                     "checkpoint": self.checkpoint,
+                    "shards": count,
                 },
                 "weight_map": weight_map,
             }
@@ -195,25 +249,24 @@ def _storable(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> int:
-    """Write a safetensors file, streaming each tensor's bytes; fsyncs before returning the byte count.
+    """Write a sealed safetensors file, streaming each tensor's bytes; fsyncs before returning the byte count.
 
     Tensors are laid out by decreasing item size so every tensor is aligned to its dtype without padding
-    (safetensors forbids holes between tensors).
+    (safetensors forbids holes between tensors). The header ends in :data:`HEADER_ROOM` spaces.
     """
     order = sorted(tensors, key=lambda key: -tensors[key].element_size())
-    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    entries: dict[str, Any] = {}
     offset = 0
     for key in order:
         t = tensors[key]
         nbytes = t.numel() * t.element_size()
-        header[key] = {
+        entries[key] = {
             "dtype": SAFETENSORS_NAMES[t.dtype],
             "shape": list(t.shape),
             "data_offsets": [offset, offset + nbytes],
         }
         offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-(8 + len(raw)) % 8)  # the data starts 8-byte aligned
+    raw = _header_bytes({"__metadata__": dict(metadata), **entries})
     with open(path, "wb") as stream:
         stream.write(struct.pack("<Q", len(raw)))
         stream.write(raw)
@@ -226,6 +279,36 @@ def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata:
     return 8 + len(raw) + offset
 
 
+def seal_header(header: Mapping[str, Any]) -> dict[str, Any]:
+    """A safetensors header (``__metadata__`` and entries) with its slim seal (re)computed.
+
+    Example:
+        >>> w = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+        >>> seal_header({"__metadata__": {}, "w": w})["__metadata__"]
+        {'slimtorch.crc': '2b120d78'}
+    """
+    entries = {key: value for key, value in header.items() if key != "__metadata__"}
+    parts = {
+        key: (DTYPES[e["dtype"]], e["shape"], e["data_offsets"][0], e["data_offsets"][1])
+        for key, e in entries.items()
+    }
+    return {"__metadata__": seal(header["__metadata__"], parts), **entries}
+
+
+def _header_bytes(header: Mapping[str, Any]) -> bytes:
+    """The sealed header as written: JSON, :data:`HEADER_ROOM` spaces, padding to start the data 8-byte
+    aligned."""
+    raw = json.dumps(seal_header(header), separators=(",", ":")).encode() + b" " * HEADER_ROOM
+    return raw + b" " * (-(8 + len(raw)) % 8)
+
+
+def _read_own_header(path: Path) -> tuple[dict[str, Any], int]:
+    """(header, its length) of a file this writer has just staged."""
+    with open(path, "rb") as stream:
+        (length,) = struct.unpack("<Q", stream.read(8))
+        return load_json(path, stream.read(length), "header"), length
+
+
 def write_atomic_text(path: Path, text: str) -> None:
     """Write a small text file through a temporary file, fsync and rename."""
     staged = path.with_name(f"{TEMP_PREFIX}{path.name}")
@@ -234,6 +317,35 @@ def write_atomic_text(path: Path, text: str) -> None:
         stream.flush()
         os.fsync(stream.fileno())
     os.replace(staged, path)
+
+
+def _copy_synced(source: Path, target: Path) -> None:
+    """Copy a companion file (config, tokenizer) and flush it to disk: the folder's rename must not make
+    visible a file whose bytes are still only in the page cache."""
+    shutil.copyfile(source, target)
+    with open(target, "rb+") as stream:
+        os.fsync(stream.fileno())
+
+
+def clear_stale_temps(out: Path) -> list[Path]:
+    """Remove what an earlier, interrupted write of ``out`` left beside it (``.slimtorch-tmp-<name>-<id>``
+    and ``-old-<id>``, modified before this process started); returns what was removed.
+
+    Example:
+        >>> clear_stale_temps(Path("out/model.safetensors"))  # doctest: +SKIP
+        [PosixPath('out/.slimtorch-tmp-model.safetensors-1a2b3c4d')]
+    """
+    pattern = re.compile(re.escape(f"{TEMP_PREFIX}{out.name}") + r"(-old)?-[0-9a-f]{8}")
+    removed = []
+    for path in out.parent.glob(f"{TEMP_PREFIX}*"):
+        if not pattern.fullmatch(path.name) or path.lstat().st_mtime >= STARTED:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -248,6 +360,8 @@ def _fsync_dir(folder: Path) -> None:
 def replace_folder(staged: Path, target: Path) -> None:
     """Make the folder ``staged`` become ``target``: a rename, or an atomic exchange when ``target`` exists
     (the caller has checked that ``target`` may be replaced)."""
+    if target.is_symlink():  # an exchange would swap the link itself, and leave it behind as `staged`
+        raise SlimtorchError(f"{target}: is a symbolic link; give the path it points to")
     if not target.exists():
         os.rename(staged, target)
     else:
@@ -263,7 +377,10 @@ def replace_folder(staged: Path, target: Path) -> None:
 
 def check_replaceable(target: Path, companions: Iterable[str] = ()) -> None:
     """Refuse to replace a folder unless it holds only a slim checkpoint: slim shards, their index and the
-    companion files a new checkpoint brings again. Anything else may be the user's work."""
+    companion files a new checkpoint brings again, all plain files. Anything else (a folder, a file of
+    another name, even one ending in ``.index.json``) may be the user's work."""
+    if target.is_symlink():
+        raise SlimtorchError(f"{target}: is a symbolic link; give the path it points to")
     if not target.exists():
         return
     if not target.is_dir():
@@ -274,14 +391,19 @@ def check_replaceable(target: Path, companions: Iterable[str] = ()) -> None:
         raise SlimtorchError(
             f"{target}: exists and is not a slimtorch checkpoint; refusing to replace it (pick another -o)"
         )
-    known = set(companions)
-    other = [p.name for p in entries if p.suffix != ".safetensors" and not p.name.endswith(".index.json")]
-    stray = [name for name in other if name not in known]
+    known = {*companions, INDEX_NAME}
+    stray = [
+        p.name for p in entries if p.suffix != ".safetensors" and not (p.name in known and _plain_file(p))
+    ]
     if stray:
         raise SlimtorchError(
             f"{target}: holds {stray[0]!r}, which a new checkpoint would not keep; refusing to replace the "
             "folder (move the file or pick another -o)"
         )
+
+
+def _plain_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
 
 
 def _exchange(a: Path, b: Path) -> bool:

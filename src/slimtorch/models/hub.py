@@ -3,20 +3,21 @@
 ``config.json`` is read by ``transformers.AutoConfig`` (old folders too: a config written by transformers
 4.8 reads in 5.x) and the model is the class its ``architectures`` names when transformers has it, else
 ``AutoModel`` for its ``model_type``. A config with ``auto_map`` points at Python files in the folder; those
-are never imported (no ``trust_remote_code``): the folder is refused with the reason. Weights are not read
-here: :func:`slimtorch.load_model` puts them into the model this builds.
+are never imported: the folder is refused with the reason before transformers sees it, and transformers is
+always called with ``trust_remote_code=False`` (left unset, it asks "[y/N]" on stdin, and ``yes |`` answers
+it). Weights are not read here: :func:`slimtorch.load_model` puts them into the model this builds.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import FormatError, SlimtorchError
+from slimtorch.io.untrusted import MAX_JSON_BYTES, load_json
 
 
 def is_model_folder(path: Path) -> bool:
@@ -38,12 +39,9 @@ def read_config(folder: Path) -> Any:
     """
     transformers = require_transformers()
     path = folder / "config.json"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SlimtorchError(f"{path}: not a readable JSON config ({exc})") from None
+    raw = read_json(path, "JSON config")
     if not isinstance(raw, dict):
-        raise SlimtorchError(f"{path}: expected a JSON object, found a {type(raw).__name__}")
+        raise FormatError(path, f"expected a JSON object, found a {type(raw).__name__}")
     if "auto_map" in raw:
         # auto_map names Python files of the folder; building the model would import and run them.
         raise SlimtorchError(
@@ -51,10 +49,26 @@ def read_config(folder: Path) -> Any:
             f"from a model folder; give a factory you trust (package.module:factory) and --weights {folder}"
         )
     try:
-        return transformers.AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SlimtorchError(f"{path}: transformers cannot read it ({first})") from None
+
+
+def read_json(path: Path, what: str = "JSON") -> Any:
+    """A JSON file of a model folder, read through :func:`~slimtorch.io.untrusted.load_json`: at most
+    ``MAX_JSON_BYTES`` are read (a 10 GB ``config.json``, or one linked to ``/dev/zero``, is refused without
+    being read), and a parse error is a :class:`FormatError` naming the file.
+
+    Example:
+        >>> read_json(Path("bert-folder/config.json"))["model_type"]  # doctest: +SKIP
+        'bert'
+    """
+    with open(path, "rb") as stream:
+        text = stream.read(MAX_JSON_BYTES + 1)
+    if len(text) > MAX_JSON_BYTES:
+        raise FormatError(path, f"{what} is larger than the {MAX_JSON_BYTES:,} bytes allowed")
+    return load_json(path, text, what)
 
 
 def model_factory(config: Any, **options: Any) -> Callable[[], nn.Module]:
@@ -73,7 +87,7 @@ def model_factory(config: Any, **options: Any) -> Callable[[], nn.Module]:
 
     def from_config() -> nn.Module:
         try:
-            return transformers.AutoModel.from_config(config, **options)
+            return transformers.AutoModel.from_config(config, trust_remote_code=False, **options)
         except ValueError as exc:
             first = (str(exc).strip().splitlines() or ["unknown model type"])[0]
             raise SlimtorchError(f"transformers has no model for this config.json ({first})") from None

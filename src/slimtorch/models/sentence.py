@@ -13,7 +13,6 @@ the transformer class too. Nothing of sentence-transformers is imported.
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import FormatError, SlimtorchError
 from slimtorch.models import hub
 
 TRANSFORMER = "sentence_transformers.models.Transformer"
@@ -165,8 +164,8 @@ def read_sentence_folder(folder: Path) -> SentenceFolder:
         raise SlimtorchError(
             f"{folder}/modules.json: expected one Transformer first and one Pooling, found {', '.join(kinds)}"
         )
-    transformer = folder / str(modules[0].get("path", ""))
-    pooling_path = folder / str(modules[kinds.index(POOLING)].get("path", "")) / "config.json"
+    transformer = _module_folder(folder, modules[0])
+    pooling_path = _module_folder(folder, modules[kinds.index(POOLING)]) / "config.json"
     settings = _json(transformer / "sentence_bert_config.json", missing={})
     max_length = settings.get("max_seq_length") if isinstance(settings, dict) else None
     return SentenceFolder(
@@ -216,12 +215,21 @@ def _holds_pooler(weights: Path, allow_globals: tuple[str, ...]) -> bool:
         return any(name.startswith("pooler.") for name in source.names())
 
 
+def _module_folder(folder: Path, module: dict) -> Path:
+    """Where a module of ``modules.json`` lives: a folder inside ``folder`` (sentence-transformers writes
+    ``""`` or ``1_Pooling``). An absolute path or ``..`` would make a downloaded folder read, and copy into
+    the output, files from anywhere on this machine."""
+    given = module.get("path", "")
+    relative = Path(given) if isinstance(given, str) else None
+    if relative is None or relative.is_absolute() or ".." in relative.parts or "\0" in given:
+        raise FormatError(folder / "modules.json", f"module path {given!r} is outside the folder")
+    return folder / relative
+
+
 def _json(path: Path, missing: Any = None) -> Any:
     if missing is not None and not path.is_file():
         return missing
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return hub.read_json(path)
     except FileNotFoundError:
         raise SlimtorchError(f"{path}: missing (modules.json points at it)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SlimtorchError(f"{path}: not readable JSON ({exc})") from None

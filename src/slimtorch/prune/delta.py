@@ -20,6 +20,7 @@ from torch import nn
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.io.model_slots import model_slots, replace
+from slimtorch.io.source import MAX_DIMS, shape_problem
 
 ATTRIBUTE = "_slimtorch_delta"  # where a pruned module keeps its delta until it is saved
 # The attributes a delta may set: sizes only, never code or arbitrary state from a file.
@@ -80,7 +81,10 @@ class StructuralDelta:
             raise SlimtorchError("the structural delta is not a JSON object")
         shapes, attributes = value.get("shapes", {}), value.get("attributes", {})
         if not isinstance(shapes, Mapping) or not all(_is_shape(s) for s in shapes.values()):
-            raise SlimtorchError("the structural delta's shapes are not lists of sizes")
+            raise SlimtorchError(
+                f"the structural delta's shapes are not lists of sizes (at most {MAX_DIMS}, each below "
+                "2**48, their product within int64)"
+            )
         if not isinstance(attributes, Mapping) or not all(
             isinstance(a, Mapping) for a in attributes.values()
         ):
@@ -89,7 +93,7 @@ class StructuralDelta:
             for name, setting in values.items():
                 if name not in SIZE_ATTRIBUTES or not (_is_size(setting) or _is_shape(setting)):
                     raise SlimtorchError(
-                        f"the structural delta sets {module}.{name} = {setting!r}, not a size"
+                        f"the structural delta sets {module}.{name} = {str(setting)[:60]}, not a size"
                     )
         from slimtorch.quant.recorded import check_recorded  # quant records deltas itself: import late
 
@@ -144,4 +148,6 @@ def _is_size(value: object) -> bool:
 
 
 def _is_shape(value: object) -> bool:
-    return isinstance(value, list) and all(_is_size(v) for v in value)
+    """A list of sizes torch can build a (meta) tensor of: a shape of 10**6 dims or 2**47 x 2**47 x 2**47
+    elements ends in torch's RuntimeError, not in a message naming the file."""
+    return isinstance(value, list) and all(_is_size(v) for v in value) and shape_problem(value) is None

@@ -389,6 +389,19 @@ def finalize(model: nn.Module) -> list[str]:
             names = [h._tensor_name for h in getattr(hook, "_pruning_methods", [hook])]
             if isinstance(hook, torch_prune.BasePruningMethod):
                 for name in dict.fromkeys(names):
+                    _check_foldable(module_name, module, name)
                     torch_prune.remove(module, name)
                     folded.append(f"{module_name}.{name}" if module_name else name)
     return folded
+
+
+def _check_foldable(module_name: str, module: nn.Module, name: str) -> None:
+    """Refuse a mask whose shape is not its weight's: ``remove`` would broadcast ``[1, N] x [N, 1]`` into
+    N**2 values (a model unpickled from a hostile file can carry any pair)."""
+    weight, mask = getattr(module, f"{name}_orig", None), getattr(module, f"{name}_mask", None)
+    if isinstance(weight, torch.Tensor) and isinstance(mask, torch.Tensor) and weight.shape != mask.shape:
+        where = f"{module_name}.{name}" if module_name else name
+        raise SlimtorchError(
+            f"cannot finalize {where!r}: its pruning mask {list(mask.shape)} does not have the weight's "
+            f"shape {list(weight.shape)}"
+        )

@@ -12,13 +12,16 @@ int8 codes as a bitmask plus the non-zero codes (parts: ``mask``, ``values``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from slimtorch.io.source import dtype_name
+from slimtorch.errors import FormatError
+from slimtorch.io import untrusted
+from slimtorch.io.source import dtype_name, shape_problem
 
 DTYPES_BY_NAME: dict[str, torch.dtype] = {
     dtype_name(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)
@@ -72,7 +75,7 @@ class Encoded:
 
 def chain_label(stages: Sequence[Mapping[str, Any]]) -> str:
     """``[{"codec": "int8"}, {"codec": "sparse"}]`` -> ``"int8+sparse"``; no stage -> ``"raw"``."""
-    return "+".join(s["codec"] for s in stages) or "raw"
+    return "+".join(str(s.get("codec"))[:40] for s in stages) or "raw"
 
 
 def _spec(item: str | tuple[str, Mapping[str, Any]]) -> tuple[str, dict[str, Any]]:
@@ -106,10 +109,14 @@ def extend(encoded: Encoded, item: str | tuple[str, Mapping[str, Any]]) -> Encod
     from slimtorch.io.codecs import entropy
 
     name, options = _spec(item)
-    if encoded.stages and encoded.stages[-1]["codec"] == ENTROPY:
+    if encoded.stages and encoded.stages[-1].get("codec") == ENTROPY:
         raise CodecError("the entropy stage must come last")
     if name == ENTROPY:
         compressed, stage = entropy.compress_parts(encoded.parts, **options)
+        if not within_budget(compressed, [*encoded.stages, stage]):
+            # A file must load with the default budget: keep the parts as they are rather than write one
+            # that decompresses beyond it (all-zero masks compress 256x).
+            compressed, stage = dict(encoded.parts), {"codec": ENTROPY, "parts": {}}
         return Encoded(compressed, [*encoded.stages, stage])
     codec = REGISTRY.get(name)
     if codec is None:
@@ -163,6 +170,7 @@ def undo(
 
     parts = dict(parts)
     stages = list(stages)
+    check_budget(parts, stages, keep)
     if len(stages) > keep and stages[-1].get("codec") == ENTROPY:
         parts = entropy.decompress_parts(parts, stages.pop())
     role = primary_role(stages)
@@ -172,7 +180,10 @@ def undo(
     for stage in reversed(stages[keep:]):
         codec = _codec(stage)
         want_dtype, want_shape = _declared(stage)
-        primary = codec.decode(primary, parts, dict(stage))
+        try:
+            primary = codec.decode(primary, parts, dict(stage))
+        except (KeyError, TypeError, IndexError, OverflowError) as exc:  # a parameter of the wrong type
+            raise CodecError(f"stage {codec.name} has bad parameters ({type(exc).__name__}: {exc})") from None
         if primary.dtype != want_dtype or tuple(primary.shape) != want_shape:
             raise CodecError(
                 f"stage {codec.name} decoded to {dtype_name(primary.dtype)} {list(primary.shape)}, "
@@ -182,10 +193,57 @@ def undo(
     return parts
 
 
+def check_budget(
+    parts: Mapping[str, torch.Tensor], stages: Sequence[Mapping[str, Any]], keep: int = 0
+) -> None:
+    """Refuse, before decoding anything, a chain that would make more bytes than the expansion budget of
+    :func:`slimtorch.io.untrusted.max_expansion` allows from the parts stored: a few KB of zstd-compressed
+    bitmask can claim gigabytes of float64 zeros."""
+    stored, decoded = stored_bytes(parts), decoded_bytes(stages, keep)
+    try:
+        untrusted.check_expansion("", "the codec chain", stored, decoded)
+    except FormatError as exc:
+        raise CodecError(exc.problem) from None
+
+
+def within_budget(parts: Mapping[str, torch.Tensor], stages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether decoding ``parts`` stays within the default expansion budget (or the user's, if lower): the
+    writer's side of :func:`check_budget`, so that every file it writes loads without raising it."""
+    budget = min(untrusted.MAX_EXPANSION, untrusted.max_expansion())
+    return decoded_bytes(stages) <= stored_bytes(parts) * budget + untrusted.EXPANSION_SLACK
+
+
+def stored_bytes(parts: Mapping[str, torch.Tensor]) -> int:
+    return sum(p.numel() * p.element_size() for p in parts.values())
+
+
+def decoded_bytes(stages: Sequence[Mapping[str, Any]], keep: int = 0) -> int:
+    """Bytes that undoing the stages after the first ``keep`` allocates, from their declared dtypes and
+    shapes (checked, never trusted for a product): the parts the entropy stage decompresses, plus the
+    largest tensor a stage decodes to (one stage's output is the next one's input)."""
+    stages = list(stages)
+    total = 0
+    if len(stages) > keep and stages[-1].get("codec") == ENTROPY:
+        listed = stages.pop().get("parts")
+        if not isinstance(listed, dict):
+            raise CodecError("zstd stage lists no parts")
+        for spec in listed.values():
+            if not isinstance(spec, dict):
+                raise CodecError("zstd stage lists a part that is not an object")
+            total += _nbytes(spec)
+    return total + max((_nbytes(stage) for stage in stages[keep:]), default=0)
+
+
+def _nbytes(spec: Mapping[str, Any]) -> int:
+    dtype, shape = parse_dtype(spec.get("dtype")), parse_shape(spec.get("shape"))
+    return math.prod(shape) * dtype.itemsize
+
+
 def _codec(stage: Mapping[str, Any]) -> Codec:
-    codec = REGISTRY.get(stage.get("codec"))  # type: ignore[arg-type]
+    name = stage.get("codec")
+    codec = REGISTRY.get(name) if isinstance(name, str) else None
     if codec is None:
-        raise CodecError(f"unknown codec {stage.get('codec')!r} in the metadata")
+        raise CodecError(f"unknown codec {str(name)[:40]!r} in the metadata")
     return codec
 
 
@@ -196,15 +254,20 @@ def _declared(stage: Mapping[str, Any]) -> tuple[torch.dtype, tuple[int, ...]]:
 def parse_dtype(value: object) -> torch.dtype:
     dtype = DTYPES_BY_NAME.get(value) if isinstance(value, str) else None
     if dtype is None:
-        raise CodecError(f"unknown dtype {value!r}")
+        raise CodecError(f"unknown dtype {str(value)[:40]!r}")
     return dtype
 
 
 def parse_shape(value: object) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 48 for v in value
-    ):
-        raise CodecError(f"shape {value!r} is not a list of non-negative integers")
+    """A shape from metadata: a list of sizes below 2**48, at most ``MAX_DIMS`` of them, whose element
+    count fits int64 (checked before anything multiplies or walks them)."""
+    if not isinstance(value, list):
+        raise CodecError(f"shape {str(value)[:40]!r} is not a list of non-negative integers")
+    problem = shape_problem(value)
+    if problem is None and any(v >= 1 << 48 for v in value):
+        problem = "a size of 2**48 or more"
+    if problem:
+        raise CodecError(f"shape: {problem[:200]}")
     return tuple(value)
 
 

@@ -175,13 +175,14 @@ class Int4:
 
     def decode(self, primary: torch.Tensor, parts: Mapping[str, torch.Tensor], stage: dict) -> torch.Tensor:
         dtype, shape = _decoded_dtype(stage), tuple(stage["shape"])
-        group_size = stage.get("group_size")
+        group_size, flat = stage.get("group_size"), stage.get("flat", False)
         # Odd sizes are refused like in encode: two codes per byte could not fill a group of them.
         require(
             isinstance(group_size, int) and group_size in INT4_GROUP_SIZES and group_size % 2 == 0,
             "bad int4 group size",
         )
-        n_rows = shape[0] if len(shape) >= 2 and not stage.get("flat") else 1
+        require(isinstance(flat, bool), "int4 'flat' is not true or false")
+        n_rows = shape[0] if len(shape) >= 2 and not flat else 1
         cols = math.prod(shape) // n_rows if n_rows else math.prod(shape[1:])
         groups = math.ceil(cols / group_size)
         padded = groups * group_size
@@ -193,14 +194,42 @@ class Int4:
         for side in (scales, zeros):
             require(side.dtype in (torch.float16, torch.float32), "int4 scales must be float16 or float32")
             require(tuple(side.shape) == (n_rows, groups), "int4 scales have the wrong shape")
+        if n_rows == 1:
+            return _decode_one_row(primary, scales, zeros, group_size, cols, dtype).reshape(shape)
         out = torch.empty(n_rows, cols, dtype=dtype)
         for block in row_blocks(n_rows, padded):
-            p = primary[block]
-            q = torch.stack((p & 15, p >> 4), dim=2).reshape(p.shape[0], groups, group_size)
-            values = q.to(torch.float32).mul_(scales[block].to(torch.float32).unsqueeze(2))
-            values.add_(zeros[block].to(torch.float32).unsqueeze(2))
-            out[block] = values.reshape(p.shape[0], padded)[:, :cols]
+            values = _dequantized(primary[block], scales[block], zeros[block], group_size)
+            out[block] = values.reshape(values.shape[0], padded)[:, :cols]
         return out.reshape(shape)
+
+
+def _decode_one_row(
+    primary: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    cols: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """One long row (``flat``, or a 1-d tensor) decoded a block of groups at a time: its temporaries stay
+    bounded by :data:`ROW_BLOCK_ELEMENTS` instead of growing to twice the output."""
+    groups = scales.shape[1]
+    codes = primary.reshape(groups, group_size // 2)
+    scales, zeros = scales.reshape(groups, 1), zeros.reshape(groups, 1)
+    out = torch.empty(cols, dtype=dtype)
+    for block in row_blocks(groups, group_size):
+        values = _dequantized(codes[block], scales[block], zeros[block], group_size).reshape(-1)
+        start = block.start * group_size
+        stop = min(cols, start + values.numel())
+        out[start:stop] = values[: stop - start]
+    return out
+
+
+def _dequantized(p: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Rows of packed codes -> float32 values (rows, groups, group_size): code * scale + zero point."""
+    q = torch.stack((p & 15, p >> 4), dim=2).reshape(p.shape[0], -1, group_size)
+    values = q.to(torch.float32).mul_(scales.to(torch.float32).unsqueeze(2))
+    return values.add_(zeros.to(torch.float32).unsqueeze(2))
 
 
 def _searched_range(

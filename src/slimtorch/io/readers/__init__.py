@@ -1,8 +1,16 @@
-"""Format detection: one entry point, :func:`open_checkpoint`, that picks the reader by content, not name."""
+"""Format detection: one entry point, :func:`open_checkpoint`, that picks the reader by content, not name.
+
+A folder's weight files may be symbolic links, but only to files inside the folder, or, in the Hugging Face
+cache layout (``snapshots/<revision>/<file>`` linking to ``../../blobs/<hash>``), to that repository's
+``blobs``. A link anywhere else is refused, not followed: a downloaded folder must not make slimtorch read
+(and ``shrink`` copy into its output) a file the user never named. For the same reason an error shows the
+first bytes only of a file the user named.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 import tarfile
 import zipfile
 from collections.abc import Iterable
@@ -31,7 +39,7 @@ def open_checkpoint(path: str | os.PathLike[str], *, allow_globals: Iterable[str
         raise CheckpointNotFoundError(path, "no such file or folder")
     try:
         if path.is_dir():
-            return open_hf_folder(path, lambda f: _open_file(f, trusted))
+            return open_hf_folder(path, lambda f: _open_file(folder_file(path, f), trusted, named=False))
         return _open_file(path, trusted)
     except PermissionError as exc:
         raise CheckpointNotFoundError(exc.filename or path, "permission denied") from exc
@@ -39,8 +47,31 @@ def open_checkpoint(path: str | os.PathLike[str], *, allow_globals: Iterable[str
         raise FormatError(exc.filename or path, "expected a file, found a folder") from exc
 
 
-def _open_file(path: Path, trusted: list) -> TensorSource:
-    size = path.stat().st_size
+def folder_file(folder: Path, member: Path) -> Path:
+    """``member``, a file of ``folder``, once it is known to resolve inside the folder (or, in the Hugging
+    Face cache layout, into its repository's ``blobs``); a link leaving them is a :class:`FormatError`.
+
+    Example:
+        >>> folder_file(Path("bert"), Path("bert/model.safetensors"))  # doctest: +SKIP
+        PosixPath('bert/model.safetensors')
+    """
+    root, target = folder.resolve(), member.resolve()
+    blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
+    if target.is_relative_to(root) or (blobs is not None and target.parent == blobs):
+        return member
+    raise FormatError(
+        member,
+        "a symbolic link to a file outside the folder, which slimtorch does not follow (copy the file into "
+        "the folder, or name it directly, if you trust it)",
+    )
+
+
+def _open_file(path: Path, trusted: list, named: bool = True) -> TensorSource:
+    """Open one file by its first bytes; ``named``: the user gave this path (not a file of a folder)."""
+    status = path.stat()
+    if not stat.S_ISREG(status.st_mode):  # a pipe would block the read below forever; a device may never end
+        raise FormatError(path, "not a regular file (a pipe, socket or device)")
+    size = status.st_size
     if size == 0:
         raise FormatError(path, "the file is empty")
     with open(path, "rb") as stream:
@@ -63,10 +94,13 @@ def _open_file(path: Path, trusted: list) -> TensorSource:
         raise FormatError(path, "a tar archive (torch.save from PyTorch < 0.4?), which is not supported")
     if zipfile.is_zipfile(path):
         return _open_zip(path, trusted)
+    if head.startswith(b"version https://git-lfs"):
+        raise FormatError(path, "a Git LFS pointer, not the weights themselves (run git lfs pull)")
+    starts = f"; it starts with {head[:8]!r}" if named else ""
     raise FormatError(
         path,
         "not a recognised checkpoint (expected a torch.save file, safetensors, a TorchScript archive or a "
-        f"Hugging Face folder); it starts with {head[:8]!r}",
+        f"Hugging Face folder){starts}",
     )
 
 

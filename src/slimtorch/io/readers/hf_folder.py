@@ -6,7 +6,6 @@ merged into one source; the index is checked against them (every listed tensor m
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -15,6 +14,7 @@ from pathlib import Path
 from slimtorch.errors import CheckpointError, CheckpointNotFoundError, FormatError
 from slimtorch.io.readers.slim import SlimSource, merge_shards
 from slimtorch.io.source import ObjectInfo, TensorSource
+from slimtorch.io.untrusted import load_json
 
 # In order of preference, as transformers loads them: its safetensors names (sharded by an index, or single)
 # before its .bin names, whatever else the folder holds; within a format, an index before single files. Files
@@ -88,9 +88,10 @@ def _weight_map(index: Path) -> dict[str, str]:
     if index.stat().st_size > 100_000_000:
         raise FormatError(index, "index file is implausibly large")
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise FormatError(index, f"not a valid shard index ({type(exc).__name__}: {exc})") from exc
+        body = load_json(index, index.read_bytes(), "shard index")
+    except FormatError as exc:
+        raise FormatError(index, f"not a valid shard index ({exc.problem})") from None
+    weight_map = body.get("weight_map") if isinstance(body, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise FormatError(index, "weight_map must map tensor names to shard file names")
     return weight_map
@@ -102,10 +103,13 @@ def open_hf_folder(folder: Path, open_file: Callable[[Path], TensorSource]) -> T
     parts = [open_file(f) for f in files]
     objects = _config_objects(folder / "config.json")
     extra = [p for p in (index, folder / "config.json") if p and p.is_file()]
-    if any(isinstance(p, SlimSource) for p in parts):
-        if not all(isinstance(p, SlimSource) for p in parts):
+    slim = [p for p in parts if isinstance(p, SlimSource)]
+    if slim:
+        if len(slim) < len(parts):
             raise FormatError(folder, "some shards are slim checkpoints and others are not")
-        return merge_shards(folder, parts, [*files, *extra], objects)
+        if index is not None:
+            _check_slim_index(index, slim)
+        return merge_shards(folder, slim, [*files, *extra], objects)
     infos, locations = [], {}
     for part in parts:
         prefix = f"{part.path.name}:" if len(parts) > 1 else ""
@@ -132,13 +136,33 @@ def open_hf_folder(folder: Path, open_file: Callable[[Path], TensorSource]) -> T
     return merged
 
 
+def _check_slim_index(index: Path, shards: list[SlimSource]) -> None:
+    """The index of a sharded slim checkpoint must list every part of every shard, where it is, and
+    nothing else: a damaged or hand-edited index is refused, not half believed."""
+    weight_map = _weight_map(index)
+    listed = 0
+    for shard in shards:
+        for key in shard.physical:
+            if weight_map.get(key) != shard.path.name:
+                raise FormatError(
+                    index, f"part {key!r} of {shard.path.name} is not listed there (a damaged index?)"
+                )
+        listed += len(shard.physical)
+    if listed != len(weight_map):
+        held = {key for shard in shards for key in shard.physical}
+        ghost = next(key for key in weight_map if key not in held)
+        raise FormatError(
+            index, f"tensor {ghost!r} is listed in {weight_map[ghost]} but that shard does not hold it"
+        )
+
+
 def _config_objects(config: Path) -> list[ObjectInfo]:
     if not config.is_file() or config.stat().st_size > 10_000_000:
         return []
     try:
-        values = json.loads(config.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise FormatError(config, "config.json is not valid JSON") from None
+        values = load_json(config, config.read_bytes(), "config.json")
+    except FormatError as exc:
+        raise FormatError(config, f"config.json is not valid JSON ({exc.problem})") from None
     if not isinstance(values, dict):
         return []
     return [

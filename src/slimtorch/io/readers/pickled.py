@@ -9,11 +9,11 @@ tensor back to the bytes in the file that hold it.
 
 from __future__ import annotations
 
-import importlib
 import io
 import pickle
 import pickletools
 import re
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +22,13 @@ from typing import Any, BinaryIO
 import torch
 from torch import _weights_only_unpickler as weights_only
 
-from slimtorch.errors import CheckpointError, FormatError, SlimtorchError, UnsafeCheckpointError
+from slimtorch.errors import CheckpointError, FormatError, UnsafeCheckpointError
+from slimtorch.io.objects import short_repr
+from slimtorch.io.readers.allowed_globals import can_be_allowed
+from slimtorch.io.readers.allowed_globals import resolve_globals as resolve_globals  # where readers get it
+from slimtorch.io.readers.pickle_budget import MAX_NESTING, check_pickle
 from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, check_tensor_fits
+from slimtorch.io.untrusted import untrusted
 
 _REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
@@ -46,14 +51,19 @@ class MetaStorages:
         self._storages: dict[str, torch.storage.TypedStorage] = {}
         self._key_of: dict[int, str] = {}
 
-    def storage(self, key: str, storage_type: Any, numel: int) -> torch.storage.TypedStorage:
+    def storage(self, key: Any, storage_type: Any, numel: Any) -> torch.storage.TypedStorage:
         """The meta storage for ``key``; the same object for every reference, as torch.load does."""
+        if not isinstance(key, str) or len(key) > 256:
+            # torch.save names storages "0", "1", ...; any other key is a hostile or corrupt file
+            raise FormatError(self.path, f"a storage key that is not a short string: {short_repr(key)}")
         if key in self._storages:
             return self._storages[key]
         dtype = torch.uint8 if storage_type is torch.UntypedStorage else getattr(storage_type, "dtype", None)
-        if not isinstance(dtype, torch.dtype) or not isinstance(numel, int) or numel < 0:
+        if not isinstance(dtype, torch.dtype) or type(numel) is not int or numel < 0:
             raise FormatError(
-                self.path, f"storage {key!r} has an invalid type or size ({storage_type}, {numel})"
+                self.path,
+                f"storage {key!r} has an invalid type or size "
+                f"({short_repr(storage_type)}, {short_repr(numel)})",
             )
         nbytes = numel * dtype.itemsize
         untyped = torch.UntypedStorage(nbytes, device="meta")  # no memory, whatever size the file claims
@@ -67,19 +77,6 @@ class MetaStorages:
         return self._key_of.get(tensor.untyped_storage()._cdata)
 
 
-def resolve_globals(names: Iterable[str]) -> list[tuple[Any, str]]:
-    """Import the globals a user explicitly trusts (``--allow-global pkg.mod.Name``)."""
-    resolved = []
-    for name in names:
-        module_name, _, attr = name.rpartition(".")
-        try:
-            obj = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise SlimtorchError(f"--allow-global {name}: cannot import it ({exc})") from None
-        resolved.append((obj, name))
-    return resolved
-
-
 def unpickle(
     path: str | Path,
     stream: BinaryIO | bytes,
@@ -91,13 +88,18 @@ def unpickle(
 
     ``trusted`` adds (object, dotted name) pairs to the allow-list for this call only.
     """
+    trusted = list(trusted)
     if isinstance(stream, bytes):
         stream = io.BytesIO(stream)
+    check_pickle(path, stream, {name for _, name in trusted}, can_be_allowed)
     unpickler = weights_only.Unpickler(stream, encoding="utf-8")
     if persistent_load is not None:
         unpickler.persistent_load = persistent_load
     try:
-        with torch.serialization.safe_globals(list(trusted)):
+        with torch.serialization.safe_globals(trusted), warnings.catch_warnings():
+            # torch warns of any protocol but 2 on stderr; the opcodes were checked above, and a warning
+            # would make the CLI's one line two
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return unpickler.load()
     except CheckpointError:
         raise
@@ -105,7 +107,8 @@ def unpickle(
         message = str(exc)
         refused = _REFUSED_GLOBAL.search(message)
         if refused and ("not an allowed global" in message or "is blocked" in message):
-            raise UnsafeCheckpointError(path, refused.group(1)) from exc
+            name = refused.group(1)
+            raise UnsafeCheckpointError(path, name, allowable=can_be_allowed(name)) from exc
         if "unrecognized function" in message or "Can only" in message:
             raise UnsafeCheckpointError(path, _first_line(message)) from exc
         raise FormatError(path, f"corrupt pickle: {_first_line(message)}") from exc
@@ -132,13 +135,14 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
-def globals_in(data: bytes) -> set[str]:
+def globals_in(data: bytes, path: str | Path = "<pickle>") -> set[str]:
     """Dotted names of every GLOBAL a protocol <= 3 pickle mentions, without unpickling it."""
     found = set()
-    for opcode, arg, _ in pickletools.genops(data):
-        if opcode.name == "GLOBAL":
-            module, name = str(arg).split(" ", 1)
-            found.add(f"{module}.{name}")
+    with untrusted(path, "pickle"):
+        for opcode, arg, _ in pickletools.genops(data):
+            if opcode.name == "GLOBAL":
+                module, _, name = str(arg).partition(" ")
+                found.add(f"{module}.{name}")
     return found
 
 
@@ -148,33 +152,91 @@ class Flattened:
     objects: list[ObjectInfo]
 
 
-def flatten(obj: Any) -> Flattened:
+MAX_NAME_CHARS = 64 * 2**20
+"""Characters of all the dotted names one walk builds (every tensor, value and container on the way): a
+100,000-tensor checkpoint with 200-character names takes 20 million. Bounds a walk whose names grow with
+the nesting (a chain 100 deep of keys as long as the file)."""
+
+
+MAX_PATHS = 10_000_000
+"""Names the unpickled object would give its tensors and values with every path to them counted, as
+torch.load's object has them: a dict holding one dict twice, 40 levels deep, names one tensor 2**40 times
+(a "billion laughs"). :func:`flatten` names each leaf once, on its first path; beyond this count the file
+is refused rather than read as something smaller than it claims to be."""
+
+
+def flatten(obj: Any, *, path: str | Path = "<pickle>") -> Flattened:
     """Walk nested dicts, lists, tuples and objects; name every leaf by its dotted path.
 
     ``{"model": {"fc.weight": t}, "epoch": 3}`` gives the tensor ``model.fc.weight`` and the object ``epoch``.
-    Iterative, so a deeply nested pickle cannot overflow the stack; a container seen twice is walked once.
+    Iterative and linear: a container seen twice is walked once, a value seen twice summarized once, names
+    are bounded by :data:`MAX_NAME_CHARS` and the nesting by :data:`MAX_NESTING` (a :class:`FormatError`
+    on ``path`` beyond them).
     """
+    if _count_paths(obj, MAX_PATHS) > MAX_PATHS:
+        raise FormatError(
+            path, f"shared containers give its values more than {MAX_PATHS:,} names (a billion-laughs bomb?)"
+        )
     tensors: list[tuple[str, torch.Tensor]] = []
     objects: list[ObjectInfo] = []
     seen: set[int] = set()
-    stack: list[tuple[str, Any]] = [("", obj)]
+    summaries: dict[int, tuple[str, str]] = {}
+    budget = MAX_NAME_CHARS
+    stack: list[tuple[str, Any, int]] = [("", obj, 0)]
     while stack:
-        name, value = stack.pop()
+        name, value, depth = stack.pop()
         if isinstance(value, torch.Tensor):
             tensors.append((name, value))
             continue
-        children = _children(value)
-        if children == []:
-            continue  # an empty container says nothing about the bytes (an empty optimizer state, say)
-        if children is None:
-            objects.append(ObjectInfo(name, type(value).__name__, _summary(value)))
-            continue
         if id(value) in seen:
             continue
-        seen.add(id(value))
-        # Reversed, so the stack pops children in their original order.
-        stack.extend((f"{name}.{key}" if name else str(key), child) for key, child in reversed(children))
+        if id(value) not in summaries:
+            children = _children(value)
+            if children == []:
+                continue  # an empty container says nothing about the bytes (an empty optimizer state, say)
+            if children is not None:
+                seen.add(id(value))
+                if depth >= MAX_NESTING:
+                    raise FormatError(path, f"{name[:80]!r} nests values more than {MAX_NESTING} deep")
+                named = []
+                for key, child in children:
+                    named.append((f"{name}.{key_name(key)}" if name else key_name(key), child))
+                    budget -= len(named[-1][0])
+                    if budget < 0:
+                        raise FormatError(path, f"its names take more than {MAX_NAME_CHARS:,} characters")
+                # Reversed, so the stack pops children in their original order.
+                stack.extend((child_name, child, depth + 1) for child_name, child in reversed(named))
+                continue
+            summaries[id(value)] = (type(value).__name__, short_repr(value))
+        objects.append(ObjectInfo(name, *summaries[id(value)]))
     return Flattened(tensors, objects)
+
+
+def _count_paths(obj: Any, limit: int) -> int:
+    """How many root-to-leaf paths ``obj`` has (up to ``limit + 1``): a container shared by two parents
+    counts once for each. Iterative and linear, each container counted once; a cycle adds nothing."""
+    counts: dict[int, int] = {}
+    stack: list[tuple[Any, list | None]] = [(obj, None)]
+    while stack:
+        value, children = stack.pop()
+        if children is not None:  # its children are counted: add them up
+            counts[id(value)] = min(limit + 1, sum(counts[id(child)] for _, child in children))
+            continue
+        if id(value) in counts:
+            continue
+        children = None if isinstance(value, torch.Tensor) else _children(value)
+        counts[id(value)] = 0 if children == [] else 1  # a leaf, or 0 while in progress (a cycle)
+        if children:
+            counts[id(value)] = 0
+            stack.append((value, children))
+            stack.extend((child, None) for _, child in children)
+    return counts[id(obj)]
+
+
+def key_name(key: Any) -> str:
+    """A dict key or attribute as it appears in a dotted name: a string as is, anything else as a short
+    repr (``str()`` of a hostile key could be megabytes, or an integer Python refuses to print)."""
+    return key if isinstance(key, str) else short_repr(key, 200)
 
 
 def _children(value: Any) -> list[tuple[Any, Any]] | None:
@@ -193,11 +255,6 @@ def _is_scalar_sequence(value: list | tuple) -> bool:
     return all(isinstance(item, (int, float, str, bool, type(None))) for item in value)
 
 
-def _summary(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 class ScriptObject:
     """Inert stand-in for a TorchScript class (``__torch__.*``): keeps its state, never runs its code."""
 
@@ -208,14 +265,22 @@ class ScriptObject:
             self.__dict__["state"] = state
 
 
-def script_stand_ins(data: bytes) -> list[tuple[Any, str]]:
+MAX_SCRIPT_CLASSES = 10_000
+"""Distinct classes a TorchScript pickle may name (silero_vad's names 40): each becomes a stand-in class on
+the unpickler's allow-list, which torch searches for every object built."""
+
+
+def script_stand_ins(data: bytes, path: str | Path = "<pickle>") -> list[tuple[Any, str]]:
     """Allow-list entries that let the weights_only unpickler read a TorchScript ``data.pkl``.
 
     TorchScript classes become inert :class:`ScriptObject` subclasses, and ``torch.jit._pickle`` helpers
     become functions that return their data. Any other unknown global is still refused.
     """
+    names = globals_in(data, path)
+    if len(names) > MAX_SCRIPT_CLASSES:
+        raise FormatError(path, f"refused pickle: more than {MAX_SCRIPT_CLASSES:,} TorchScript classes")
     trusted: list[tuple[Any, str]] = []
-    for name in sorted(globals_in(data)):
+    for name in sorted(names):
         module, _, attr = name.rpartition(".")
         if module == "__torch__" or module.startswith("__torch__."):
             trusted.append((type(attr, (ScriptObject,), {"__module__": module}), name))
@@ -240,32 +305,53 @@ def describe_tensors(
     *,
     storage_prefix: str = "",
 ) -> tuple[list[TensorInfo], dict[str, StorageLocation]]:
-    """Turn unpickled meta tensors into TensorInfos and the StorageLocations that hold their bytes."""
+    """Turn unpickled meta tensors into TensorInfos and the StorageLocations that hold their bytes.
+
+    Whatever the unpickled tensors do wrong (state that shadows a tensor method, a dtype torch cannot
+    size) is a :class:`FormatError` on ``path``.
+    """
     infos: list[TensorInfo] = []
     locations: dict[str, StorageLocation] = {}
+    root = len(tensors) == 1 and tensors[0][0] == ""  # the file is one tensor: it is named "<root>"
     for name, tensor in tensors:
-        if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
-            raise FormatError(
-                path, f"tensor {name!r} is {tensor.layout} / quantized / nested, not supported yet"
-            )
-        key = storages.key_of(tensor)
-        if key is None:
-            raise FormatError(path, f"tensor {name!r} has no storage in the file (a meta tensor?)")
-        claim = storages.claims[key]
-        storage_id = storage_prefix + key
-        if storage_id not in locations:
-            locations[storage_id] = locate(claim)
-        role = "parameter" if isinstance(tensor, torch.nn.Parameter) or tensor.requires_grad else None
-        info = TensorInfo(
-            name=name or "<root>",
-            dtype=tensor.dtype,
-            shape=tuple(tensor.shape),
-            stride=tuple(tensor.stride()),
-            storage=storage_id,
-            storage_offset=tensor.storage_offset() * tensor.element_size(),
-            storage_nbytes=claim.nbytes,
-            role=role,
-        )
-        check_tensor_fits(path, info)
+        if name in ("", "<root>") and not root:  # a key "" would come back renamed, or collide
+            raise FormatError(path, f"a tensor is stored under the key {name!r}, which no model has")
+        with untrusted(path, f"tensor {name[:80]!r}"):
+            info, claim = _describe(path, name, tensor, storages, storage_prefix)
+            if info.storage not in locations:
+                locations[info.storage] = locate(claim)
+            check_tensor_fits(path, info)
         infos.append(info)
     return infos, locations
+
+
+def _describe(
+    path: str | Path, name: str, tensor: torch.Tensor, storages: MetaStorages, storage_prefix: str
+) -> tuple[TensorInfo, StorageClaim]:
+    # A pickled Parameter's state (``_rebuild_parameter_with_state``) becomes its attributes: one named like
+    # a tensor method (``stride = 3``) would break every reader of the tensor.
+    shadowing = sorted(str(attr) for attr in vars(tensor) if hasattr(torch.Tensor, str(attr)))
+    if shadowing:
+        raise FormatError(
+            path, f"tensor {name[:80]!r} has state {shadowing[0]!r} that shadows a tensor method"
+        )
+    if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
+        raise FormatError(
+            path, f"tensor {name[:80]!r} is {tensor.layout} / quantized / nested, not supported yet"
+        )
+    key = storages.key_of(tensor)
+    if key is None:
+        raise FormatError(path, f"tensor {name[:80]!r} has no storage in the file (a meta tensor?)")
+    claim = storages.claims[key]
+    role = "parameter" if isinstance(tensor, torch.nn.Parameter) or tensor.requires_grad else None
+    info = TensorInfo(
+        name=name or "<root>",
+        dtype=tensor.dtype,
+        shape=tuple(tensor.shape),
+        stride=tuple(tensor.stride()),
+        storage=storage_prefix + key,
+        storage_offset=tensor.storage_offset() * tensor.element_size(),
+        storage_nbytes=claim.nbytes,
+        role=role,
+    )
+    return info, claim

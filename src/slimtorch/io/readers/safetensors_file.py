@@ -6,7 +6,6 @@ tensor's byte range from the file like every other format.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
@@ -17,7 +16,15 @@ import torch
 from slimtorch.errors import FormatError
 from slimtorch.io.format import Layout, is_slim
 from slimtorch.io.readers.slim import slim_source
-from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
+from slimtorch.io.source import (
+    ObjectInfo,
+    StorageLocation,
+    TensorInfo,
+    TensorSource,
+    contiguous_strides,
+    shape_problem,
+)
+from slimtorch.io.untrusted import load_json
 
 # The safetensors reference implementation refuses headers above 100 MB; so do we.
 MAX_HEADER_BYTES = 100_000_000
@@ -66,8 +73,9 @@ def open_safetensors(path: Path) -> TensorSource:
         info, location = _describe(path, name, entry, data_start, size)
         infos.append(info)
         locations[info.storage] = location
-    infos.sort(key=lambda info: locations[info.storage].offset)
-    if is_slim(metadata):
+    infos.sort(key=lambda info: (locations[info.storage].offset, info.nbytes))
+    _check_back_to_back(path, infos, locations, data_start, size)
+    if is_slim(metadata, header):
         return slim_source(
             path,
             Layout.from_metadata(path, metadata),
@@ -100,10 +108,7 @@ def _read_header(path: Path) -> tuple[dict, int, int]:
         if length > size - 8:
             raise FormatError(path, f"header claims {length} bytes but the file has {size} (truncated file)")
         raw = stream.read(length)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(path, f"the header is not valid JSON ({exc})") from exc
+    header = load_json(path, raw, "header (not valid JSON)")
     if not isinstance(header, dict):
         raise FormatError(path, "the header is not a JSON object")
     return header, 8 + length, size
@@ -114,16 +119,19 @@ def _describe(
 ) -> tuple[TensorInfo, StorageLocation]:
     if not isinstance(entry, dict):
         raise FormatError(path, f"tensor {name!r}: header entry is not an object")
-    dtype = DTYPES.get(entry.get("dtype"))  # type: ignore[arg-type]
+    dtype = DTYPES.get(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
     if dtype is None:
-        raise FormatError(path, f"tensor {name!r}: unknown dtype {entry.get('dtype')!r}")
+        raise FormatError(path, f"tensor {name!r}: unknown dtype {str(entry.get('dtype'))[:40]!r}")
     shape, offsets = entry.get("shape"), entry.get("data_offsets")
     if not _ints(shape) or not _ints(offsets) or len(offsets) != 2:
         raise FormatError(
             path, f"tensor {name!r}: shape and data_offsets must be lists of non-negative integers"
         )
+    problem = shape_problem(shape)
+    if problem:
+        raise FormatError(path, f"tensor {name!r}: shape refused ({problem})")
     begin, end = offsets
-    nbytes = math.prod(shape) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize  # bounded by shape_problem: no huge products
     if end < begin or end - begin != nbytes:
         raise FormatError(
             path, f"tensor {name!r}: {list(shape)} {dtype} needs {nbytes} bytes, offsets give {end - begin}"
@@ -132,11 +140,35 @@ def _describe(
         raise FormatError(
             path, f"tensor {name!r} ends at byte {data_start + end} but the file has {size} (truncated file)"
         )
-    stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
     info = TensorInfo(
-        name, dtype, tuple(shape), stride, storage=name, storage_offset=0, storage_nbytes=nbytes
+        name,
+        dtype,
+        tuple(shape),
+        contiguous_strides(shape),
+        storage=name,
+        storage_offset=0,
+        storage_nbytes=nbytes,
     )
     return info, StorageLocation(path, data_start + begin, nbytes)
+
+
+def _check_back_to_back(
+    path: Path, infos: list[TensorInfo], locations: dict[str, StorageLocation], data_start: int, size: int
+) -> None:
+    """Refuse byte ranges that overlap or leave gaps, as the safetensors library does (``infos`` sorted by
+    offset): aliased ranges would load as that many copies of one range (3000 of them took 12 GB), and
+    bytes no tensor owns are where a hostile file hides what other readers see."""
+    reach = data_start
+    for info in infos:
+        location = locations[info.storage]
+        if location.offset != reach:
+            problem = "overlaps the tensor before it" if location.offset < reach else "leaves a gap before it"
+            raise FormatError(
+                path, f"tensor {info.name!r} starts at byte {location.offset}, which {problem} (corrupt file)"
+            )
+        reach += location.nbytes
+    if reach != size:
+        raise FormatError(path, f"{size - reach} bytes after the last tensor belong to none (corrupt file)")
 
 
 def _ints(value: object) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import torch
 from slimtorch.errors import FormatError
 from slimtorch.io.codecs import CodecError, decode
 from slimtorch.io.codecs.chain import undo
-from slimtorch.io.format import CHECKSUM_CHUNK, Entry, Layout
+from slimtorch.io.format import CHECKSUM_CHUNK, Entry, Layout, check_seal
 from slimtorch.io.readers.pickled import flatten
 from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
 
@@ -149,7 +150,10 @@ def slim_source(
     structure_bytes: int,
     format: str = "slim",
 ) -> SlimSource:
-    """Check that the layout and the physical parts agree, and build the source of logical tensors."""
+    """Check the header's seal, that the layout and the physical parts agree, and build the source of
+    logical tensors. ``structure_bytes`` is where the data starts (the offsets in the seal count from it)."""
+    if layout.metadata is not None:  # one file; a merged layout's shards were each checked on opening
+        check_seal(path, layout, _header_parts(physical, locations, structure_bytes))
     owner: dict[str, str] = {}
     infos: dict[str, TensorInfo] = {}
     for name, entry in layout.tensors.items():
@@ -185,6 +189,18 @@ def slim_source(
     )
 
 
+def _header_parts(
+    physical: dict[str, TensorInfo], locations: dict[str, StorageLocation], data_start: int
+) -> dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]:
+    """Each part's dtype, shape and ``[begin, end)`` offsets as its safetensors header entry gives them."""
+    parts = {}
+    for key, info in physical.items():
+        location = locations[info.storage]
+        begin = location.offset - data_start
+        parts[key] = (info.dtype, info.shape, begin, begin + location.nbytes)
+    return parts
+
+
 def _logical_info(entry: Entry, physical: dict[str, TensorInfo]) -> TensorInfo:
     parts = [physical[key] for key in entry.parts.values()]
     stored = sum(p.nbytes for p in parts)
@@ -215,13 +231,15 @@ def merge_shards(
     first = shards[0].layout
     _check_complete(folder, shards)
     layout = Layout(
-        provenance=first.provenance, delta=first.delta, checkpoint=first.checkpoint, objects=first.objects
+        provenance=first.provenance,
+        delta=first.delta,
+        checkpoint=first.checkpoint,
+        objects=first.objects,
+        shards=first.shards,
     )
     physical: dict[str, TensorInfo] = {}
     locations: dict[str, StorageLocation] = {}
     for shard in shards:
-        if shard.layout.checkpoint != first.checkpoint:
-            raise FormatError(shard.path, "this shard comes from a different save than the others")
         for name, entry in shard.layout.tensors.items():
             if name in layout.tensors:
                 raise FormatError(shard.path, f"tensor {name!r} is stored in two shards")
@@ -244,16 +262,28 @@ def merge_shards(
 
 
 def _check_complete(folder: Path, shards: list[SlimSource]) -> None:
-    """Refuse a sharded checkpoint with a shard missing.
+    """Refuse a sharded checkpoint with a shard missing, twice, or from another save.
 
-    The index names every shard, but a folder without its index is read from the ``model*.safetensors``
-    files alone: there, a missing shard would silently load as a checkpoint without its tensors. Shards
-    are numbered 1..N in their metadata, and the writer's file names (``model-00002-of-00005``) say N.
+    The index names every shard, but a folder without its index (or with a damaged one) is read from the
+    ``model*.safetensors`` files alone: there, a missing shard would silently load as a checkpoint without
+    its tensors. Every shard records its number, the save's shard count and the save's id; files from before
+    the shard count are judged by the writer's file names (``model-00002-of-00005``).
     """
-    numbers = {shard.layout.shard for shard in shards}
+    ids = {shard.layout.checkpoint for shard in shards}
+    if len(ids) > 1:
+        odd = next(s for s in shards if s.layout.checkpoint != shards[0].layout.checkpoint)
+        raise FormatError(odd.path, "this shard comes from a different save than the others")
+    counts = {shard.layout.shards for shard in shards}
+    if len(counts) > 1:
+        raise FormatError(folder, f"the shards disagree on how many there are ({sorted(counts)})")
+    numbers = Counter(shard.layout.shard for shard in shards)
+    twice = [number for number, seen in numbers.items() if seen > 1]
+    if twice:
+        raise FormatError(folder, f"shard {twice[0]} is there twice (a copied file?)")
     totals = {int(m[1]) for s in shards if (m := SHARD_NAME.fullmatch(s.path.name))}
-    total = max([len(shards), *numbers, *totals])
-    missing = sorted(set(range(1, total + 1)) - numbers)
+    recorded = counts.pop()
+    total = recorded or max([len(shards), *numbers, *totals])
+    missing = sorted(set(range(1, total + 1)) - set(numbers))
     if missing:
         raise FormatError(
             folder, f"shard {missing[0]} of {total} is missing (an interrupted copy or download?)"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slimtorch.errors import FormatError, UnsafeCheckpointError
+from slimtorch.io.objects import short_repr
 from slimtorch.io.readers.pickled import MetaStorages, describe_tensors, flatten, unpickle
 from slimtorch.io.source import StorageLocation, TensorSource
 
@@ -28,9 +29,9 @@ def open_torch_legacy(path: Path, trusted: list[tuple[Any, str]]) -> TensorSourc
     storages = MetaStorages(path)
     size = os.path.getsize(path)
     with open(path, "rb") as stream:
-        if unpickle(path, stream) != MAGIC_NUMBER:
+        if not _is_int(unpickle(path, stream), MAGIC_NUMBER):
             raise FormatError(path, "not a torch.save file (wrong magic number)")
-        if unpickle(path, stream) != PROTOCOL_VERSION:
+        if not _is_int(unpickle(path, stream), PROTOCOL_VERSION):
             raise FormatError(path, "unsupported legacy torch.save protocol version")
         sys_info = unpickle(path, stream)
         if isinstance(sys_info, dict) and not sys_info.get("little_endian", True):
@@ -41,7 +42,7 @@ def open_torch_legacy(path: Path, trusted: list[tuple[Any, str]]) -> TensorSourc
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise FormatError(path, "corrupt storage key list")
         offsets = _storage_offsets(path, stream, keys, storages, size)
-    flat = flatten(obj)
+    flat = flatten(obj, path=path)
     infos, locations = describe_tensors(
         path, flat.tensors, storages, lambda claim: StorageLocation(path, offsets[claim.key], claim.nbytes)
     )
@@ -50,19 +51,25 @@ def open_torch_legacy(path: Path, trusted: list[tuple[Any, str]]) -> TensorSourc
     )
 
 
+def _is_int(value: Any, expected: int) -> bool:
+    # Compared by type first: a tensor's == gives a tensor, whose truth value is an error.
+    return type(value) is int and value == expected
+
+
 def _persistent_load(path: Path, storages: MetaStorages):
     def load(saved_id: Any) -> Any:
         if not isinstance(saved_id, tuple) or not saved_id:
-            raise FormatError(path, f"unexpected persistent id {saved_id!r:.80}")
+            raise FormatError(path, f"unexpected persistent id {short_repr(saved_id)}")
         if saved_id[0] == "module":
             # A pickled nn.Module class with its source code: loading it means trusting that code.
-            raise UnsafeCheckpointError(path, str(getattr(saved_id[1], "__name__", saved_id[1])))
+            name = getattr(saved_id[1], "__name__", saved_id[1])
+            raise UnsafeCheckpointError(path, name[:200] if isinstance(name, str) else short_repr(name))
         if saved_id[0] != "storage" or len(saved_id) != 6:
-            raise FormatError(path, f"unexpected persistent id {saved_id!r:.80}")
+            raise FormatError(path, f"unexpected persistent id {short_repr(saved_id)}")
         _, storage_type, root_key, _location, numel, view_metadata = saved_id
         if view_metadata is not None:
             raise FormatError(path, "storage views (PyTorch < 0.4 files) are not supported")
-        return storages.storage(str(root_key), storage_type, numel)
+        return storages.storage(root_key, storage_type, numel)
 
     return load
 

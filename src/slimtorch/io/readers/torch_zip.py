@@ -21,7 +21,7 @@ def open_torch_zip(
     data = read_entry(archive, f"{root}/data.pkl", path)
     storages = MetaStorages(path)
     obj = unpickle(path, data, persistent_load(path, storages), trusted=trusted)
-    flat = flatten(obj)
+    flat = flatten(obj, path=path)
     infos, locations = describe_tensors(
         path, flat.tensors, storages, lambda claim: locate_storage(path, archive, f"{root}/data", claim)
     )

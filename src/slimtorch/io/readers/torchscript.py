@@ -8,6 +8,7 @@ is read as text from each class's ``__parameters__`` declaration in ``code/``.
 
 from __future__ import annotations
 
+import os
 import re
 import zipfile
 from dataclasses import replace
@@ -21,14 +22,17 @@ from slimtorch.io.readers.pickled import (
     ScriptObject,
     describe_tensors,
     flatten,
+    key_name,
     script_stand_ins,
     unpickle,
 )
 from slimtorch.io.readers.zip_archive import locate_storage, persistent_load, read_entry
 from slimtorch.io.source import TensorSource
+from slimtorch.io.untrusted import check_expansion
 
 # TorchScript writes each module class to code/<module path>.py, opening with `__parameters__ = ["weight", ]`.
-_CLASS_PARAMETERS = re.compile(r"^class (\w+)\(Module\):\n\s+__parameters__ = \[([^\]]*)\]", re.MULTILINE)
+# The list is on one line: a `[` never closed cannot make each class scan the rest of the file.
+_CLASS_PARAMETERS = re.compile(r"^class (\w+)\(Module\):\n\s+__parameters__ = \[([^\]\n]*)\]", re.MULTILINE)
 _MAX_CODE_BYTES = 10_000_000
 
 
@@ -48,9 +52,9 @@ def open_script(
         structure += len(data)
         storages = MetaStorages(path)
         obj = unpickle(
-            path, data, persistent_load(path, storages), trusted=[*trusted, *script_stand_ins(data)]
+            path, data, persistent_load(path, storages), trusted=[*trusted, *script_stand_ins(data, path)]
         )
-        flat = flatten(obj)
+        flat = flatten(obj, path=path)
         declared = {} if prefix else _declared_parameters(path, archive, root, obj)
         named = [(f"{prefix}.{name}" if prefix else name, tensor) for name, tensor in flat.tensors]
         more, more_locations = describe_tensors(
@@ -81,6 +85,7 @@ def _declared_parameters(path: Path, archive: zipfile.ZipFile, root: str, obj: A
     declared: dict[str, bool] = {}
     stack: list[tuple[str, Any]] = [("", obj)]
     seen: set[int] = set()
+    code_bytes = 0
     while stack:
         name, module = stack.pop()
         if not isinstance(module, ScriptObject) or id(module) in seen:
@@ -88,10 +93,12 @@ def _declared_parameters(path: Path, archive: zipfile.ZipFile, root: str, obj: A
         seen.add(id(module))
         kind = type(module)
         if kind.__module__ not in classes:
-            classes[kind.__module__] = _class_parameters(path, archive, root, kind.__module__)
+            classes[kind.__module__], code_bytes = _class_parameters(
+                path, archive, root, kind.__module__, code_bytes
+            )
         parameters = classes[kind.__module__].get(kind.__name__)
         for attr, value in module.__dict__.items():
-            child = f"{name}.{attr}" if name else str(attr)
+            child = f"{name}.{key_name(attr)}" if name else key_name(attr)
             if isinstance(value, ScriptObject):
                 stack.append((child, value))
             elif parameters is not None and isinstance(value, torch.Tensor):
@@ -99,13 +106,27 @@ def _declared_parameters(path: Path, archive: zipfile.ZipFile, root: str, obj: A
     return declared
 
 
-def _class_parameters(path: Path, archive: zipfile.ZipFile, root: str, module: str) -> dict[str, set[str]]:
+def _class_parameters(
+    path: Path, archive: zipfile.ZipFile, root: str, module: str, code_bytes: int
+) -> tuple[dict[str, set[str]], int]:
+    """The parameter names each class in ``module``'s code declares, and the code bytes read so far.
+
+    All the code read is bounded by the archive's size (:func:`check_expansion`): many zip entries can
+    point at the same deflated bytes, each decoding to megabytes.
+    """
     entry = f"{root}/code/{module.replace('.', '/')}.py"
     try:
         info = archive.getinfo(entry)
     except KeyError:
-        return {}
+        return {}, code_bytes
     if info.file_size > _MAX_CODE_BYTES:
-        return {}
-    code = read_entry(archive, entry, path).decode("utf-8", errors="replace")
-    return {match[1]: set(re.findall(r'"([^"]*)"', match[2])) for match in _CLASS_PARAMETERS.finditer(code)}
+        return {}, code_bytes
+    code_bytes += info.file_size
+    check_expansion(path, "TorchScript code", os.path.getsize(path), code_bytes)
+    code = read_entry(archive, entry, path, limit=_MAX_CODE_BYTES, text=True).decode(
+        "utf-8", errors="replace"
+    )
+    classes = {
+        match[1]: set(re.findall(r'"([^"]*)"', match[2])) for match in _CLASS_PARAMETERS.finditer(code)
+    }
+    return classes, code_bytes

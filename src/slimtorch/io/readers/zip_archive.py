@@ -7,16 +7,21 @@ range of each storage inside the file, so tensors can be mapped from it without 
 
 from __future__ import annotations
 
+import os
 import struct
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from slimtorch.errors import FormatError
+from slimtorch.io.objects import short_repr
+from slimtorch.io.readers.pickle_budget import MAX_PICKLE_BYTES
 from slimtorch.io.readers.pickled import MetaStorages, StorageClaim
 from slimtorch.io.source import StorageLocation, check_storage_fits
+from slimtorch.io.untrusted import check_expansion, untrusted
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then filename and extra-field lengths
 _LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
@@ -38,8 +43,9 @@ def is_torchscript(names: Iterable[str], root: str) -> bool:
 def open_archive(path: Path) -> Iterator[tuple[zipfile.ZipFile, str]]:
     """The open archive and its root folder, after checking it is a little-endian torch archive."""
     try:
-        archive = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as exc:
+        with untrusted(path, "zip archive"):
+            archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, EOFError) as exc:
         raise FormatError(path, f"truncated or corrupt zip archive ({exc})") from exc
     with archive:
         root = archive_root(path, archive.namelist())
@@ -56,9 +62,9 @@ def open_archive(path: Path) -> Iterator[tuple[zipfile.ZipFile, str]]:
 def persistent_load(path: Path, storages: MetaStorages):
     def load(saved_id: Any) -> Any:
         if not isinstance(saved_id, tuple) or len(saved_id) < 5 or saved_id[0] != "storage":
-            raise FormatError(path, f"unexpected persistent id in data.pkl: {saved_id!r:.80}")
+            raise FormatError(path, f"unexpected persistent id in data.pkl: {short_repr(saved_id)}")
         _, storage_type, key, _location, numel = saved_id[:5]
-        return storages.storage(str(key), storage_type, numel)
+        return storages.storage(key, storage_type, numel)
 
     return load
 
@@ -95,18 +101,60 @@ def _data_offset(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) ->
     return info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
 
 
-def read_entry(archive: zipfile.ZipFile, entry: str, path: Path) -> bytes:
+def read_entry(
+    archive: zipfile.ZipFile, entry: str, path: Path, *, limit: int = MAX_PICKLE_BYTES, text: bool = False
+) -> bytes:
+    """The bytes of ``entry``, its declared sizes checked against ``limit`` and the file before reading.
+
+    torch writes every entry stored, so a compressed pickle or storage is refused (a 2.5 KB zip whose
+    data.pkl is bzip2-compressed would decode to gigabytes). Only TorchScript's ``code/`` text may be
+    deflated (``text=True``; real archives do it), and then never more than its declared size is decoded.
+    """
     try:
-        return archive.read(entry)
+        info = archive.getinfo(entry)
     except KeyError:
         raise FormatError(path, f"{entry} is missing from the archive") from None
-    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+    _check_entry(path, info, limit, text)
+    try:
+        with archive.open(info) as stream:
+            data = stream.read(info.file_size)  # a read of n bytes decodes at most about n
+    except (
+        zipfile.BadZipFile,
+        EOFError,
+        OSError,
+        zlib.error,
+        NotImplementedError,
+        RuntimeError,
+        ValueError,
+    ) as exc:
         raise FormatError(path, f"cannot read {entry}: {exc} (truncated or corrupt)") from exc
+    if len(data) != info.file_size:
+        raise FormatError(path, f"{entry} is cut off (truncated file)")
+    return data
+
+
+def _check_entry(path: Path, info: zipfile.ZipInfo, limit: int, text: bool) -> None:
+    deflated = text and info.compress_type == zipfile.ZIP_DEFLATED
+    if info.compress_type != zipfile.ZIP_STORED and not deflated:
+        raise FormatError(
+            path,
+            f"{info.filename} is compressed (zip method {info.compress_type}), which torch.save never does; "
+            "refused as a possible zip bomb",
+        )
+    if info.file_size > limit:
+        raise FormatError(path, f"{info.filename} declares {info.file_size:,} bytes, more than {limit:,}")
+    size = os.path.getsize(path)
+    if info.compress_size > size or (not deflated and info.file_size != info.compress_size):
+        raise FormatError(
+            path,
+            f"{info.filename} declares {info.compress_size:,} bytes stored ({info.file_size:,} decoded) in a "
+            f"file of {size:,} (truncated or corrupt)",
+        )
+    if deflated:
+        check_expansion(path, info.filename, info.compress_size, info.file_size)
 
 
 def _read_small(archive: zipfile.ZipFile, entry: str, path: Path) -> bytes | None:
-    if entry not in archive.namelist():
+    if entry not in archive.NameToInfo:
         return None
-    if archive.getinfo(entry).file_size > 64:
-        raise FormatError(path, f"{entry} is implausibly large")
-    return read_entry(archive, entry, path)
+    return read_entry(archive, entry, path, limit=64)
