@@ -542,3 +542,12 @@ def test_allow_global_still_imports_an_installed_module(tmp_path):
     source = slimtorch.open(path, allow_globals=["decimal.Decimal"])
 
     assert source.names() == ["w"] and [o.summary for o in source.objects] == ["Decimal('1.5')"]
+
+
+def test_a_tensor_under_the_empty_key_is_refused_and_a_lone_tensor_is_named_root(tmp_path) -> None:
+    torch.save({"": torch.ones(2)}, tmp_path / "empty-key.pt")  # once it came back silently as "<root>"
+    with pytest.raises(slimtorch.FormatError, match="empty key"):
+        slimtorch.open(tmp_path / "empty-key.pt")
+    torch.save(torch.ones(2), tmp_path / "one.pt")
+    with slimtorch.open(tmp_path / "one.pt") as source:
+        assert [info.name for info in source.infos()] == ["<root>"]

@@ -30,6 +30,8 @@ from slimtorch.io.readers.pickle_budget import MAX_NESTING, check_pickle
 from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, check_tensor_fits
 from slimtorch.io.untrusted import untrusted
 
+ROOT = "<root>"
+"""The name of the tensor a file holds when ``torch.save`` was given one tensor, not a dict."""
 _REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
@@ -186,7 +188,7 @@ def flatten(obj: Any, *, path: str | Path = "<pickle>") -> Flattened:
     while stack:
         name, value, depth = stack.pop()
         if isinstance(value, torch.Tensor):
-            tensors.append((name, value))
+            tensors.append((name if depth else ROOT, value))  # a key "" stays "", refused when described
             continue
         if id(value) in seen:
             continue
@@ -312,10 +314,9 @@ def describe_tensors(
     """
     infos: list[TensorInfo] = []
     locations: dict[str, StorageLocation] = {}
-    root = len(tensors) == 1 and tensors[0][0] == ""  # the file is one tensor: it is named "<root>"
     for name, tensor in tensors:
-        if name in ("", "<root>") and not root:  # a key "" would come back renamed, or collide
-            raise FormatError(path, f"a tensor is stored under the key {name!r}, which no model has")
+        if not name:  # no reader could name it (torch.save of one tensor is named ROOT by flatten)
+            raise FormatError(path, "a tensor is stored under the empty key '', which no model has")
         with untrusted(path, f"tensor {name[:80]!r}"):
             info, claim = _describe(path, name, tensor, storages, storage_prefix)
             if info.storage not in locations:
@@ -345,7 +346,7 @@ def _describe(
     claim = storages.claims[key]
     role = "parameter" if isinstance(tensor, torch.nn.Parameter) or tensor.requires_grad else None
     info = TensorInfo(
-        name=name or "<root>",
+        name=name,
         dtype=tensor.dtype,
         shape=tuple(tensor.shape),
         stride=tuple(tensor.stride()),
