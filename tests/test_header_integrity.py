@@ -22,6 +22,7 @@ import torch
 import slimtorch
 from slimtorch.cli.main import main
 from slimtorch.io.format import CRC_KEY, METADATA_KEY, is_slim
+from tests.hostile import read_safetensors, write_safetensors_raw
 
 KINDS = ("lossless", "int8", "int4", "sharded")
 
@@ -132,22 +133,13 @@ def test_random_single_bit_flips_in_slim_files_are_detected_or_harmless(tmp_path
 
 
 # -- the seal ----------------------------------------------------------------------------------------------
-def _read(path: Path) -> tuple[dict, bytes]:
-    raw = path.read_bytes()
-    (length,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8 : 8 + length]), raw[8 + length :]
-
-
 def _write(path: Path, header: dict, data: bytes) -> Path:
     """Write a header as is, its seal not recomputed (as a bad disk or a careless edit leaves it)."""
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-(8 + len(raw)) % 8)
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
-    return path
+    return write_safetensors_raw(path, header, data, reseal=False)
 
 
 def _edit_body(path: Path, edit) -> Path:
-    header, data = _read(path)
+    header, data = read_safetensors(path)
     body = json.loads(header["__metadata__"][METADATA_KEY])
     edit(body)
     header["__metadata__"][METADATA_KEY] = json.dumps(body)
@@ -162,7 +154,7 @@ def _saved(tmp_path, **options) -> Path:
 
 def test_renaming_a_tensor_everywhere_in_the_header_is_caught_by_the_seal(tmp_path):
     path = _saved(tmp_path)
-    header, data = _read(path)
+    header, data = read_safetensors(path)
     header["norm.weigth"] = header.pop("norm.weight")
     body = json.loads(header["__metadata__"][METADATA_KEY])
     entry = body["tensors"].pop("norm.weight")
@@ -177,7 +169,7 @@ def test_renaming_a_tensor_everywhere_in_the_header_is_caught_by_the_seal(tmp_pa
 
 def test_relabelling_float16_parts_as_bfloat16_is_caught(tmp_path):
     path = _saved(tmp_path, dtype="fp16")
-    header, data = _read(path)
+    header, data = read_safetensors(path)
     relabelled = [key for key, entry in header.items() if key != "__metadata__" and entry["dtype"] == "F16"]
     for key in relabelled:
         header[key]["dtype"] = "BF16"
@@ -191,7 +183,7 @@ def test_relabelling_float16_parts_as_bfloat16_is_caught(tmp_path):
 def test_swapping_two_parts_with_their_checksums_is_caught(tmp_path):
     path = tmp_path / "model.safetensors"
     slimtorch.save({"a": torch.randn(8, 8), "b": torch.randn(8, 8)}, path)
-    header, data = _read(path)
+    header, data = read_safetensors(path)
     header["a"]["data_offsets"], header["b"]["data_offsets"] = (
         header["b"]["data_offsets"],
         header["a"]["data_offsets"],
@@ -210,7 +202,7 @@ def _swap(first: dict, second: dict, key: str) -> None:
 @pytest.mark.parametrize("damaged_key", ["slimtorcx", "Slimtorch", "slimtorch "])
 def test_a_damaged_slimtorch_key_is_corrupt_not_plain_safetensors(tmp_path, damaged_key):
     path = _saved(tmp_path, quantize="int8")
-    header, data = _read(path)
+    header, data = read_safetensors(path)
     header["__metadata__"][damaged_key] = header["__metadata__"].pop(METADATA_KEY)
     _write(path, header, data)
 
@@ -220,7 +212,7 @@ def test_a_damaged_slimtorch_key_is_corrupt_not_plain_safetensors(tmp_path, dama
 
 def test_a_damaged_seal_key_is_refused_not_skipped(tmp_path):
     path = _saved(tmp_path)
-    header, data = _read(path)
+    header, data = read_safetensors(path)
     header["__metadata__"]["slimtorch.cbc"] = header["__metadata__"].pop(CRC_KEY)
     _write(path, header, data)
 
@@ -230,7 +222,7 @@ def test_a_damaged_seal_key_is_refused_not_skipped(tmp_path):
 
 def _unsealed(path: Path) -> Path:
     """The file as slimtorch wrote it before the seal: no seal, no ``minor``, no shard count."""
-    header, data = _read(path)
+    header, data = read_safetensors(path)
     del header["__metadata__"][CRC_KEY]
     _write(path, header, data)
     return _edit_body(path, lambda body: [body.pop("minor"), body.pop("shards")])
@@ -240,7 +232,7 @@ def test_files_written_before_the_seal_still_load_and_verify_their_parts(tmp_pat
     path = _unsealed(_saved(tmp_path))
     loaded = slimtorch.load(path)
     assert all(torch.equal(loaded[name], tensor) for name, tensor in _state().items())
-    header, data = _read(path)
+    header, data = read_safetensors(path)
     begin = header["norm.weight"]["data_offsets"][0]
     damaged = bytearray(data)
     damaged[begin] ^= 1
@@ -252,7 +244,7 @@ def test_files_written_before_the_seal_still_load_and_verify_their_parts(tmp_pat
 
 def test_an_unsealed_file_with_a_damaged_slimtorch_key_is_still_corrupt(tmp_path):
     path = _unsealed(_saved(tmp_path))
-    header, data = _read(path)
+    header, data = read_safetensors(path)
     header["__metadata__"]["slimtorcx"] = header["__metadata__"].pop(METADATA_KEY)
     _write(path, header, data)
 
@@ -262,7 +254,7 @@ def test_an_unsealed_file_with_a_damaged_slimtorch_key_is_still_corrupt(tmp_path
 
 def test_name_role_parts_without_slimtorch_metadata_are_corrupt(tmp_path):
     path = _saved(tmp_path, quantize="int8")
-    header, data = _read(path)
+    header, data = read_safetensors(path)
     del header["__metadata__"]
     _write(path, header, data)
 
@@ -286,7 +278,7 @@ def test_name_role_parts_without_slimtorch_metadata_are_corrupt(tmp_path):
 )
 def test_hostile_slimtorch_json_is_one_format_error(tmp_path, capsys, body, words):
     path = _saved(tmp_path)
-    header, data = _read(path)
+    header, data = read_safetensors(path)
     header["__metadata__"][METADATA_KEY] = body
     _write(path, header, data)
 
@@ -306,7 +298,7 @@ def _sharded(tmp_path) -> tuple[Path, list[Path]]:
 
 def test_every_shard_records_the_save_id_and_the_shard_count(tmp_path):
     _, shards = _sharded(tmp_path)
-    bodies = [json.loads(_read(shard)[0]["__metadata__"][METADATA_KEY]) for shard in shards]
+    bodies = [json.loads(read_safetensors(shard)[0]["__metadata__"][METADATA_KEY]) for shard in shards]
 
     assert [(b["shard"], b["shards"]) for b in bodies] == [(1, 3), (2, 3), (3, 3)]
     assert len({b["checkpoint"] for b in bodies}) == 1

@@ -22,19 +22,12 @@ from slimtorch.cli.main import main
 from slimtorch.deploy.bundle import read_manifest
 from slimtorch.errors import FormatError
 from slimtorch.models import hub, open_model
+from tests.test_cli_inputs import one_error_line
 from tests.test_model_input import bert_folder
 
 transformers = pytest.importorskip("transformers")
 
 SECRET = b"SECRETKEY=hunter2-do-not-print"
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert "Traceback" not in err and len(lines) == 1, err
-    assert lines[0].startswith("slimtorch: error: ")
-    return lines[0]
 
 
 def remote_code_folder(path: Path, marker: Path) -> Path:
