@@ -25,8 +25,9 @@ from slimtorch.errors import FormatError, SlimtorchError
 from slimtorch.inspection import Bucket, classify, inspect
 from slimtorch.io.codecs import REGISTRY, Encoded, decode
 from slimtorch.io.codecs.chain import parse_dtype
+from slimtorch.io.companions import companion_files
 from slimtorch.io.objects import PlainObjects, model_objects, plain_objects
-from slimtorch.io.readers import folder_file, open_checkpoint
+from slimtorch.io.readers import open_checkpoint
 from slimtorch.io.readers.hf_folder import weight_files
 from slimtorch.io.readers.slim import SlimSource
 from slimtorch.io.source import TensorInfo, TensorSource, dtype_name
@@ -49,19 +50,6 @@ from slimtorch.sensitive_weights import StoredInstead, higher_precision, roundin
 TRAINING_ONLY = ("optimizer_state", "training_state")
 WRAPPER_PREFIXES = ("model", "state_dict", "model_state_dict", "module", "net", "network")
 DEFAULT_SHARD_BYTES = 2_000_000_000
-# Small files a Hugging Face folder needs besides its weights; copied when shrinking folder to folder.
-COMPANION_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "preprocessor_config.json",
-)
 Progress = Callable[[int], None]
 
 
@@ -541,8 +529,7 @@ def _companions(source: Path, out: Path) -> dict[str, Path]:
     if not source.is_dir() or out.suffix == ".safetensors":
         return {}
     weight_files(source)  # the folder was read as a model folder
-    # a companion linking outside the folder is refused like a weight file would be: never copied out
-    return {name: folder_file(source, source / name) for name in COMPANION_FILES if (source / name).is_file()}
+    return companion_files(source)
 
 
 def _describe_options(options: ShrinkOptions) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from rich.table import Table
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.io.companions import companion_files
 from slimtorch.measure import compare, measure
 from slimtorch.prune import channels_with_report
 from slimtorch.prune.hf import save_pretrained
@@ -115,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     del original
     problems: list[str] = []
     if hugging_face:
-        problems = save_pretrained(model, args.output, quantize=args.quantize).problems
+        companions = companion_files(loaded.folder)
+        problems = save_pretrained(model, args.output, companions, quantize=args.quantize).problems
         files = sorted(str(path) for path in Path(args.output).iterdir())
     else:
         files = save_model(model, args.output, quantize=args.quantize).files

@@ -11,12 +11,12 @@ from rich.table import Table
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.io.readers import folder_file
+from slimtorch.io.companions import companion_files
 from slimtorch.measure import LatencyComparison, compare
 from slimtorch.quant import SCHEMES, QuantizeReport, quantize_with_report
 from slimtorch.report.inspect_view import output_console
 from slimtorch.report.units import format_bytes
-from slimtorch.shrinking import COMPANION_FILES, save_model
+from slimtorch.shrinking import save_model
 
 HELP = "quantize Linear, Embedding, LSTM and GRU layers (int8 / int4), check against the float model, save"
 DESCRIPTION = """\
@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output, model_inputs(args.model, args.weights))
     loaded = command_model(args)
     out = Path(args.output)
-    extra = _companions(loaded.folder) if loaded.folder is not None and out.suffix != ".safetensors" else {}
+    folder_out = loaded.folder is not None and out.suffix != ".safetensors"
+    extra = companion_files(loaded.folder) if folder_out else {}
     model = loaded.model.eval()
     samples = loaded.samples(max(1, args.samples))
     original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the quantized model, in turns
@@ -106,12 +107,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _render(args, report, latency, files, size)
     return 0
-
-
-def _companions(folder: Path) -> dict[str, Path]:
-    """The model folder's config and tokenizer files, copied into the output folder: only the folder's own
-    (a link out of it, say ``tokenizer.json`` to ``~/.netrc``, is refused rather than copied along)."""
-    return {name: folder_file(folder, folder / name) for name in COMPANION_FILES if (folder / name).is_file()}
 
 
 def _render(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,16 @@ def config_update(model: nn.Module) -> ConfigUpdate:
     return ConfigUpdate(values, problems)
 
 
-def save_pretrained(model: nn.Module, folder: str | os.PathLike[str], **options: Any) -> ConfigUpdate:
-    """Write ``config.json`` with the pruned sizes and the weights as a slim ``model.safetensors``.
+def save_pretrained(
+    model: nn.Module,
+    folder: str | os.PathLike[str],
+    companions: Mapping[str, Path] | None = None,
+    **options: Any,
+) -> ConfigUpdate:
+    """Write ``config.json`` with the pruned sizes and the weights as a slim ``model.safetensors``, with
+    ``companions`` (the input folder's tokenizer and other files, from
+    :func:`~slimtorch.io.companions.companion_files`) copied along; the new ``config.json`` replaces
+    the input's.
 
     Without codec options the weights are plain safetensors tensors (``sparse="off"``), so
     ``from_pretrained`` reads the folder when :class:`ConfigUpdate` lists no problems; with codecs
@@ -98,7 +107,7 @@ def save_pretrained(model: nn.Module, folder: str | os.PathLike[str], **options:
     options.setdefault("sparse", "off")
     with tempfile.TemporaryDirectory() as staging:
         config.save_pretrained(staging)  # goes into the folder with the weights, in the same atomic swap
-        extras = {name: Path(staging) / name for name in os.listdir(staging)}
+        extras = {**(companions or {}), **{name: Path(staging) / name for name in os.listdir(staging)}}
         save_model(model, Path(folder), extra_files=extras, **options)
     return update
 
