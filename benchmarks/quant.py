@@ -39,6 +39,12 @@ rounds' ratios to torch.ao's time in the same round (pairs taken seconds apart, 
 shared machine slows both). The cosine is the embedding's, per utterance, min and mean over the batch of
 16. The speed targets allow 5% on that paired ratio.
 
+Compiled section (``--compile``, run instead of the tables above): fp32 and the three slimtorch schemes of
+each ``--models`` model (bert, mlp), eager and under ``torch.compile(model, fullgraph=True)`` (inductor),
+timed as the recurrent section times them: median of ``--runs`` paired rounds (each a blocked autorange,
+eager then compiled), the IQR beside it, and "compiled/eager" the median of the rounds' ratios. The
+cosine is the compiled output's against eager's. Written to benchmarks/results/quant-compile.json.
+
 Latency is the median of ``--runs`` calls under ``torch.no_grad`` after two warm-up calls, with the
 methods' calls interleaved round by round so that a noisy neighbour hits each alike. Size is the file each
 method's own save path writes: ``safetensors.save_file`` for fp32, ``slimtorch.save_model`` for slimtorch,
@@ -459,6 +465,91 @@ def run_recurrent(threads: list[int], runs: int) -> tuple[dict[str, Any], list[t
     return results, recurrent_targets(results)
 
 
+# -- compiled ----------------------------------------------------------------------------------------------
+COMPILE_RESULTS = RESULTS.with_name("quant-compile.json")
+COMPILED_METHODS = ("fp32", "slimtorch int8-dynamic", "slimtorch int8-weight", "slimtorch int4-weight")
+
+
+def compiled_methods(name: str) -> dict[str, tuple[nn.Module, nn.Module, float]]:
+    """Per method: the eager model, the same model compiled with fullgraph=True, seconds compiling took
+    (measured on the first call, batch 1)."""
+    base = build(name)
+    # the models share their forward's code: dynamo's default of 8 compiled versions per code object is
+    # too few for 4 models x batch sizes, and fullgraph=True makes hitting it an error
+    torch._dynamo.config.recompile_limit = 64
+    made: dict[str, tuple[nn.Module, nn.Module, float]] = {}
+    for method in COMPILED_METHODS:
+        scheme = method.removeprefix("slimtorch ")
+        model = base if method == "fp32" else slimtorch.quantize(copy.deepcopy(base), scheme)
+        compiled = torch.compile(model, fullgraph=True)
+        start = time.perf_counter()
+        with torch.no_grad():
+            compiled(example(name, 1))
+        made[method] = (model, compiled, time.perf_counter() - start)
+    return made
+
+
+def measure_compiled(
+    made: dict[str, tuple[nn.Module, nn.Module, float]], name: str, threads: int, batch: int, runs: int
+) -> dict[str, dict[str, float]]:
+    from torch.utils import benchmark
+
+    torch.set_num_threads(threads)
+    x = example(name, batch)
+    rows: dict[str, dict[str, float]] = {}
+    with torch.no_grad():
+        for method, (model, compiled, seconds) in made.items():
+            eager_out, compiled_out = output(model(x)), output(compiled(x))  # warm-up, kernel timing
+            cosine = F.cosine_similarity(compiled_out.flatten().double(), eager_out.flatten().double(), 0)
+            times: dict[str, list[float]] = {"eager": [], "compiled": []}
+            for _ in range(runs):
+                for way, run in (("eager", model), ("compiled", compiled)):
+                    timer = benchmark.Timer("run(x)", globals={"run": run, "x": x}, num_threads=threads)
+                    times[way].append(timer.blocked_autorange(min_run_time=0.2).median)
+            ratios = [c / e for c, e in zip(times["compiled"], times["eager"], strict=True)]
+            rows[method] = {
+                "eager_ms": statistics.median(times["eager"]) * 1e3,
+                "eager_iqr_ms": _iqr(times["eager"]) * 1e3,
+                "compiled_ms": statistics.median(times["compiled"]) * 1e3,
+                "compiled_iqr_ms": _iqr(times["compiled"]) * 1e3,
+                "compiled_vs_eager": statistics.median(ratios),
+                "cosine": float(cosine),
+                "compile_s": seconds,
+            }
+    return rows
+
+
+def print_compiled(title: str, rows: dict[str, dict[str, float]]) -> None:
+    print(f"\n{title}")
+    print(
+        f"  {'method':24} {'eager (IQR)':>20} {'compiled (IQR)':>20} {'compiled/eager':>15} "
+        f"{'cosine':>9} {'compile':>8}"
+    )
+    for method, row in rows.items():
+        print(
+            f"  {method:24} {row['eager_ms']:10.2f}ms ({row['eager_iqr_ms']:5.2f}) "
+            f"{row['compiled_ms']:10.2f}ms ({row['compiled_iqr_ms']:5.2f}) {row['compiled_vs_eager']:14.2f}x "
+            f"{row['cosine']:9.6f} {row['compile_s']:7.1f}s"
+        )
+
+
+def run_compiled(args: argparse.Namespace) -> int:
+    results: dict[str, Any] = {}
+    for name in [m for m in args.models if m != "recurrent"]:
+        made = compiled_methods(name)
+        for threads in args.threads:
+            for batch in args.batches:
+                rows = measure_compiled(made, name, threads, batch, args.runs)
+                results.setdefault(name, {}).setdefault(str(threads), {})[str(batch)] = rows
+                shape = f"{batch}x{SEQUENCE} tokens" if name == "bert" else f"{batch}x4096"
+                print_compiled(f"{name}, {threads} thread(s), input {shape}: eager vs torch.compile", rows)
+    COMPILE_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    machine = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
+    COMPILE_RESULTS.write_text(json.dumps({"machine": machine, "results": results}, indent=2))
+    print(f"\nwrote {COMPILE_RESULTS}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -470,7 +561,12 @@ def main() -> int:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--runs", type=int, default=7, help="timed calls per method (median; default 7)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target fails")
+    parser.add_argument(
+        "--compile", action="store_true", help="eager vs torch.compile(fullgraph=True) per scheme instead"
+    )
     args = parser.parse_args()
+    if args.compile:
+        return run_compiled(args)
     results: dict[str, Any] = {}
     notes: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:

@@ -77,8 +77,8 @@ def test_export_the_real_minilm_folder_without_an_example_takes_ids_and_mask(tmp
     report = json.loads(capsys.readouterr().out)
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
-    assert all(i["shape"] == [2, 64] for i in manifest["inputs"])
-    assert report["passed"] and report["outputs"][0]["shape"] == [2, 384]  # one embedding per sentence
+    assert all(i["shape"] == ["batch", "sequence"] for i in manifest["inputs"])  # a text bundle
+    assert report["passed"] and report["outputs"][0]["shape"] == ["batch", 384]  # one embedding per sentence
 
 
 def test_memory_of_the_real_minilm_folder_counts_its_parameters(capsys) -> None:

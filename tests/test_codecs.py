@@ -739,7 +739,7 @@ def test_decode_refuses_an_int8_scale_of_the_wrong_shape_or_dtype() -> None:
     for bad in (
         scale[:-1],
         torch.cat([scale, scale[:1]]),
-        scale.reshape(-1, 1),
+        scale.reshape(1, -1),  # (rows, 1), compressed-tensors' column of scales, is read
         scale.double(),
         scale.half(),
     ):

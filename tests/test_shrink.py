@@ -439,6 +439,7 @@ OPTIONS = [
     "--skip",
     "--top",
     "--json",
+    "--format",
     "--allow-global",
     "--debug",
 ]

@@ -58,7 +58,8 @@ def open(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> 
     unpickler, and a file that needs any other global raises :class:`UnsafeCheckpointError` naming it.
 
     Args:
-        path: a file or a Hugging Face model folder.
+        path: a file, a Hugging Face model folder, or a Hub repo id (``org/name[@revision]``) found in the
+            local Hugging Face cache (never downloaded).
         allow_globals: dotted names (``"mypkg.Config"``) you trust the file to use beyond torch's safe list.
 
     Example:

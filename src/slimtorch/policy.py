@@ -14,6 +14,11 @@
 - ``sparse="auto"`` stores a tensor as bitmask + non-zeros only when that is smaller than dense: after
   int8, on the codes (values that round to zero are zeros); before int4, on the weights.
 - ``entropy=True`` adds zstandard where it saves at least 5%.
+- ``layout="hf"`` (a Hugging Face folder transformers reads, :mod:`slimtorch.io.hf_layout`): nothing is
+  sparse; only the weights in ``hf_weights`` (those of ``nn.Linear`` and ``nn.Embedding`` layers, which
+  compressed-tensors expresses) are quantized, int4 on the symmetric grid in groups that fit their rows
+  (shrink stores embeddings as int8 under int4: compressed-tensors' int4 is for Linear layers); the
+  others keep their precision.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 from slimtorch.errors import SlimtorchError
 from slimtorch.io.codecs import CodecError, Encoded, encode
 from slimtorch.io.codecs.chain import extend
+from slimtorch.io.hf_layout import int4_fits
 from slimtorch.io.name_matching import unmatched_pattern
 from slimtorch.io.readers.safetensors_file import DTYPES
 from slimtorch.scan import count_zeros
@@ -60,6 +66,10 @@ class ShrinkOptions:
     """Exact tensor names left unquantized (still converted by ``dtype``)."""
     stored_as: Mapping[str, str] = field(default_factory=dict)
     """Exact tensor names stored as ``"int8"`` or ``"float16"`` instead of ``quantize``."""
+    layout: str = "slim"
+    """``"hf"``: parts transformers reads as they are (see the module docstring); ``"slim"``: any codec."""
+    hf_weights: Collection[str] = field(default_factory=frozenset)
+    """Under ``layout="hf"``, the weights compressed-tensors can hold quantized."""
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str):
@@ -77,6 +87,9 @@ class ShrinkOptions:
         if any(kind not in ("int8", "float16") for kind in self.stored_as.values()):
             raise ValueError(f"stored_as takes int8 or float16, not {sorted(set(self.stored_as.values()))}")
         object.__setattr__(self, "stored_as", dict(self.stored_as))
+        if self.layout not in ("hf", "slim"):
+            raise ValueError(f"layout must be hf or slim, not {self.layout!r}")
+        object.__setattr__(self, "hf_weights", frozenset(self.hf_weights))
 
     @property
     def lossless(self) -> bool:
@@ -129,6 +142,7 @@ def quantizable(name: str, x: torch.Tensor, category: str, options: ShrinkOption
         and not options.skipped(name)
         and name not in options.unquantized
         and (options.quantize_embeddings or not EMBEDDING.search(name))
+        and (options.layout != "hf" or name in options.hf_weights)
     )
 
 
@@ -150,7 +164,7 @@ def encode_tensor(name: str, x: torch.Tensor, category: str, options: ShrinkOpti
     x = x.detach().contiguous()
     if x.dtype not in _STORABLE:
         return encode(x, ["bytes"])
-    sparse = options.sparse == "auto"
+    sparse = options.sparse == "auto" and options.layout != "hf"
     encoded = None
     if quantizable(name, x, category, options):
         try:
@@ -170,9 +184,14 @@ def _quantized(x: torch.Tensor, kind: str, options: ShrinkOptions, sparse: bool)
     if kind == "float16":
         # Cast back to the weight's dtype on load; a weight already 16-bit stays as it is.
         return encode(x, [("cast", {"to": "float16"})]) if x.dtype.itemsize > 2 else None
+    if kind == "int8" and options.layout == "hf" and options.quantize == "int4":
+        return None  # one compressed-tensors format a folder: int8 codes beside int4 ones would go dense
     if kind == "int8":
         return _sparse_codes(encode(x, ["int8"]), sparse)
     group = options.group_size
+    if options.layout == "hf":  # compressed-tensors' int4: symmetric, whole groups along rows, or float
+        fits = int4_fits(tuple(x.shape), group)
+        return encode(x, [("int4", {"group_size": group, "symmetric": True})]) if fits else None
     zeros = count_zeros(x) if sparse else 0
     if int4_bytes(x.numel(), zeros, group, sparse) < _int4_bytes(x.numel(), group):
         return encode(x, ["sparse", ("int4", {"group_size": group})])
@@ -189,7 +208,7 @@ def _sparse_codes(encoded: Encoded, sparse: bool) -> Encoded:
 
 def finish_coded(encoded: Encoded, options: ShrinkOptions) -> Encoded:
     """A tensor that arrives encoded (a quantized layer's parts): sparse int8 codes and zstd, as asked."""
-    encoded = _sparse_codes(encoded, options.sparse == "auto")
+    encoded = _sparse_codes(encoded, options.sparse == "auto" and options.layout != "hf")
     return extend(encoded, "zstd") if options.entropy else encoded
 
 

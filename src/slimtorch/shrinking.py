@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -26,11 +27,26 @@ from slimtorch.inspection import Bucket, classify, inspect
 from slimtorch.io.codecs import REGISTRY, Encoded, decode
 from slimtorch.io.codecs.chain import parse_dtype
 from slimtorch.io.companions import companion_files
+from slimtorch.io.hf_layout import (
+    CtScheme,
+    base_prefix,
+    config_model,
+    ct_form,
+    ct_weights,
+    folder_config,
+    inner_config,
+    quantization_config,
+    resolve_layout,
+    transposed_weights,
+    weight_names,
+    write_config,
+)
 from slimtorch.io.objects import PlainObjects, model_objects, plain_objects
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.io.readers.hf_folder import weight_files
 from slimtorch.io.readers.slim import SlimSource
 from slimtorch.io.source import TensorInfo, TensorSource, dtype_name
+from slimtorch.io.untrusted import load_json
 from slimtorch.io.writer import SlimWriter
 from slimtorch.policy import (
     EMBEDDING,
@@ -135,6 +151,19 @@ class _Plan:
     stored_instead: list[StoredInstead] = field(default_factory=list)
 
 
+@dataclass
+class _Folder:
+    """What a folder output holds besides its weights: its layout (:mod:`slimtorch.io.hf_layout`), the
+    model's config (None: no ``config.json`` to write), and for ``hf`` the model's base prefix and the
+    coded tensors whose layers quantize their inputs (``int8-dynamic``)."""
+
+    layout: str = "slim"
+    config: dict[str, Any] | None = None
+    base_prefix: str = ""
+    dynamic: frozenset[str] = frozenset()
+    notes: list[str] = field(default_factory=list)
+
+
 def shrink(
     source_path: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -146,6 +175,7 @@ def shrink(
     shard_bytes: int | None = None,
     allow_globals: Sequence[str] = (),
     progress: Progress | None = None,
+    layout: str | None = None,
 ) -> ShrinkReport:
     """Write a slim copy of any checkpoint; returns what was stored and what it cost.
 
@@ -157,6 +187,9 @@ def shrink(
         keep_names: do not strip a wrapper prefix such as ``model.`` from a training checkpoint.
         keep_objects: keep non-tensor values that are plain data (a config, an epoch) as JSON; those
             that are not are listed in ``dropped_objects``.
+        layout: a folder output's layout: ``"hf"`` (``from_pretrained`` reads it; quantized weights in the
+            compressed-tensors format) or ``"slim"`` (smaller; ``from_pretrained`` refuses it); None:
+            ``hf`` for a Hugging Face folder input, else ``slim`` (see :mod:`slimtorch.io.hf_layout`).
 
     Raises :class:`SlimtorchError` before writing anything when a ``skip`` pattern matches no tensor.
 
@@ -173,19 +206,27 @@ def shrink(
         plan = _plan_source(source, keep_optimizer, keep_names)
         if keep_objects:
             plan.objects = model_objects(source.tree, plan.dropped, keep_training=keep_optimizer)
-        options = _checked(plan, options)
         companions = _companions(source.path, Path(out))
+        config = _config_file(companions.get("config.json"))
+        _refuse_foreign_codes(source, config)
+        folder, options = _folder(config, layout, Path(out), options)
+        options = _checked(plan, options)
         if shard_bytes is None and Path(out).suffix != ".safetensors":
             shard_bytes = DEFAULT_SHARD_BYTES
         provenance = {
             "tool": f"slimtorch {__version__}",
-            "source": source.path.name,
+            "command": "shrink",
+            # a Hub repo id as given (its snapshot folder is named by a commit hash), else the file's name
+            "source": source.path.name if Path(source_path).exists() else str(source_path),
+            "source_bytes": before.file_bytes,
             "source_format": source.format,
             "options": _describe_options(options),
         }
-        results, files, written = _write(plan, out, options, shard_bytes, provenance, companions, progress)
+        results, files, written = _write(
+            plan, out, options, shard_bytes, provenance, companions, progress, folder=folder
+        )
     return _report(
-        str(source_path), before.file_bytes, before.categories, plan, results, files, written, started
+        str(source_path), before.file_bytes, before.categories, plan, results, files, written, started, folder
     )
 
 
@@ -207,6 +248,7 @@ def save(
     coded: Mapping[str, Encoded] | None = None,
     objects: Mapping[str, Any] | None = None,
     quantize_all: bool = False,
+    layout: str | None = None,
 ) -> ShrinkReport:
     """Save a state dict in the slim format (a valid safetensors file), atomically, with checksums.
 
@@ -218,6 +260,8 @@ def save(
     tensors and read back by :func:`slimtorch.load_objects`. Quantizing stores the few weights whose
     error would dominate at float16, and recurrent layers' weights at a higher precision (see
     :mod:`slimtorch.sensitive_weights`), unless ``quantize_all=True``. int4 groups hold 32 values.
+    A folder given a ``config.json`` in ``extra_files`` is written in the ``hf`` layout unless
+    ``layout="slim"`` (see :func:`shrink`).
 
     Example:
         >>> import torch, slimtorch
@@ -236,6 +280,25 @@ def save(
         skip=skip,
         quantize_all=quantize_all,
     )
+    extras = dict(extra_files or {})
+    config = _config_file(extras.get("config.json"))
+    folder, options = _folder(config, layout, Path(path), options)
+    return _save(state_dict, path, options, shard_size, metadata, structure, extras, coded, objects, folder)
+
+
+def _save(
+    state_dict: Mapping[str, torch.Tensor],
+    path: str | os.PathLike[str],
+    options: ShrinkOptions,
+    shard_size: int | None,
+    metadata: Mapping[str, Any] | None,
+    structure: StructuralDelta | None,
+    extras: dict[str, Path],
+    coded: Mapping[str, Encoded] | None,
+    objects: Mapping[str, Any] | None,
+    folder: _Folder,
+) -> ShrinkReport:
+    """:func:`save` with its options resolved and the folder's layout chosen."""
     started = time.perf_counter()
     plan = _plan_state_dict(state_dict)
     for name, encoded in (coded or {}).items():
@@ -253,10 +316,11 @@ def save(
         **(metadata or {}),
     }
     delta = structure.to_dict() if structure else None
-    extras = dict(extra_files or {})
-    results, files, written = _write(plan, path, options, shard_size, provenance, extras, None, delta)
+    results, files, written = _write(
+        plan, path, options, shard_size, provenance, extras, None, delta, folder=folder
+    )
     before = sum(item.before_bytes for item in plan.items)
-    return _report("<state_dict>", before, [], plan, results, files, written, started)
+    return _report("<state_dict>", before, [], plan, results, files, written, started, folder)
 
 
 def save_model(model: torch.nn.Module, path: str | os.PathLike[str], **options: Any) -> ShrinkReport:
@@ -272,14 +336,89 @@ def save_model(model: torch.nn.Module, path: str | os.PathLike[str], **options: 
         >>> slimtorch.save_model(model, "pruned.safetensors")  # doctest: +SKIP
         >>> slimtorch.load_model("pruned.safetensors", build_model)  # doctest: +SKIP
     """
+    layout = options.pop("layout", None)
+    extras = dict(options.pop("extra_files", None) or {})
+    config = _config_file(extras.get("config.json"))
+    if config is None and layout == "hf" and Path(path).suffix != ".safetensors":
+        config = _model_config(model)
+    meta = config_model(config) if config is not None and layout != "slim" else None
+    folder, shrink_options = _folder(config, layout, Path(path), _save_options(options), meta)
     state = model.state_dict()
-    coded = {}
+    coded, structure = {}, delta_of(model)
+    dynamic: set[str] = set()
+    hf = folder.layout == "hf" and meta is not None
+    writable = {bits: ct_weights(meta, bits) if hf else set() for bits in (4, 8)}  # type: ignore[arg-type]
+    transposed = transposed_weights(meta) if meta is not None else set()
     for prefix, module in model.named_modules():
         if isinstance(module, QuantizedWeight):
-            for attr, (tensor, _) in module.SLIM_PARTS.items():
+            tensors = module.coded_tensors()
+            for attr in module.SLIM_PARTS:
                 state.pop(_joined(prefix, attr))
-                coded[_joined(prefix, tensor)] = module.encoded(tensor)
-    return save(state, path, structure=delta_of(model), coded=coded, **options)
+            names = {tensor: _joined(prefix, tensor) for tensor in tensors}
+            bits = 4 if module.stage_of(tensors[0])["codec"] == "int4" else 8
+            ct_ready = all(
+                n in writable[bits] and ct_form(n, module.encoded(t)) is not None for t, n in names.items()
+            )
+            if folder.layout == "slim" or ct_ready:
+                coded.update({n: module.encoded(t) for t, n in names.items()})
+                dynamic |= set(names.values()) if module.SCHEME == "int8-dynamic" else set()
+                continue
+            # compressed-tensors cannot express this layer: its dequantized weight, and a float layer
+            for tensor, name in names.items():
+                weight = module.dequantized(tensor=tensor)
+                state[name] = weight.t().contiguous() if name in transposed else weight
+            structure = _without_quantized(structure, prefix)
+            folder.notes.append(_dense_note(prefix, module))
+    folder.dynamic = frozenset(dynamic)
+    shard, metadata, objects = (options.get(k) for k in ("shard_size", "metadata", "objects"))
+    return _save(state, path, shrink_options, shard, metadata, structure, extras, coded, objects, folder)
+
+
+def _save_options(options: Mapping[str, Any]) -> ShrinkOptions:
+    """The codec options among :func:`save_model`'s keyword arguments, as :func:`save` reads them."""
+    known = (
+        "dtype",
+        "quantize",
+        "group_size",
+        "sparse",
+        "entropy",
+        "quantize_embeddings",
+        "skip",
+        "quantize_all",
+    )
+    unknown = [k for k in options if k not in (*known, "shard_size", "metadata", "objects")]
+    if unknown:
+        raise TypeError(f"save_model() got an unexpected keyword argument {unknown[0]!r}")
+    chosen = {k: v for k, v in options.items() if k in known}
+    chosen.setdefault("group_size", INT4_GROUP_SIZE)
+    return ShrinkOptions(**chosen)
+
+
+def _without_quantized(delta: StructuralDelta | None, layer: str) -> StructuralDelta | None:
+    """``delta`` without the quantized layer ``layer`` (a copy: the model keeps its own)."""
+    if delta is None:
+        return None
+    quantized = {k: v for k, v in delta.quantized.items() if k != layer}
+    return replace(delta, quantized=quantized)
+
+
+def _dense_note(layer: str, module: QuantizedWeight) -> str:
+    return (
+        f"{layer} ({module.kind}) written dense, dequantized: compressed-tensors has no form for it; it "
+        "loads as a float layer holding the same values"
+    )
+
+
+def _model_config(model: torch.nn.Module) -> dict[str, Any] | None:
+    """A transformers model's config as ``config.json`` holds it, naming the model's class as
+    ``save_pretrained`` does (None for other models)."""
+    config = getattr(model, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    if not callable(to_dict):
+        return None
+    values = to_dict()
+    values["architectures"] = values.get("architectures") or [type(model).__name__]
+    return values
 
 
 def _joined(prefix: str, name: str) -> str:
@@ -302,6 +441,58 @@ def _checked(plan: _Plan, options: ShrinkOptions) -> ShrinkOptions:
     plan.stored_instead = higher_precision(errors, options.quantize)
     chosen = {c.name: c.stored for c in plan.stored_instead}
     return replace(options, stored_as={**chosen, **options.stored_as})
+
+
+def _folder(
+    config: dict[str, Any] | None,
+    asked: str | None,
+    out: Path,
+    options: ShrinkOptions,
+    model: torch.nn.Module | None = None,
+) -> tuple[_Folder, ShrinkOptions]:
+    """The layout of the output and the options that write it: ``hf`` quantizes only what
+    compressed-tensors expresses, which the model ``config`` describes tells (``model``: built already)."""
+    if out.suffix == ".safetensors":
+        config = None  # one file: no config.json goes with it
+    layout = resolve_layout(asked, config is not None, out)
+    folder = _Folder(layout, config)
+    if layout == "slim":
+        return folder, options
+    if options.entropy:
+        raise SlimtorchError(
+            f"{out}: --entropy stores parts transformers cannot read; use it with --format slim"
+        )
+    if options.quantize and model is None:
+        model = config_model(config)  # type: ignore[arg-type]
+    if options.quantize and model is None:
+        if asked == "hf":
+            raise SlimtorchError(
+                f"{out}: transformers cannot build the model config.json describes, so which weights "
+                "compressed-tensors can hold is unknown; use --format slim"
+            )
+        folder.layout = "slim"
+        folder.notes.append("written in the slim layout: transformers cannot build this config's model")
+        return folder, options
+    folder.base_prefix = base_prefix(model) if model is not None else ""
+    weights = ct_weights(model) if model is not None else set()
+    if options.quantize == "int4":
+        # compressed-tensors' int4 is for Linear layers: embeddings go int8, which it holds, not float
+        int4 = ct_weights(model, 4) if model is not None else set()
+        options = replace(options, stored_as={**dict.fromkeys(weights - int4, "int8"), **options.stored_as})
+    return folder, replace(options, layout="hf", hf_weights=weights)
+
+
+def _config_file(found: Path | bytes | None) -> dict[str, Any] | None:
+    """The model's config from a ``config.json`` to copy along (its path, or its bytes), unwrapped from a
+    slim layout's; None when there is none."""
+    if found is None:
+        return None
+    path = found if isinstance(found, Path) else Path("config.json")
+    text = found.read_bytes() if isinstance(found, Path) else found
+    config = inner_config(load_json(path, text, "config.json"), path)
+    if not isinstance(config, dict):
+        raise FormatError(path, f"expected a JSON object, found a {type(config).__name__}")
+    return config
 
 
 # -- planning ----------------------------------------------------------------------------------------------
@@ -458,55 +649,166 @@ def _write(
     companions: dict[str, Path],
     progress: Progress | None,
     delta: dict[str, Any] | None = None,
+    *,
+    folder: _Folder | None = None,
 ) -> tuple[list[TensorResult], list[Path], int]:
-    results = []
-    writer = SlimWriter(
-        out,
-        shard_bytes=shard_bytes,
-        ties=plan.ties,
-        copies=plan.copies,
-        provenance=provenance,
-        delta=delta,
-        extra_files=companions,
-        objects=plan.objects.values,
-    )
-    try:
-        for item in (i for i in plan.items if i.encoded is not None):
-            encoded = finish_coded(item.encoded, options)  # type: ignore[arg-type]
-            stage = encoded.stages[0]
-            entry = writer.add(item.name, encoded, parse_dtype(stage["dtype"]), tuple(stage["shape"]))
-            results.append(
-                TensorResult(
-                    item.name, item.category, entry.chain, stage["dtype"], item.before_bytes, encoded.nbytes
+    """Write the plan's tensors and the folder's files; a folder with a ``config.json`` gets one written
+    for its layout (``hf``: with the ``quantization_config`` of what was written quantized)."""
+    folder = folder or _Folder()
+    hf = folder.layout == "hf"
+    if hf:
+        _every_name_stored(plan)
+    with tempfile.TemporaryDirectory() as staging:
+        if folder.config is not None:  # written once the quantized layers are known; named from the start
+            companions = {**companions, "config.json": Path(staging) / "config.json"}
+        writer = SlimWriter(
+            out,
+            shard_bytes=shard_bytes,
+            ties=plan.ties,
+            copies=plan.copies,
+            provenance=provenance,
+            delta=delta,
+            extra_files=companions,
+            objects=plan.objects.values,
+        )
+        try:
+            results, schemes = _add_all(writer, plan, options, progress, folder)
+            if folder.config is not None:
+                quantization = quantization_config(schemes, folder.base_prefix) if hf else None
+                write_config(
+                    Path(staging), folder_config(folder.config, folder.layout, quantization, options.dtype)
                 )
-            )
-        for item, original in _fetched([i for i in plan.items if i.encoded is None]):
-            value = convert(item.name, original.detach().cpu(), options)
-            encoded = encode_tensor(item.name, value, item.category, options)
-            writer.add(item.name, encoded, value.dtype, tuple(value.shape))
-            converted = value.dtype != original.dtype
-            lossy = converted or any(
-                not REGISTRY[s["codec"]].lossless for s in encoded.stages if s["codec"] in REGISTRY
-            )
-            error = _error(original, encoded, value) if lossy else None
-            results.append(
-                TensorResult(
-                    item.name,
-                    item.category,
-                    f"{dtype_name(value.dtype)} {encoded.chain}" if converted else encoded.chain,
-                    dtype_name(value.dtype),
-                    item.before_bytes,
-                    encoded.nbytes,
-                    *(error or (None, None)),
-                )
-            )
-            if progress:
-                progress(item.before_bytes)
-        files = writer.commit()
-    except BaseException:
-        writer.abort()
-        raise
+            files = writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
     return results, files, sum(f.stat().st_size for f in files if f.suffix == ".safetensors")
+
+
+def _add_all(
+    writer: SlimWriter, plan: _Plan, options: ShrinkOptions, progress: Progress | None, folder: _Folder
+) -> tuple[list[TensorResult], dict[str, CtScheme]]:
+    """Queue every tensor of the plan; returns what was stored and, in the ``hf`` layout, the
+    compressed-tensors scheme of each weight written in that form."""
+    hf = folder.layout == "hf"
+    results: list[TensorResult] = []
+    schemes: dict[str, CtScheme] = {}
+    bits = _ct_bits(plan, options) if hf else None
+    for item in (i for i in plan.items if i.encoded is not None):
+        encoded = finish_coded(item.encoded, options)  # type: ignore[arg-type]
+        stage = encoded.stages[0]
+        dtype, shape = parse_dtype(stage["dtype"]), tuple(stage["shape"])
+        entry = _add(writer, item.name, encoded, dtype, shape, bits, schemes, folder.dynamic)
+        results.append(
+            TensorResult(
+                item.name, item.category, entry.chain, stage["dtype"], item.before_bytes, encoded.nbytes
+            )
+        )
+    floated = []
+    for item, original in _fetched([i for i in plan.items if i.encoded is None]):
+        value = convert(item.name, original.detach().cpu(), options)
+        encoded = encode_tensor(item.name, value, item.category, options)
+        _add(writer, item.name, encoded, value.dtype, tuple(value.shape), bits, schemes, frozenset())
+        if hf and options.quantize and _float_in_hf(item, value, encoded, options):
+            floated.append(item.name)
+        results.append(_result(item, original, value, encoded))
+        if progress:
+            progress(item.before_bytes)
+    if floated:
+        folder.notes.append(_floated_note(floated))
+    return results, schemes
+
+
+def _add(
+    writer: SlimWriter,
+    name: str,
+    encoded: Encoded,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    bits: int | None,
+    schemes: dict[str, CtScheme],
+    dynamic: frozenset[str],
+) -> Any:
+    """Queue one tensor: in the ``hf`` layout (``bits``: the folder's one compressed-tensors width) a
+    quantized one goes in the compressed-tensors form (its scheme noted for ``quantization_config``), and
+    anything else transformers cannot read dense."""
+    hf = bits is not None
+    quantized = bool(encoded.stages) and encoded.stages[0].get("codec") in ("int8", "int4")
+    if hf and quantized:
+        found = ct_form(name, encoded)
+        if found is not None and found[2].bits == bits:
+            coded, keys, scheme = found
+            schemes[name] = replace(scheme, activations=name in dynamic)
+            return writer.add(name, coded, dtype, shape, keys)
+    if hf and encoded.stages and encoded.stages[0].get("codec") != "cast":
+        # sparse, zstd, a code form compressed-tensors lacks: the values the slim loader would give
+        encoded = Encoded({"": decode(encoded.parts, encoded.stages, dtype, shape)}, [])
+    return writer.add(name, encoded, dtype, shape)
+
+
+def _refuse_foreign_codes(source: TensorSource, config: Mapping[str, Any] | None) -> None:
+    """A folder another tool quantized (``quantization_config`` in its config, weights not slim): its
+    tensors are codes under that tool's names, which a shrink would copy as plain weights and drop the
+    config that says how to read them. Refused until slimtorch reads them."""
+    quantization = (config or {}).get("quantization_config")
+    if isinstance(quantization, Mapping) and not isinstance(source, SlimSource):
+        method = quantization.get("quant_method", "an unknown method")
+        raise FormatError(
+            source.path,
+            f"its weights are quantized ({method}, per config.json's quantization_config) and slimtorch "
+            "does not read that format yet; give the float model (transformers: from_pretrained with "
+            "dequantize, then save_pretrained)",
+        )
+
+
+def _ct_bits(plan: _Plan, options: ShrinkOptions) -> int:
+    """The one width a folder's compressed-tensors weights have: transformers decodes a folder mixing
+    int4 (``pack-quantized``) and int8 groups with the wrong decoder, so int4 when anything is int4."""
+    coded = (
+        i.encoded.stages[0].get("codec") for i in plan.items if i.encoded is not None and i.encoded.stages
+    )
+    return 4 if options.quantize == "int4" or "int4" in set(coded) else 8
+
+
+def _every_name_stored(plan: _Plan) -> None:
+    """Turn ties and copies into tensors of their own (transformers knows neither): each name stored."""
+    by_name = {item.name: item for item in plan.items}
+    for name, target in {**plan.ties, **plan.copies}.items():
+        original = by_name[target]
+        plan.items.append(replace(original, name=name, before_bytes=0))
+    plan.ties, plan.copies = {}, {}
+
+
+def _float_in_hf(item: _Item, value: torch.Tensor, encoded: Encoded, options: ShrinkOptions) -> bool:
+    """Whether a weight the slim layout would quantize stays float because compressed-tensors cannot
+    hold it (a convolution, GPT-2's Conv1D, int4 groups that do not fit its rows)."""
+    slim = replace(options, layout="slim")
+    return not encoded.stages and quantizable(item.name, value, item.category, slim)
+
+
+def _floated_note(names: list[str]) -> str:
+    return (
+        f"{len(names)} weight(s) kept at their precision in the hf layout "
+        f"({', '.join(weight_names(names))}): compressed-tensors quantizes nn.Linear and nn.Embedding "
+        "weights only, int4 in whole groups per row; --format slim quantizes them"
+    )
+
+
+def _result(item: _Item, original: torch.Tensor, value: torch.Tensor, encoded: Encoded) -> TensorResult:
+    converted = value.dtype != original.dtype
+    lossy = converted or any(
+        not REGISTRY[s["codec"]].lossless for s in encoded.stages if s["codec"] in REGISTRY
+    )
+    error = _error(original, encoded, value) if lossy else None
+    return TensorResult(
+        item.name,
+        item.category,
+        f"{dtype_name(value.dtype)} {encoded.chain}" if converted else encoded.chain,
+        dtype_name(value.dtype),
+        item.before_bytes,
+        encoded.nbytes,
+        *(error or (None, None)),
+    )
 
 
 def _fetched(items: list[_Item]) -> Iterator[tuple[_Item, torch.Tensor]]:
@@ -537,6 +839,7 @@ def _describe_options(options: ShrinkOptions) -> dict[str, Any]:
     described["dtype"] = dtype_name(options.dtype) if options.dtype else None
     described["skip"] = list(options.skip)
     described["unquantized"] = sorted(options.unquantized)
+    del described["hf_weights"]  # the model's layers, not a choice
     return described
 
 
@@ -549,6 +852,7 @@ def _report(
     files: list[Path],
     written: int,
     started: float,
+    folder: _Folder | None = None,
 ) -> ShrinkReport:
     after: dict[str, list[int]] = {}
     for result in results:
@@ -563,6 +867,7 @@ def _report(
         notes.append(
             f"names lost the training wrapper prefix {plan.renamed_prefix!r} (keep it with --keep-names)"
         )
+    notes += folder.notes if folder else []
     return ShrinkReport(
         source=source,
         files=[str(f) for f in files],

@@ -25,6 +25,17 @@ def add_command(
     )
 
 
+def add_layout(parser: argparse.ArgumentParser) -> None:
+    """``--format hf|slim``: the layout of a folder output, for every command that writes one."""
+    parser.add_argument(
+        "--format",
+        choices=("hf", "slim"),
+        dest="layout",
+        help="folder layout: hf (from_pretrained reads it; int8/int4 in the compressed-tensors format), "
+        "slim (smallest; from_pretrained refuses it); default hf from a Hugging Face folder, else slim",
+    )
+
+
 def add_allow_global(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-global",

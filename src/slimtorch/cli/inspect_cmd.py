@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from slimtorch.cli.arguments import add_allow_global, add_command, print_json
+from slimtorch.cli.model_spec import PATH_HELP
 from slimtorch.inspection import inspect
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.report.inspect_view import output_console, render_inspect
@@ -13,7 +14,8 @@ from slimtorch.report.progress import ByteProgress
 HELP = "where a checkpoint's bytes go, and what could be saved"
 DESCRIPTION = """\
 Reads any checkpoint (torch.save .pt/.pth/.bin/.ckpt incl. legacy and nested training checkpoints,
-.safetensors, TorchScript, Hugging Face folders) without running code from it, and shows:
+.safetensors, TorchScript, Hugging Face folders, or a Hub repo id found in the local Hugging Face cache,
+never downloaded) without running code from it, and shows:
 bytes by category (parameters, buffers, optimizer state, pruning leftovers, duplicates, ...),
 by dtype and by module, the largest tensors with their fraction of exact zeros, and an estimate
 of the size after each shrinking action.
@@ -21,13 +23,14 @@ of the size after each shrinking action.
 examples:
   slimtorch inspect checkpoint.pt
   slimtorch inspect ./my-hf-model --depth 2 --top 20
+  slimtorch inspect sentence-transformers/all-MiniLM-L6-v2   (after hf download; HF_HUB_CACHE is read)
   slimtorch inspect model.safetensors --json > report.json
 """
 
 
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "inspect", HELP, DESCRIPTION)
-    parser.add_argument("path", metavar="PATH", help="checkpoint file or Hugging Face model folder")
+    parser.add_argument("path", metavar="PATH", help=PATH_HELP)
     parser.add_argument(
         "--depth", type=_positive, default=3, metavar="N", help="module tree depth (default 3)"
     )

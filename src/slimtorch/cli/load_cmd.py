@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from slimtorch.cli.arguments import add_allow_global, add_command, print_json
-from slimtorch.cli.model_spec import SPEC_HELP, resolve_factory
+from slimtorch.cli.model_spec import PATH_HELP, SPEC_HELP, resolve_factory
 from slimtorch.errors import SlimtorchError
 from slimtorch.io.loader import LoadProfile, load_model_profiled, load_profiled
 from slimtorch.io.name_matching import file_groups
@@ -26,6 +26,7 @@ examples:
   slimtorch load model.safetensors --profile
   slimtorch load model-int8.safetensors --model mypkg.models:build_net --profile
   slimtorch load ./bert --model transformers:AutoModel ...   (a factory taking no arguments)
+  slimtorch load google-bert/bert-base-uncased@main --profile   (a Hub repo id, from the local cache only)
   slimtorch load ckpt.pt --model ./train.py:Net --device cuda --dtype bf16
   slimtorch load pretrained.pt --model ./voice.py:Encoder --prefix model_state. --rename lstm.=rnn.
 
@@ -38,7 +39,7 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "load", HELP, DESCRIPTION)
-    parser.add_argument("path", metavar="PATH", help="checkpoint file or model folder")
+    parser.add_argument("path", metavar="PATH", help=PATH_HELP)
     parser.add_argument("--model", metavar="FACTORY", help=SPEC_HELP)
     parser.add_argument("--device", help="where the tensors go: cpu, cuda, cuda:1 (default cpu)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), help="convert floating-point tensors")

@@ -30,6 +30,7 @@ autocast, whose op lists match CUDA's for the layers that matter (linear, matmul
 examples:
   slimtorch memory ./llama-folder --batch 1 --input-shape 1,2048 --precision bf16-mixed
   slimtorch memory ./llama-folder --batch 1 2 4 8 --checkpointing blocks --budget 80GB --chart mem.png
+  slimtorch memory Qwen/Qwen2.5-0.5B --batch 8 --input-shape 1,512   (from the local Hugging Face cache)
   slimtorch memory mypkg.models:resnet50 --batch 64 --input-shape 1,3,224,224 --optimizer sgd --device cpu
 """
 

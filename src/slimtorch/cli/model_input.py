@@ -2,10 +2,11 @@
 :func:`slimtorch.models.open_model`.
 
 ``prune``, ``quantize``, ``export`` and ``ops`` take MODEL (a factory spec, a Hugging Face folder or a
-sentence-transformers folder), ``--weights``, ``--non-strict``, ``--prefix``, ``--rename``,
-``--input-shape`` and ``--allow-global``; ``memory`` takes MODEL and ``--input-shape`` (it builds on the
-meta device and loads nothing). The example input comes from the model unless ``--input-shape`` is given,
-and it has been run through the model once: a model that rejects it is one line, exit 2.
+sentence-transformers folder, either also by its Hub repo id from the local cache), ``--weights``,
+``--non-strict``, ``--prefix``, ``--rename``, ``--input-shape`` and ``--allow-global``; ``memory`` takes
+MODEL and ``--input-shape`` (it builds on the meta device and loads nothing). The example input comes
+from the model unless ``--input-shape`` is given, and it has been run through the model once: a model
+that rejects it is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import argparse
 import sys
 
 from slimtorch.cli.arguments import add_allow_global
-from slimtorch.cli.model_spec import SPEC_HELP
+from slimtorch.cli.model_spec import HUB_ID_HELP, SPEC_HELP
 from slimtorch.errors import SlimtorchError
 from slimtorch.models import ModelInput, open_meta_model, open_model
 from slimtorch.models.examples import DEFAULT_SHAPE
 
-MODEL_HELP = SPEC_HELP + ", a Hugging Face model folder, or a sentence-transformers folder"
+MODEL_HELP = (
+    SPEC_HELP + f", a Hugging Face model folder, a sentence-transformers folder, or either by {HUB_ID_HELP}"
+)
 NOTED_NAMES = 3
 
 __all__ = ["DEFAULT_SHAPE", "add_model_arguments", "command_model", "meta_model", "shape"]
@@ -31,7 +34,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_shape: str | No
     parser.add_argument(
         "--weights",
         metavar="PATH",
-        help="checkpoint to load into the model (any format); for a folder, instead of its own weights",
+        help="checkpoint to load into the model (any format, or a Hub repo id from the local cache); for a "
+        "folder, instead of its own weights",
     )
     add_name_matching(parser)
     add_input_shape(parser, default_shape)

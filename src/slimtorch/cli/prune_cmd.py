@@ -8,10 +8,10 @@ from pathlib import Path
 
 from rich.table import Table
 
-from slimtorch.cli.arguments import add_command, print_json
+from slimtorch.cli.arguments import add_command, add_layout, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.io.companions import companion_files
+from slimtorch.io.companions import companion_files, source_provenance
 from slimtorch.measure import compare, measure
 from slimtorch.prune import channels_with_report
 from slimtorch.prune.hf import save_pretrained
@@ -68,6 +68,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         default=10,
         help="interleaved latency rounds, about 2 s in all (default 10; 0: none)",
     )
+    add_layout(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
 
@@ -117,10 +118,14 @@ def run(args: argparse.Namespace) -> int:
     problems: list[str] = []
     if hugging_face:
         companions = companion_files(loaded.folder)
-        problems = save_pretrained(model, args.output, companions, quantize=args.quantize).problems
+        provenance = source_provenance("prune", loaded.folder)
+        update = save_pretrained(
+            model, args.output, companions, quantize=args.quantize, layout=args.layout, metadata=provenance
+        )
+        problems = update.problems
         files = sorted(str(path) for path in Path(args.output).iterdir())
     else:
-        files = save_model(model, args.output, quantize=args.quantize).files
+        files = save_model(model, args.output, quantize=args.quantize, layout=args.layout).files
     size = sum(Path(f).stat().st_size for f in files if f.endswith(".safetensors"))
     if args.json:
         print_json(

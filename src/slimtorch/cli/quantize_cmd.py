@@ -8,10 +8,11 @@ from pathlib import Path
 
 from rich.table import Table
 
-from slimtorch.cli.arguments import add_command, print_json
+from slimtorch.cli.arguments import add_command, add_layout, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.io.companions import companion_files
+from slimtorch.io.companions import companion_files, source_provenance
+from slimtorch.io.hf_layout import resolve_layout
 from slimtorch.measure import LatencyComparison, compare
 from slimtorch.quant import SCHEMES, QuantizeReport, quantize_with_report
 from slimtorch.report.inspect_view import output_console
@@ -24,8 +25,12 @@ Swaps the model's nn.Linear, nn.Embedding, nn.LSTM and nn.GRU layers (and Huggin
 quantized ones, except the few whose output error on the samples would dominate (--quantize-all: those
 too), and saves a slim file in which they stay quantized: load it back with slimtorch.load_model(OUT,
 factory) and the float model's factory, and the layers come back quantized, their codes mapped from the
-file. Every layer left float that holds a real share of the weights is listed with the reason; a --skip
-pattern that matches no module, or a model with nothing to quantize, is an error.
+file. From a Hugging Face folder to a folder, the output is one transformers' from_pretrained reads too
+(--format hf, the default there): Linear (and int8 Embedding) layers in the compressed-tensors format,
+int4 codes on its symmetric grid; layers it cannot express written dense. --format slim keeps the
+slim layout, which from_pretrained refuses. Every layer left float that holds a real share of the
+weights is listed with the reason; a --skip pattern that matches no module, or a model with nothing to
+quantize, is an error.
 
 schemes:
   int8-dynamic  int8 weights and int8 activations (scaled per row on each call): the fastest on CPU
@@ -73,6 +78,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         default=10,
         help="interleaved latency rounds, about 2 s in all (default 10; 0: none)",
     )
+    add_layout(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
 
@@ -83,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     folder_out = loaded.folder is not None and out.suffix != ".safetensors"
     extra = companion_files(loaded.folder) if folder_out else {}
+    layout = resolve_layout(args.layout, "config.json" in extra, out)
     model = loaded.model.eval()
     samples = loaded.samples(max(1, args.samples))
     original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the quantized model, in turns
@@ -94,12 +101,16 @@ def run(args: argparse.Namespace) -> int:
         calibration=samples,
         embeddings=not args.no_embeddings,
         keep_sensitive=not args.quantize_all,
+        symmetric=layout == "hf",  # int4 codes compressed-tensors reads as they are
     )
     latency = (
         None if original is None else compare(original, model, loaded.args, loaded.kwargs, rounds=args.runs)
     )
     del original
-    files = save_model(model, out, extra_files=extra).files
+    provenance = source_provenance(f"quantize {args.scheme}", loaded.folder)
+    saved = save_model(model, out, extra_files=extra, layout=layout, metadata=provenance)
+    files = saved.files
+    report.notes.extend(saved.notes)
     size = sum(Path(f).stat().st_size for f in files if f.endswith(".safetensors"))
     if args.json:
         timing = latency.to_dict() if latency else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from slimtorch.cli.arguments import add_allow_global, add_command, print_json
+from slimtorch.cli.arguments import add_allow_global, add_command, add_layout, print_json
 from slimtorch.cli.output_path import check_output
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.policy import INT4_GROUP_SIZE, ShrinkOptions
@@ -36,7 +36,12 @@ any safetensors reader opens (codecs are described in the file's metadata; nothi
 
 The write is atomic (temp file, fsync, rename) and every part carries a CRC-32.
 OUT ending in .safetensors is one file; any other OUT is a folder (shards + index, Hugging Face style;
-config and tokenizer files of a model folder are copied along).
+config and tokenizer files of a model folder are copied along). A folder from a Hugging Face folder is
+written so that transformers' from_pretrained reads it (--format hf, the default there): every tensor
+dense under its own name, int8 / int4 weights of Linear (int8: also Embedding) layers in the
+compressed-tensors format with a quantization_config in config.json, other weights kept at their
+precision. --format slim writes the smaller slim layout, whose config.json makes from_pretrained refuse
+the folder (slimtorch.load_model reads both).
 
 examples:
   slimtorch shrink checkpoint.pt -o model.safetensors
@@ -103,6 +108,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument(
         "--top", type=int, default=15, metavar="K", help="largest tensors to list (default 15)"
     )
+    add_layout(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     add_allow_global(parser)
     parser.set_defaults(run=run)
@@ -147,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             shard_bytes=args.shard_size,
             allow_globals=args.allow_global,
             progress=bar.advance,
+            layout=args.layout,
         )
     if args.json:
         print_json(report.to_dict())

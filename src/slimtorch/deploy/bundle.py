@@ -53,6 +53,9 @@ class BundleWriter:
         np.savez(self.path(EXPECTED_OUTPUTS), **expected)
         shutil.copyfile(runner.__file__, self.path(RUNNER))
         header = "# the runtime this bundle needs, nothing else (pip and setuptools aside)\n"
+        if manifest.get("pip_options"):
+            options = " ".join(manifest["pip_options"])
+            header += f"# every package pinned: install with pip install {options} -r requirements.txt\n"
         self.path("requirements.txt").write_text(header + "\n".join(requirements) + "\n")
         files = {
             p.name: {"bytes": p.stat().st_size, "sha256": runner.sha256(p)}

@@ -13,7 +13,7 @@ import copy
 import inspect
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import GetAttrKey, MappingKey, SequenceKey, tree_flatten_with_path
 
-from slimtorch.deploy import onnx_model, runner
+from slimtorch.deploy import fidelity, onnx_model, runner
+from slimtorch.deploy import text as text_bundle
 from slimtorch.deploy.bundle import BundleWriter
 from slimtorch.deploy.noise import NOISE_FACTOR, rounding_noise
 from slimtorch.deploy.program import BATCH, export_program
@@ -38,15 +39,26 @@ RUNTIME = {"onnx": ("onnxruntime", "numpy"), "pt2": ("torch", "numpy")}
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Pass when ``max |exported - eager| <= atol + rtol * max |eager|`` on every output."""
+    """Pass when ``max |exported - eager| <= atol + rtol * max |eager|`` on every output; or, with
+    ``min_cosine``, when every text's embedding has at least that cosine to eager (each output's error is
+    then reported, not decided on). ``meaning`` says which decides."""
 
     atol: float
     rtol: float
     meaning: str
+    min_cosine: float | None = None
 
 
 FP32 = Tolerance(1e-4, 1e-5, "fp32: within 1e-4 (+1e-5 of the output's largest magnitude) of eager")
 INT8 = Tolerance(0.0, 0.1, "quantized: within 10% of the output's largest magnitude of eager")
+INT8_TEXT = Tolerance(
+    0.0,
+    0.1,
+    f"quantized text model: decided by the sentence embedding, cosine to eager >= {fidelity.MIN_COSINE:g} "
+    "for every text; each output's largest error is reported beside it (10% of its largest magnitude "
+    "marks it), not decided on",
+    fidelity.MIN_COSINE,
+)
 
 
 @dataclass(frozen=True)
@@ -87,9 +99,13 @@ class ExportReport:
     tolerance: Tolerance
     seconds: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    embedding: fidelity.EmbeddingAgreement | None = None
+    """a text model's sentence embeddings against eager's (decides where ``tolerance.min_cosine`` is set)"""
 
     @property
     def passed(self) -> bool:
+        if self.tolerance.min_cosine is not None and self.embedding is not None:
+            return self.embedding.passed
         return all(e.passed for e in self.errors)
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,20 +123,27 @@ def export(
     samples: int = 3,
     tolerance: Tolerance | None = None,
     progress: Callable[[str], None] | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
 ) -> ExportReport:
     """Export ``model`` to the bundle folder ``out`` and verify it against eager PyTorch.
 
     Args:
         model: the model, float or quantized by :func:`slimtorch.quantize` (its int8 layers become
             onnxruntime int8 with the same codes; a ``.pt2`` keeps the codes and dequantizes in its graph).
-        example_inputs: a tensor or a tuple of positional tensors.
+        example_inputs: a tensor, a tuple of positional tensors, or a dict of keyword tensors (a text
+            model's ``input_ids``, ``attention_mask`` ...: the bundle's inputs get those names).
         out: the bundle folder (replaced if it is a bundle; refused if it holds anything else).
         format: ``"onnx"`` (runs on onnxruntime, no torch) or ``"pt2"`` (a ``torch.export`` program).
-        quantize_to: ``"int8"``: onnxruntime's dynamic int8 for ONNX, slimtorch's int8 weights for pt2.
+        quantize_to: ``"int8"``: for ONNX per-channel int8 weights and per-token int8 activations
+            (:mod:`slimtorch.deploy.token_int8`), for pt2 slimtorch's int8 weights.
         dynamic_batch: the first dimension of every input may vary.
         samples: inputs compared (the example, then random ones like it).
-        tolerance: the agreement required (default :data:`FP32`, or :data:`INT8` when quantized).
+        tolerance: the agreement required (default :data:`FP32`; quantized, :data:`INT8_TEXT` for a text
+            model, decided by its sentence embedding's cosine, else :data:`INT8`).
         progress: called with the name of each stage as it starts.
+        tokenizer: a folder with the model's ``tokenizer.json``: a text bundle (see
+            :mod:`slimtorch.deploy.text`), whose inputs are the token inputs the model takes, dynamic in
+            batch and sequence, checked at several lengths, and whose ``predict.py`` takes ``--text``.
 
     Example:
         >>> report = export(nn.Sequential(nn.Linear(8, 4)), torch.randn(1, 8), "bundle")  # doctest: +SKIP
@@ -135,23 +158,27 @@ def export(
         onnx_model.require_onnx()  # before a long capture, not after it
     say = progress or (lambda message: None)
     model.eval()
-    args = as_args(example_inputs)
     kwargs = without_cache(model, {})
+    text = text_bundle.text_inputs(tokenizer, model, example_inputs) if tokenizer is not None else None
+    model, args, names_in, kwargs = _by_name(model, text.example if text else example_inputs, kwargs)
     held = sorted({m.SCHEME for m in model.modules() if isinstance(m, QuantizedWeight)})
     int8 = quantize_to == "int8" or (format == "onnx" and any(s.startswith("int8") for s in held))
-    notes = _notes(format, held)
+    notes = _notes(format, held) + ((text.note(),) if text else ())
     target = _prepared(model, format, quantize_to, held)
     bound = _Bound(target, kwargs) if kwargs else target
-    inputs = _samples(args, samples, dynamic_batch)
-    names_in = _input_names(model, args)
+    inputs = (
+        text_bundle.verification_inputs(text, samples) if text else _samples(args, samples, dynamic_batch)
+    )
     seconds: dict[str, float] = {}
 
     say("capturing the model with torch.export")
     start = time.perf_counter()
-    program = export_program(bound, _export_args(args, dynamic_batch), {}, dynamic_batch=dynamic_batch)
+    traced = text_bundle.trace_inputs(text) if text else _export_args(args, dynamic_batch)
+    sequence = text.max_length if text else None
+    program = export_program(bound, traced, {}, dynamic_batch=dynamic_batch, sequence=sequence)
     seconds["capture"] = time.perf_counter() - start
     say("running the model in PyTorch")
-    expected = [_flatten(_call(model, a, kwargs, i)) for i, a in enumerate(inputs)]
+    expected = [_outputs(_call(model, a, kwargs, i), text) for i, a in enumerate(inputs)]
     names_out = [name for name, _ in expected[0]]
     with BundleWriter(out) as bundle:
         path = bundle.path(MODEL_FILE[format])
@@ -166,8 +193,11 @@ def export(
         say(f"verifying on {len(inputs)} input(s)")
         start = time.perf_counter()
         actual = [run([_numpy(t) for t in a]) for a in inputs]
-        given, tolerance = tolerance, tolerance or (INT8 if int8 or held or quantize_to else FP32)
+        source = fidelity.embedding_source(names_in, [(n, tuple(t.shape)) for n, t in expected[0]])
+        quantized = bool(int8 or held or quantize_to)
+        given, tolerance = tolerance, tolerance or _default_tolerance(quantized, source)
         errors = _errors(names_out, expected, actual, tolerance)
+        embedding = _embedding(source, names_in, names_out, inputs, expected, actual, tolerance)
         if given is None and tolerance is FP32 and not all(e.passed for e in errors):
             say("measuring the model's own float32 rounding noise (a float64 copy)")
             tolerance, note = _noise_aware(model, inputs, kwargs, expected)
@@ -176,8 +206,8 @@ def export(
         seconds["verify"] = time.perf_counter() - start
         files = sorted(p.name for p in bundle.staging.iterdir() if p.name.startswith("model."))
         size = sum(bundle.path(f).stat().st_size for f in files)
-        spec_in = tuple(_spec(n, t, dynamic_batch) for n, t in zip(names_in, args, strict=False))
-        spec_out = tuple(_spec(n, t, dynamic_batch) for n, t in expected[0])
+        spec_in = _specs(names_in, inputs, dynamic_batch, text)
+        spec_out = _specs(names_out, [[t for _, t in e] for e in expected], dynamic_batch, text)
         report = ExportReport(
             str(out),
             format,
@@ -192,6 +222,7 @@ def export(
             tolerance,
             seconds,
             notes,
+            embedding,
         )
         manifest = {
             "model": {"file": MODEL_FILE[format], "files": files, "format": format, "bytes": size},
@@ -203,12 +234,48 @@ def export(
                 "passed": report.passed,
                 "samples": len(inputs),
                 "outputs": [asdict(e) for e in errors],
+                "embedding": asdict(embedding) if embedding else None,
+                "embedding_source": asdict(source) if source and embedding else None,
             },
             "created_by": _versions(format),
         }
-        sample = {n: _numpy(t) for n, t in zip(names_in, args, strict=False)}
-        bundle.commit(manifest, _requirements(format), sample, {n: _numpy(t) for n, t in expected[0]})
+        if text:
+            manifest["text"] = text.manifest()
+            text.copy_files(bundle.path)
+        sample = {n: _numpy(t) for n, t in zip(names_in, inputs[0], strict=False)}
+        requirements = _requirements(format, text is not None)
+        if text and format == "onnx":
+            manifest["pip_options"] = NO_DEPS  # the requirements are the whole runtime, pinned
+        bundle.commit(manifest, requirements, sample, {n: _numpy(t) for n, t in expected[0]})
     return report
+
+
+def _default_tolerance(quantized: bool, source: fidelity.EmbeddingSource | None) -> Tolerance:
+    """:data:`FP32`; quantized, :data:`INT8_TEXT` for a model with a sentence embedding, else :data:`INT8`."""
+    if not quantized:
+        return FP32
+    return INT8_TEXT if source is not None else INT8
+
+
+def _embedding(
+    source: fidelity.EmbeddingSource | None,
+    names_in: Sequence[str],
+    names_out: Sequence[str],
+    inputs: list[tuple],
+    expected: list,
+    actual: list,
+    tolerance: Tolerance,
+) -> fidelity.EmbeddingAgreement | None:
+    """The sentence embeddings' agreement over every sample, for a text model (None for any other)."""
+    if source is None:
+        return None
+    return fidelity.embedding_agreement(
+        source,
+        [{n: _numpy(t) for n, t in zip(names_in, a, strict=False)} for a in inputs],
+        [{n: _numpy(t) for n, t in want} for want in expected],
+        [dict(zip(names_out, got, strict=False)) for got in actual],
+        tolerance.min_cosine or fidelity.MIN_COSINE,
+    )
 
 
 def _noise_aware(
@@ -279,14 +346,39 @@ def _notes(format: str, held: list[str]) -> tuple[str, ...]:
 
 
 class _Bound(nn.Module):
-    """The model with keyword arguments fixed (``use_cache=False``), so the program takes only tensors."""
+    """The model with keyword arguments fixed (``use_cache=False``), and with ``names`` its inputs given
+    by name (``input_ids``, ``attention_mask``: a text model's need not be its first parameters), so the
+    program takes only tensors, in order."""
 
-    def __init__(self, model: nn.Module, kwargs: dict[str, Any]) -> None:
+    def __init__(self, model: nn.Module, kwargs: dict[str, Any], names: Sequence[str] = ()) -> None:
         super().__init__()
-        self.model, self.kwargs = model, kwargs
+        self.model, self.kwargs, self.names = model, kwargs, tuple(names)
 
     def forward(self, *args: Any) -> Any:
+        if self.names:
+            return self.model(**dict(zip(self.names, args, strict=True)), **self.kwargs)
         return self.model(*args, **self.kwargs)
+
+
+def _by_name(
+    model: nn.Module, example: Any, kwargs: dict[str, Any]
+) -> tuple[nn.Module, tuple, list[str], dict[str, Any]]:
+    """The model as export calls it, its inputs in order, their names, and the keyword arguments left to
+    pass: a dict example is given by name through :class:`_Bound`, anything else positionally."""
+    if not isinstance(example, Mapping):
+        args = as_args(example)
+        return model, args, _input_names(model, args), kwargs
+    names = [str(name) for name in example]
+    return _Bound(model, kwargs, names), tuple(example.values()), names, {}
+
+
+def _outputs(output: Any, text: text_bundle.TextInputs | None) -> list[tuple[str, torch.Tensor]]:
+    """The named output tensors; a sentence-transformers model's one output is ``sentence_embedding``, as
+    sentence-transformers names it."""
+    found = _flatten(output)
+    if text is not None and text.sentence and [name for name, _ in found] == ["output"]:
+        return [("sentence_embedding", found[0][1])]
+    return found
 
 
 def _samples(args: tuple, count: int, dynamic_batch: bool) -> list[tuple]:
@@ -383,6 +475,20 @@ def _errors(names: list[str], expected: list, actual: list, tolerance: Tolerance
     )
 
 
+def _specs(
+    names: Sequence[str], samples: list, dynamic_batch: bool, text: text_bundle.TextInputs | None
+) -> tuple[TensorSpec, ...]:
+    """Each tensor's spec; for a text bundle, ``"batch"`` and ``"sequence"`` where the samples varied."""
+    if text is None:
+        return tuple(_spec(n, t, dynamic_batch) for n, t in zip(names, samples[0], strict=False))
+    return tuple(
+        TensorSpec(
+            n, str(_numpy(t.reshape(-1)[:0]).dtype), text_bundle.dynamic_shape([s[i].shape for s in samples])
+        )
+        for i, (n, t) in enumerate(zip(names, samples[0], strict=False))
+    )
+
+
 def _spec(name: str, tensor: torch.Tensor, dynamic_batch: bool) -> TensorSpec:
     shape: list[int | str] = list(tensor.shape)
     if dynamic_batch and shape:
@@ -394,12 +500,51 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().cpu().numpy()
 
 
-def _requirements(format: str) -> list[str]:
+def _requirements(format: str, text: bool = False) -> list[str]:
+    """The runtime, pinned to the versions the check ran on; ``tokenizers`` for a text bundle.
+
+    A text bundle lists its whole runtime, every dependency pinned, to be installed with ``--no-deps``
+    (:data:`NO_DEPS`): ``tokenizers`` declares ``huggingface_hub``, which the runner never imports and which
+    would bring about 21 MiB (hf-xet, httpx, PyYAML ...) into every deployment.
+    """
     from importlib.metadata import version
 
+    if format == "onnx" and text:
+        return [f"{name}=={version(name)}" for name in _closure(("onnxruntime", "numpy", "tokenizers"))]
+    tokenizers = [f"tokenizers=={version('tokenizers')}"] if text else []
     if format == "onnx":
-        return [f"onnxruntime=={version('onnxruntime')}", "numpy>=1.24"]
-    return [f"torch=={torch.__version__.split('+')[0]}", "numpy>=1.24"]
+        return [f"onnxruntime=={version('onnxruntime')}", "numpy>=1.24", *tokenizers]
+    return [f"torch=={torch.__version__.split('+')[0]}", "numpy>=1.24", *tokenizers]
+
+
+# Declared dependencies a bundle's runner never imports: left out of a text bundle's pinned runtime.
+UNUSED_DEPENDENCIES = {"tokenizers": {"huggingface-hub"}}
+NO_DEPS = ["--no-deps"]
+
+
+def _closure(roots: tuple[str, ...]) -> list[str]:
+    """``roots`` and every package they need here (markers evaluated for this interpreter), less
+    :data:`UNUSED_DEPENDENCIES`; sorted, by distribution name."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found: set[str] = set()
+    todo = [canonicalize_name(r) for r in roots]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        skip = UNUSED_DEPENDENCIES.get(name, set())
+        for line in requires(name) or []:
+            needed = Requirement(line)
+            if needed.marker is not None and not needed.marker.evaluate({"extra": ""}):
+                continue
+            if canonicalize_name(needed.name) not in skip:
+                todo.append(canonicalize_name(needed.name))
+    return sorted(found)
 
 
 def _versions(format: str) -> dict[str, str]:

@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from slimtorch.deploy.bundle import read_manifest
 from slimtorch.deploy.venv import (
     call,
     child_env,
@@ -171,7 +172,7 @@ def footprint(
         say("creating a virtual environment")
         venv_python = create_venv(python, Path(venv))
         say("installing requirements.txt")
-        options = [] if compile_bytecode else ["--no-compile"]
+        options = [*([] if compile_bytecode else ["--no-compile"]), *_pip_options(folder)]
         pip_install(venv_python, [*options, "-r", "requirements.txt"], cwd=folder, what=str(folder))
         install_seconds = time.perf_counter() - started
         say("running the sample")
@@ -248,6 +249,15 @@ def _cache_path(torch: str, python: str, platform: str, compile_bytecode: bool =
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     how = "-compiled" if compile_bytecode else ""
     return cache / "slimtorch" / "footprint" / f"torch-{torch}-py{python}-{platform}{how}.json"
+
+
+def _pip_options(folder: Path) -> list[str]:
+    """What the bundle's manifest asks pip for (``--no-deps`` for a fully pinned runtime); nothing else."""
+    manifest = read_manifest(folder, strict=False) or {}
+    options = manifest.get("pip_options", [])
+    if not isinstance(options, list) or not set(options) <= {"--no-deps"}:
+        raise FormatError(folder / "manifest.json", f"pip_options {options!r}: only --no-deps is allowed")
+    return options
 
 
 def _bundle_folder(bundle: str | Path) -> Path:

@@ -1,4 +1,4 @@
-"""An exported program translated to ONNX (torch.onnx's dynamo exporter), and onnxruntime's int8.
+"""An exported program translated to ONNX (torch.onnx's dynamo exporter), and its int8 form.
 
 The translation starts from the ``torch.export`` program that :mod:`slimtorch.deploy.program` made, so a
 failure here is about one operator that has no ONNX translation: it is named, with the modules that use
@@ -13,10 +13,13 @@ from pathlib import Path
 
 import torch
 
+from slimtorch.deploy import token_int8
 from slimtorch.deploy.program import Attempt, ExportError, module_of, quiet
 from slimtorch.errors import SlimtorchError
 
 EXTERNAL_DATA_BYTES = 1 << 30  # protobuf cannot hold a model over 2 GiB: larger weights go beside it
+ONNXRUNTIME_INT8 = ("Conv", "LSTM")
+"""left to onnxruntime's dynamic int8 (ConvInteger, DynamicQuantizeLSTM) after the per-token rewrite"""
 
 
 def require_onnx() -> None:
@@ -53,19 +56,35 @@ def write_onnx(
 
 
 def quantize_int8(source: Path, target: Path) -> None:
-    """onnxruntime's dynamic int8: per-channel int8 weights for MatMul, Gemm, Conv and Gather, activations
-    quantized as they run. Weights that are already int8 values times a per-channel scale (a model
-    slimtorch quantized) come back as the same codes."""
+    """int8 ``target`` from the float ``source``: per-channel int8 weights for every MatMul and Gemm with a
+    constant weight, each input row (token) quantized with its own scale as it runs, and int8 rows for
+    embedding lookups (:mod:`slimtorch.deploy.token_int8`: onnxruntime's dynamic int8 quantizes a whole
+    activation with one scale, too coarse for a transformer's outlier channels); convolutions and LSTMs
+    by onnxruntime's dynamic int8 (per-channel weights). Weights that are already int8 values times a
+    per-channel scale (a model slimtorch quantized) come back as the same codes."""
+    import onnx
+
+    model = onnx.load(str(source))
+    token_int8.per_token_matmuls(model)
+    rest = {n.op_type for n in model.graph.node} & set(ONNXRUNTIME_INT8)
+    large = model.ByteSize() > EXTERNAL_DATA_BYTES
+    staged = target.with_name("tokens." + target.name) if rest else target
+    onnx.save(model, str(staged), save_as_external_data=large, location=staged.name + ".data")
+    if not rest:
+        return
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with quiet():
         quantize_dynamic(
-            str(source),
+            str(staged),
             str(target),
+            op_types_to_quantize=sorted(rest),
             weight_type=QuantType.QInt8,
             per_channel=True,
-            use_external_data_format=source.with_name(source.name + ".data").exists(),
+            use_external_data_format=large,
         )
+    for leftover in (staged, staged.with_name(staged.name + ".data")):
+        leftover.unlink(missing_ok=True)
 
 
 def _translation_error(program: torch.export.ExportedProgram, exc: BaseException) -> ExportError:

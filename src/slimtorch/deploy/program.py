@@ -26,6 +26,7 @@ from slimtorch.errors import SlimtorchError
 
 TORCH_ROOT = str(Path(torch.__file__).parent)
 BATCH = "batch"
+SEQUENCE = "sequence"
 
 # What a few of torch.export's failures mean, in the user's terms.
 HINTS = {
@@ -35,6 +36,8 @@ HINTS = {
     "Unsupported": "a Python construct torch.export cannot trace",
     "ConstraintViolationError": "the batch dimension cannot stay dynamic (the model fixes its size); "
     "export without --dynamic-batch",
+    "SequenceConstraintViolation": "the sequence length cannot stay dynamic (the model fixes it, or "
+    "treats some lengths apart)",
 }
 
 
@@ -66,17 +69,23 @@ class ExportError(SlimtorchError):
 
 
 def export_program(
-    model: nn.Module, args: tuple, kwargs: dict[str, Any], *, dynamic_batch: bool = False
+    model: nn.Module,
+    args: tuple,
+    kwargs: dict[str, Any],
+    *,
+    dynamic_batch: bool = False,
+    sequence: int | None = None,
 ) -> torch.export.ExportedProgram:
     """``torch.export`` of ``model(*args, **kwargs)``: non-strict first (it runs the Python as written),
-    then strict (TorchDynamo). With ``dynamic_batch``, dimension 0 of every tensor argument is dynamic.
+    then strict (TorchDynamo). With ``dynamic_batch``, dimension 0 of every tensor argument is dynamic;
+    with ``sequence`` (token inputs), dimension 1 too, from 1 to ``sequence``.
 
     Example:
         >>> program = export_program(nn.Linear(4, 2), (torch.randn(3, 4),), {})
         >>> [n.target.__name__ for n in program.graph.nodes if n.op == "call_function"]
         ['linear.default']
     """
-    shapes = _batch_shapes(model, args, kwargs) if dynamic_batch else None
+    shapes = _dynamic_shapes(model, args, kwargs, sequence) if dynamic_batch or sequence else None
     attempts = []
     for strict in (False, True):
         tracker = _ModuleTracker(model) if not strict else None
@@ -123,11 +132,14 @@ def module_of(node: torch.fx.Node) -> str:
     return f"{path.removeprefix('L__self__.') or '(model)'} ({name})"
 
 
-def _batch_shapes(model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple:
+def _dynamic_shapes(model: nn.Module, args: tuple, kwargs: dict[str, Any], sequence: int | None) -> tuple:
     batch = torch.export.Dim(BATCH, min=1, max=1 << 16)
+    length = torch.export.Dim(SEQUENCE, min=1, max=sequence) if sequence else None
 
     def spec(value: Any) -> Any:
-        return {0: batch} if isinstance(value, torch.Tensor) and value.dim() > 0 else None
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            return None
+        return {0: batch, 1: length} if length is not None and value.dim() > 1 else {0: batch}
 
     shapes = tuple(spec(a) for a in args)
     kinds = [p.kind for p in inspect.signature(model.forward).parameters.values()]
@@ -142,6 +154,8 @@ def _attempt(how: str, exc: BaseException, module: str) -> Attempt:
     kind = type(exc).__name__
     if "data-dependent" in text or "data dependent" in text:
         kind = "GuardOnDataDependentSymNode"
+    elif ("Constraints violated" in text or "specialized" in text) and SEQUENCE in text:
+        kind = "SequenceConstraintViolation"
     elif "Constraints violated" in text or ("specialized" in text and BATCH in text):
         kind = "ConstraintViolationError"
     return Attempt(how, first[:300], kind, _user_frame(exc), module)

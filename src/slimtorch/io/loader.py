@@ -385,6 +385,8 @@ def _fetch_part(source: TensorSource, slot: Slot) -> _Fetched:
     clock = time.perf_counter()
     name, role = slot.file_name, slot.part[1]  # type: ignore[index]
     tensor = source.part(name, role)  # type: ignore[union-attr]
+    if tensor.numel() == slot.tensor.numel() and _squeezed(tensor.shape) == _squeezed(slot.tensor.shape):
+        tensor = tensor.reshape(slot.tensor.shape)  # a scale per row stored as a column (compressed-tensors)
     if tuple(tensor.shape) != tuple(slot.tensor.shape):
         raise FormatError(
             source.path,
@@ -393,6 +395,10 @@ def _fetch_part(source: TensorSource, slot: Slot) -> _Fetched:
         )
     codec = source.entry(name).chain  # type: ignore[union-attr, arg-type]
     return _Fetched(tensor, time.perf_counter() - clock, zero_copy=len(codec.split("+")) == 1, codec=codec)
+
+
+def _squeezed(shape: torch.Size) -> tuple[int, ...]:
+    return tuple(size for size in shape if size != 1)
 
 
 def _fill(

@@ -26,13 +26,14 @@ import struct
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.io.codecs.chain import Encoded
+from slimtorch.io.companions import CARD_NAME, model_card
 from slimtorch.io.format import (
     INDEX_NAME,
     METADATA_KEY,
@@ -109,9 +110,19 @@ class SlimWriter:
         self.bytes_written = 0
 
     # -- collecting ------------------------------------------------------------------------------------
-    def add(self, name: str, encoded: Encoded, dtype: torch.dtype, shape: tuple[int, ...]) -> Entry:
-        """Queue one logical tensor; flushes a shard first when it would overflow ``shard_bytes``."""
-        keys = {role: part_key(name, role) for role in encoded.parts}
+    def add(
+        self,
+        name: str,
+        encoded: Encoded,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        keys: Mapping[str, str] | None = None,
+    ) -> Entry:
+        """Queue one logical tensor; flushes a shard first when it would overflow ``shard_bytes``.
+
+        ``keys`` names the physical parts (role -> key) where another reader needs its own names (the
+        compressed-tensors ``<layer>.weight_scale`` ...); by default ``name::role`` (:func:`part_key`)."""
+        keys = {role: (keys or {}).get(role) or part_key(name, role) for role in encoded.parts}
         for key in keys.values():
             if key in RESERVED_NAMES:
                 raise SlimtorchError(
@@ -171,11 +182,17 @@ class SlimWriter:
             _fsync_dir(self.out.parent)
             return [self.out]
         files = self._name_shards()
-        for name, source in self.extra_files.items():
-            _copy_synced(source, self._staging / name)
+        extra: dict[str, Path | bytes] = dict(self.extra_files)
+        if CARD_NAME in extra:  # the model card says what was done to the weights, and to which
+            extra[CARD_NAME] = model_card(
+                extra.get(CARD_NAME), self.provenance, self.delta, self.bytes_written
+            )
+        for name, source in extra.items():
+            _copy_synced(source, _companion_target(self._staging, name))
             files.append(self.out / name)
         _fsync_dir(self._staging)
-        check_replaceable(self.out, (p.name for p in self._staging.iterdir()))
+        staged = [p.relative_to(self._staging).as_posix() for p in self._staging.rglob("*") if p.is_file()]
+        check_replaceable(self.out, staged)
         replace_folder(self._staging, self.out)
         return files
 
@@ -319,12 +336,32 @@ def write_atomic_text(path: Path, text: str) -> None:
     os.replace(staged, path)
 
 
-def _copy_synced(source: Path, target: Path) -> None:
-    """Copy a companion file (config, tokenizer) and flush it to disk: the folder's rename must not make
-    visible a file whose bytes are still only in the page cache."""
-    shutil.copyfile(source, target)
+def _copy_synced(source: Path | bytes, target: Path) -> None:
+    """Copy a companion file (config, tokenizer), or write its new bytes (a model card), and flush it to
+    disk: the folder's rename must not make visible a file whose bytes are still only in the page cache."""
+    target.parent.mkdir(parents=True, exist_ok=True)  # 1_Pooling/config.json
+    if isinstance(source, bytes):
+        target.write_bytes(source)
+    else:
+        shutil.copyfile(source, target)
     with open(target, "rb+") as stream:
         os.fsync(stream.fileno())
+
+
+def _companion_target(staging: Path, name: str) -> Path:
+    """Where companion ``name`` (``tokenizer.json``, ``1_Pooling/config.json``) goes in the staging folder:
+    a relative name inside it, never over a file the writer staged (a shard, the index)."""
+    parts = PurePosixPath(name).parts
+    if (
+        not parts
+        or name.startswith("/")
+        or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts)
+    ):
+        raise SlimtorchError(f"companion file {name!r}: not a relative name inside the output folder")
+    target = staging.joinpath(*parts)
+    if target.exists():
+        raise SlimtorchError(f"companion file {name!r} would replace the weights written under that name")
+    return target
 
 
 def clear_stale_temps(out: Path) -> list[Path]:
@@ -377,8 +414,9 @@ def replace_folder(staged: Path, target: Path) -> None:
 
 def check_replaceable(target: Path, companions: Iterable[str] = ()) -> None:
     """Refuse to replace a folder unless it holds only a slim checkpoint: slim shards, their index and the
-    companion files a new checkpoint brings again, all plain files. Anything else (a folder, a file of
-    another name, even one ending in ``.index.json``) may be the user's work."""
+    companion files a new checkpoint brings again (``1_Pooling/config.json`` in its sub-folder, the model
+    card), all plain files. Anything else (a folder or file of another name, even one ending in
+    ``.index.json``) may be the user's work."""
     if target.is_symlink():
         raise SlimtorchError(f"{target}: is a symbolic link; give the path it points to")
     if not target.exists():
@@ -392,9 +430,7 @@ def check_replaceable(target: Path, companions: Iterable[str] = ()) -> None:
             f"{target}: exists and is not a slimtorch checkpoint; refusing to replace it (pick another -o)"
         )
     known = {*companions, INDEX_NAME}
-    stray = [
-        p.name for p in entries if p.suffix != ".safetensors" and not (p.name in known and _plain_file(p))
-    ]
+    stray = _stray(target, [p for p in entries if p.suffix != ".safetensors"], known)
     if stray:
         raise SlimtorchError(
             f"{target}: holds {stray[0]!r}, which a new checkpoint would not keep; refusing to replace the "
@@ -404,6 +440,21 @@ def check_replaceable(target: Path, companions: Iterable[str] = ()) -> None:
 
 def _plain_file(path: Path) -> bool:
     return path.is_file() and not path.is_symlink()
+
+
+def _stray(root: Path, entries: list[Path], known: set[str]) -> list[str]:
+    """Names under ``root`` (from ``entries`` down) that are not ``known`` plain files: sub-folders are
+    looked into only where a known name lies."""
+    folders = {str(parent) for name in known for parent in PurePosixPath(name).parents} - {"."}
+    stray, pending = [], list(entries)
+    while pending:
+        path = pending.pop()
+        name = path.relative_to(root).as_posix()
+        if name in folders and path.is_dir() and not path.is_symlink():
+            pending.extend(path.iterdir())
+        elif not (name in known and _plain_file(path)):
+            stray.append(name)
+    return sorted(stray)
 
 
 def _exchange(a: Path, b: Path) -> bool:

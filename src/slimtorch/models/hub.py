@@ -17,6 +17,7 @@ from typing import Any
 from torch import nn
 
 from slimtorch.errors import FormatError, SlimtorchError
+from slimtorch.io.hf_layout import REFUSING_TYPE, inner_config
 from slimtorch.io.untrusted import MAX_JSON_BYTES, load_json
 
 
@@ -48,9 +49,30 @@ def read_config(folder: Path) -> Any:
             f"{path}: auto_map points the model at Python code in the folder, and slimtorch never runs code "
             f"from a model folder; give a factory you trust (package.module:factory) and --weights {folder}"
         )
+    if raw.get("model_type") == REFUSING_TYPE:  # a slim-layout folder: the real config is inside
+        return config_from_dict(inner_config(raw, path), path)
     try:
         return transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SlimtorchError(f"{path}: transformers cannot read it ({first})") from None
+
+
+def config_from_dict(values: dict[str, Any], path: Path | str = "config.json") -> Any:
+    """A transformers config from the values of a ``config.json`` (as ``AutoConfig`` would build it).
+
+    Example:
+        >>> config_from_dict({"model_type": "bert", "hidden_size": 64}).hidden_size  # doctest: +SKIP
+        64
+    """
+    transformers = require_transformers()
+    if "auto_map" in values:
+        raise SlimtorchError(f"{path}: auto_map points the model at Python code; slimtorch never runs it")
+    model_type = values.get("model_type")
+    try:
+        config_class = transformers.CONFIG_MAPPING[model_type]
+        return config_class.from_dict({k: v for k, v in values.items() if k != "model_type"})
+    except (KeyError, ValueError, TypeError, RecursionError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SlimtorchError(f"{path}: transformers cannot read it ({first})") from None
 

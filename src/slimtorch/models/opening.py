@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from slimtorch.errors import SlimtorchError
+from slimtorch.io.hub_cache import resolve_model_path
 from slimtorch.models import hub, sentence
 from slimtorch.models.examples import Example, check_accepts, example_for, fresh
 from slimtorch.models.spec import resolve_factory
@@ -98,8 +99,10 @@ def open_model(
     Args:
         spec_or_folder: ``package.module:factory`` or ``file.py:factory`` (a class or function taking no
             arguments), a Hugging Face model folder (``config.json``; its class from ``architectures``, never
-            its code), or a sentence-transformers folder (``modules.json``: a :class:`SentenceEmbedder`).
-        weights: a checkpoint to load (any format slimtorch reads); a folder's own weights by default.
+            its code), a sentence-transformers folder (``modules.json``: a :class:`SentenceEmbedder`), or
+            either by its Hub repo id (``org/name[@revision]``) from the local cache, never downloaded.
+        weights: a checkpoint to load (any format slimtorch reads, or a repo id); a folder's own weights by
+            default.
         strict, prefix, rename: how the file's names are matched to the model's, as in
             :func:`slimtorch.load_model`.
         input_shape: the example's shape (``(batch, length)`` for a text model); by default it comes from
@@ -117,8 +120,9 @@ def open_model(
         (['attention_mask', 'input_ids', 'token_type_ids'], torch.Size([2, 384]))
     """
     source = str(spec_or_folder)
-    recipe = _recipe(Path(spec_or_folder), source, weights, allow_globals)
-    path = Path(weights) if weights is not None else recipe.weights
+    weights = resolve_model_path(weights) if weights is not None else None
+    recipe = _recipe(resolve_model_path(spec_or_folder), source, weights, allow_globals)
+    path = weights if weights is not None else recipe.weights
     ignored: tuple[str, ...] = ()
     if path is None:
         if prefix or rename:
@@ -147,10 +151,8 @@ def open_meta_model(
         torch.Size([2, 8])
     """
     source = str(spec_or_folder)
-    recipe = _recipe(Path(spec_or_folder), source, None, ())
-    with torch.device("meta"):
-        model = _built(recipe.build(), source)
-    return _with_example(model, source, recipe, None, (), input_shape)
+    recipe = _recipe(resolve_model_path(spec_or_folder), source, None, ())
+    return _with_example(_built_on_meta(recipe.build, source), source, recipe, None, (), input_shape)
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,22 @@ def _recipe(path: Path, source: str, weights: Any, allow_globals: tuple[str, ...
             "folder, name the model's factory as MODEL and give the folder with --weights"
         )
     return _Recipe(resolve_factory(source))
+
+
+def _built_on_meta(build: Callable[[], nn.Module], source: str) -> nn.Module:
+    """The model with every tensor on meta. A constructor that loads weights itself refuses a meta default
+    device (``SentenceTransformer(folder)`` calls ``from_pretrained``, which transformers forbids under
+    ``torch.device("meta")``): it is built with only its parameters on meta (what it loads is dropped as
+    it is registered), then its buffers are moved there too."""
+    try:
+        with torch.device("meta"):
+            return _built(build(), source)
+    except SlimtorchError:
+        raise
+    except Exception:  # a real bug raises again below
+        from slimtorch.io.construct import build_on_meta
+
+        return _built(build_on_meta(build), source).to("meta")
 
 
 def _built(model: Any, source: str) -> nn.Module:

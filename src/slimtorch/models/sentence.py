@@ -28,6 +28,19 @@ from slimtorch.models import hub
 TRANSFORMER = "sentence_transformers.models.Transformer"
 POOLING = "sentence_transformers.models.Pooling"
 NORMALIZE = "sentence_transformers.models.Normalize"
+# modules.json names each module by its class's import path, which sentence-transformers 5.4 moved:
+# folders it saves name the new paths, older folders the old ones.
+MODULE_TYPES = {
+    TRANSFORMER: TRANSFORMER,
+    "sentence_transformers.base.modules.transformer.Transformer": TRANSFORMER,
+    "sentence_transformers.base.modules.Transformer": TRANSFORMER,
+    POOLING: POOLING,
+    "sentence_transformers.sentence_transformer.modules.pooling.Pooling": POOLING,
+    "sentence_transformers.sentence_transformer.modules.Pooling": POOLING,
+    NORMALIZE: NORMALIZE,
+    "sentence_transformers.base.modules.normalize.Normalize": NORMALIZE,
+    "sentence_transformers.base.modules.Normalize": NORMALIZE,
+}
 # pooling_mode_* keys of 1_Pooling/config.json, in the order sentence-transformers concatenates them
 POOLING_MODES = {
     "pooling_mode_cls_token": "cls",
@@ -36,6 +49,15 @@ POOLING_MODES = {
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
     "pooling_mode_weightedmean_tokens": "weighted_mean",
     "pooling_mode_lasttoken": "last",
+}
+# the values of "pooling_mode" (a name or a list of names), which newer folders write instead
+POOLING_NAMES = {
+    "cls": "cls",
+    "max": "max",
+    "mean": "mean",
+    "mean_sqrt_len_tokens": "mean_sqrt_len",
+    "weightedmean": "weighted_mean",
+    "lasttoken": "last",
 }
 
 
@@ -152,7 +174,7 @@ def read_sentence_folder(folder: Path) -> SentenceFolder:
     modules = _json(folder / "modules.json")
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise SlimtorchError(f"{folder}/modules.json: expected a list of modules")
-    kinds = [str(m.get("type", "")) for m in modules]
+    kinds = [MODULE_TYPES.get(str(m.get("type", "")), str(m.get("type", ""))) for m in modules]
     for module, kind in zip(modules, kinds, strict=True):
         if kind not in (TRANSFORMER, POOLING, NORMALIZE):
             raise SlimtorchError(
@@ -198,6 +220,8 @@ def _pooling_modes(path: Path) -> tuple[str, ...]:
     settings = _json(path)
     if not isinstance(settings, dict):
         raise SlimtorchError(f"{path}: expected a JSON object")
+    if "pooling_mode" in settings:
+        return _named_pooling(path, settings["pooling_mode"])
     asked = [key for key, value in settings.items() if key.startswith("pooling_mode_") and value is True]
     unknown = [key for key in asked if key not in POOLING_MODES]
     if unknown:
@@ -206,6 +230,17 @@ def _pooling_modes(path: Path) -> tuple[str, ...]:
     if not modes:
         raise SlimtorchError(f"{path}: names no pooling mode (pooling_mode_mean_tokens, ...)")
     return modes
+
+
+def _named_pooling(path: Path, value: Any) -> tuple[str, ...]:
+    """``"pooling_mode": "mean"`` or ``["cls", "mean"]``, as sentence-transformers 5.4 and later write it."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise SlimtorchError(f"{path}: pooling_mode should be a name or a list of names")
+    unknown = [n for n in names if n not in POOLING_NAMES]
+    if unknown:
+        raise SlimtorchError(f"{path}: pooling_mode {unknown[0]!r} is a pooling slimtorch does not know")
+    return tuple(POOLING_NAMES[n] for n in names)
 
 
 def _holds_pooler(weights: Path, allow_globals: tuple[str, ...]) -> bool:

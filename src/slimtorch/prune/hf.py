@@ -89,9 +89,10 @@ def save_pretrained(
     :func:`~slimtorch.io.companions.companion_files`) copied along; the new ``config.json`` replaces
     the input's.
 
-    Without codec options the weights are plain safetensors tensors (``sparse="off"``), so
-    ``from_pretrained`` reads the folder when :class:`ConfigUpdate` lists no problems; with codecs
-    (``quantize="int8"`` ...) only :func:`slimtorch.load_model` does.
+    The folder is in the ``hf`` layout unless ``layout="slim"`` (:mod:`slimtorch.io.hf_layout`): with
+    ``quantize="int8"`` or ``"int4"`` its Linear weights are in the compressed-tensors format, so
+    ``from_pretrained`` reads the folder when :class:`ConfigUpdate` lists no problems (and refuses it when
+    the sizes differ from the config's); the slim layout's config makes ``from_pretrained`` refuse it.
 
     Example:
         >>> slimtorch.prune.channels(bert, (input_ids,), ratio=0.5)  # doctest: +SKIP

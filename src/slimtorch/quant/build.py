@@ -32,9 +32,12 @@ CONV = {cls.SCHEME: cls for cls in (Int8WeightConv, Int4WeightConv)}
 SCHEMES = tuple(LINEAR)
 
 
-def codec_chain(scheme: str, group_size: int) -> list:
-    """The codec stage a scheme's weights go through (int4 groups follow rows, as its kernels want)."""
-    return ["int8"] if scheme.startswith("int8") else [("int4", {"group_size": group_size, "flat": False})]
+def codec_chain(scheme: str, group_size: int, symmetric: bool = False) -> list:
+    """The codec stage a scheme's weights go through (int4 groups follow rows, as its kernels want;
+    ``symmetric``: on the grid compressed-tensors reads, zero point at code 8)."""
+    if scheme.startswith("int8"):
+        return ["int8"]
+    return [("int4", {"group_size": group_size, "flat": False, **({"symmetric": True} if symmetric else {})})]
 
 
 def quantized_from(
@@ -43,18 +46,21 @@ def quantized_from(
     group_size: int,
     hessian: torch.Tensor | None = None,
     matrices: Sequence[str] = (),
+    symmetric: bool = False,
 ) -> QuantizedWeight:
     """The quantized twin of an ``nn.Linear``, ``nn.Embedding`` or convolution, its weight encoded by the
     codecs; with the layer's input moments ``hessian``, int4 codes are chosen by GPTQ instead of
-    rounding. An ``nn.LSTM`` / ``nn.GRU`` has the ``matrices`` named coded, the others kept float."""
+    rounding. An ``nn.LSTM`` / ``nn.GRU`` has the ``matrices`` named coded, the others kept float.
+    ``symmetric`` puts int4 codes on the symmetric grid (what a Hugging Face folder's int4 needs)."""
+    chain = codec_chain(scheme, group_size, symmetric)
     if is_recurrent(module):
-        coded = encode_matrices(module, matrices, scheme, codec_chain(scheme, group_size))
+        coded = encode_matrices(module, matrices, scheme, chain)
         return RECURRENT_LAYERS[scheme](module, coded)
     weight = float_weight(module).detach()
     encoded = None
     if hessian is not None and scheme == "int4-weight":
-        encoded = gptq_int4(weight, hessian, group_size)
-    encoded = encoded or encode(weight, codec_chain(scheme, group_size))
+        encoded = gptq_int4(weight, hessian, group_size, symmetric)
+    encoded = encoded or encode(weight, chain)
     return _build(module, scheme, encoded)
 
 

@@ -48,6 +48,17 @@ class _QuantizedConv(QuantizedWeight):
             bias = None if self.bias is None else self.bias.to(x.dtype)
             weight = self.dequantized(x.dtype)
             return convolve(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+        if torch.compiler.is_compiling():
+            return self.compiled_forward(x)
+        return self.eager_forward(x)
+
+    def fake_forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = x.new_empty(self.stage["shape"])  # a fake tensor: only the output's shape is computed
+        convolve = CONVOLVE[len(self.kernel_size)]
+        return convolve(x, weight, None, self.stride, self.padding, self.dilation, self.groups)
+
+    def eager_forward(self, x: torch.Tensor) -> torch.Tensor:
+        convolve = CONVOLVE[len(self.kernel_size)]
 
         def plain(dtype: torch.dtype) -> torch.Tensor:
             bias = None if self.bias is None else self.bias.to(dtype)

@@ -126,6 +126,7 @@ def quantize(
     keep_sensitive: bool = True,
     kernel: str | None = None,
     progress: bool | None = None,
+    symmetric: bool = False,
 ) -> nn.Module:
     """Quantize a model's Linear, Embedding, LSTM and GRU layers in place; returns the model.
 
@@ -147,6 +148,9 @@ def quantize(
             ``"int4pack"``, and the weight-only ones with ``-bf16``; ``"quantized_rnn"`` for LSTM /
             GRU); None times the candidates on first use and keeps the fastest.
         progress: a progress bar on stderr for work over a second; None: only on a terminal.
+        symmetric: int4 codes on the symmetric grid (zero point at code 8), the form compressed-tensors
+            reads: what a Hugging Face folder written by :func:`slimtorch.save_model` needs to hold them
+            quantized (``slimtorch quantize`` sets it for such folders). No effect on int8.
 
     Example:
         >>> import slimtorch, torch
@@ -165,6 +169,7 @@ def quantize(
         keep_sensitive=keep_sensitive,
         kernel=kernel,
         progress=progress,
+        symmetric=symmetric,
     )
     return model
 
@@ -180,6 +185,7 @@ def quantize_with_report(
     keep_sensitive: bool = True,
     kernel: str | None = None,
     progress: bool | None = None,
+    symmetric: bool = False,
 ) -> tuple[nn.Module, QuantizeReport]:
     """:func:`quantize`, plus a :class:`QuantizeReport` of sizes, errors and the layers left float.
 
@@ -208,7 +214,7 @@ def quantize_with_report(
             moments = InputMoments(linear if scheme == "int4-weight" else {})
             with moments.recording():
                 references = [_outputs(_call(model, sample)) for sample in inputs]
-            targets, twins = _twins(choice.targets, scheme, group_size, moments, skipped, progress)
+            targets, twins = _twins(choice.targets, scheme, group_size, moments, skipped, progress, symmetric)
             sensitive: dict[str, str] = {}
             if keep_sensitive:
                 codec = "int4" if scheme == "int4-weight" else "int8"
@@ -256,6 +262,7 @@ def _twins(
     moments: InputMoments,
     skipped: dict[str, str],
     progress: bool | None,
+    symmetric: bool = False,
 ) -> tuple[list[Target], dict[str, QuantizedWeight]]:
     """The quantized twin of each target (those whose weights the codecs can hold)."""
     kept, twins = [], {}
@@ -265,7 +272,7 @@ def _twins(
             try:
                 hessian = moments.hessian(target.name)
                 twins[target.name] = quantized_from(
-                    target.module, scheme, group_size, hessian, target.matrices
+                    target.module, scheme, group_size, hessian, target.matrices, symmetric
                 )
                 kept.append(target)
             except CodecError as exc:  # inf or nan in a weight: a scale cannot hold them

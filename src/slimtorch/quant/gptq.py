@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from slimtorch.io.codecs import Encoded
-from slimtorch.io.codecs.lossy import fits_fp16
+from slimtorch.io.codecs.lossy import fits_fp16, symmetric_scale
 from slimtorch.io.source import dtype_name
 
 DAMPING = 0.01  # of the mean diagonal, added to H: keeps it invertible, as in the paper
@@ -59,9 +59,12 @@ class InputMoments:
         return self.sums[name] / max(self.rows[name], 1)
 
 
-def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int) -> Encoded | None:
+def gptq_int4(
+    weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool = False
+) -> Encoded | None:
     """The int4 codec's parts for ``weight`` (out, in), codes chosen by GPTQ; None when ``in`` is not a
-    whole number of groups or ``H`` cannot be inverted (the caller then rounds to nearest)."""
+    whole number of groups or ``H`` cannot be inverted (the caller then rounds to nearest).
+    ``symmetric``: zero points on the symmetric grid (code 8), as the codec's ``symmetric`` option."""
     rows, cols = weight.shape
     if cols % group_size:
         return None
@@ -84,7 +87,7 @@ def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int) -> E
         for i in range(stop - start):
             g, first = divmod(start + i, group_size)
             if first == 0:
-                scales[g], zeros[g] = _group_range(work[i : i + group_size])
+                scales[g], zeros[g] = _group_range(work[i : i + group_size], symmetric)
                 inverse_scale = torch.where(scales[g] > 0, scales[g], 1).reciprocal_()
             code = codes[start + i]
             torch.mul(work[i] - zeros[g], inverse_scale, out=code).round_().clamp_(0, 15)
@@ -96,6 +99,8 @@ def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int) -> E
     codes = codes.to(torch.uint8).t().contiguous()
     scales, zeros = scales.t().contiguous(), zeros.t().contiguous()
     side = torch.float16 if fits_fp16(scales, zeros) else torch.float32
+    if symmetric and side != torch.float16:
+        return None  # symmetric codes need float16 scales (see the codec); the caller's encode refuses
     parts = {
         "q4": codes[:, 0::2] | (codes[:, 1::2] << 4),
         "scale": scales.to(side),
@@ -107,15 +112,20 @@ def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int) -> E
         "shape": [rows, cols],
         "group_size": group_size,
         "flat": False,
+        **({"symmetric": True} if symmetric else {}),
     }
     return Encoded(parts, [stage])
 
 
-def _group_range(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _group_range(values: torch.Tensor, symmetric: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero point of each output's group (``values`` is (group, outputs)), already rounded to
     float16 where the codec will store them so (codes are chosen against the values decoding uses)."""
     low, high = values.amin(dim=0), values.amax(dim=0)
     scale, zero = (high - low) / 15, low
+    if symmetric:
+        scale = symmetric_scale(low, high)
+        scale = scale.half().float() if fits_fp16(scale.unsqueeze(1), scale.unsqueeze(1)) else scale
+        return scale, scale * -8
     if fits_fp16(scale.unsqueeze(1), zero.unsqueeze(1)):
         scale, zero = scale.half().float(), zero.half().float()
     return scale, zero

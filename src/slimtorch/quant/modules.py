@@ -12,6 +12,8 @@ Layers: :class:`Int8DynamicLinear` (int8 weights and activations), :class:`Int8W
 :class:`Int4Embedding` (rows dequantized as they are looked up); convolutions are in
 :mod:`slimtorch.quant.conv`, and :mod:`slimtorch.quant.build` makes any of them. They are for
 inference: nothing in them trains; they compute without autograd, so no gradient flows through them.
+Under ``torch.compile`` (``fullgraph=True`` included) each runs its eager kernels as one operator (see
+:mod:`slimtorch.quant.kernels`); embeddings are traced, their lookup and dequantization fused.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class QuantizedWeight(nn.Module):
         # (kernel, variant) -> (what it was made from, packed state); kept for the kernels chosen here
         self._prepared: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._chosen: set[str] = set()
+        self._compile_handle = kernels.compile_handle(self)
 
     @property
     def kind(self) -> str:
@@ -193,6 +196,22 @@ class QuantizedWeight(nn.Module):
         state["_prepared"], state["_chosen"] = {}, set()
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._compile_handle = kernels.compile_handle(self)  # a copy is another layer to a compiled graph
+
+    def compiled_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Under ``torch.compile``: :meth:`eager_forward` as one operator, its output shaped by
+        :meth:`fake_forward` while tracing."""
+        with torch.no_grad():  # as in eager: no gradient flows through quantized codes
+            return kernels.quantized_layer(x, self._compile_handle)
+
+    def eager_forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def fake_forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
 
 # -- Linear ----------------------------------------------------------------------------------------------
 class _QuantizedLinear(QuantizedWeight):
@@ -219,9 +238,17 @@ class _QuantizedLinear(QuantizedWeight):
             # by timing are Python, which export cannot trace.
             bias = None if self.bias is None else self.bias.to(x.dtype)
             return F.linear(x, self.dequantized(x.dtype), bias)
+        if torch.compiler.is_compiling():
+            return self.compiled_forward(x)
+        return self.eager_forward(x)
+
+    def eager_forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():  # inference only: int8 codes have no gradient
             out = self._matmul(x, x.reshape(-1, self.in_features))
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def fake_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(*x.shape[:-1], self.out_features)
 
     def _matmul(self, x: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

