@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from slimtorch.cli.arguments import add_allow_global, add_command, add_layout, print_json
+from slimtorch.cli.model_spec import PATH_HELP
 from slimtorch.cli.output_path import check_output
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.policy import INT4_GROUP_SIZE, ShrinkOptions
@@ -53,7 +54,7 @@ examples:
 
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "shrink", HELP, DESCRIPTION)
-    parser.add_argument("source", metavar="IN", help="checkpoint file or Hugging Face model folder")
+    parser.add_argument("source", metavar="IN", help=PATH_HELP)
     parser.add_argument(
         "-o", "--output", required=True, metavar="OUT", help="output .safetensors file or folder"
     )

@@ -7,7 +7,16 @@
 - :func:`operators`: the operators a model needs from libtorch, as PyTorch's selective-build list.
 """
 
-from slimtorch.deploy.export import FP32, INT8, ExportReport, OutputError, TensorSpec, Tolerance, export
+from slimtorch.deploy.export import (
+    FP32,
+    INT8,
+    INT8_TEXT,
+    ExportReport,
+    OutputError,
+    TensorSpec,
+    Tolerance,
+    export,
+)
 from slimtorch.deploy.footprint import Baseline, FootprintReport, PackageBytes, torch_baseline
 from slimtorch.deploy.footprint import footprint as measure_footprint
 from slimtorch.deploy.ops import Operator, OperatorList, operators
@@ -16,6 +25,7 @@ from slimtorch.deploy.program import ExportError
 __all__ = [
     "FP32",
     "INT8",
+    "INT8_TEXT",
     "Baseline",
     "ExportError",
     "ExportReport",
