@@ -166,3 +166,23 @@ def test_a_cnn_keeps_onnxruntime_int8_convolutions_beside_per_token_linears(tmp_
     assert report.passed and report.tolerance == INT8 and report.embedding is None  # not a text model
     assert {"ConvInteger", "MatMulInteger"} <= ops and "Conv" not in ops
     assert sorted(p.name for p in (tmp_path / "b").iterdir() if p.name.endswith(".onnx")) == ["model.onnx"]
+
+
+def test_a_bundle_whose_manifest_names_no_such_embedding_output_is_one_clear_error(tmp_path) -> None:
+    from slimtorch.deploy.runner import BundleError
+
+    export(bert().eval(), _tokens(), tmp_path / "b", quantize_to="int8")
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    manifest["verification"]["embedding_source"] = {"output": "nothing", "pooled": False, "mask": None}
+    (tmp_path / "b" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="embedding_source is unusable"):
+        Bundle(tmp_path / "b").check()
+
+
+def test_the_bundles_own_check_lets_the_embedding_decide_over_the_outputs_errors(tmp_path) -> None:
+    export(bert().eval(), _tokens(), tmp_path / "b", quantize_to="int8")
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    manifest["tolerance"].update(atol=0.0, rtol=0.0)  # every output "fails" on its own error
+    (tmp_path / "b" / "manifest.json").write_text(json.dumps(manifest))
+    checked = Bundle(tmp_path / "b").check()
+    assert checked["ok"] and checked["embedding_cosine"] >= 0.99

@@ -30,6 +30,7 @@ from slimtorch.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     FormatError,
+    OptionError,
     SlimtorchError,
     UnsafeCheckpointError,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "LoadProfile",
     "ModelInput",
     "ObjectInfo",
+    "OptionError",
     "QuantizeReport",
     "RecoverReport",
     "ShrinkOptions",

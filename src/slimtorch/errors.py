@@ -14,6 +14,21 @@ class SlimtorchError(Exception):
     """Base class for every error slimtorch raises on purpose."""
 
 
+class OptionError(SlimtorchError, ValueError):
+    """An option the caller gave is not one slimtorch takes (a group size, a scheme, a ratio, a layout).
+
+    It is a :class:`ValueError` too, Python's type for a bad argument, so ``except ValueError`` and
+    ``except SlimtorchError`` both catch it, whichever verb raised it; the CLI prints it as one line, exit 2.
+
+    Example:
+        >>> from slimtorch.io.codecs.lossy import check_group_size
+        >>> check_group_size(33)
+        Traceback (most recent call last):
+        ...
+        slimtorch.errors.OptionError: int4 group size must be even, 32 to 256, not 33
+    """
+
+
 class CheckpointError(SlimtorchError):
     """A problem with one file or folder; the message always starts with its path."""
 

@@ -19,10 +19,16 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from slimtorch.policy import INT4_GROUP_SIZE, int4_stored_bytes, int8_bytes, lossless_bytes, weight_like
+from slimtorch.policy import (
+    SHRINK_INT4_GROUP_SIZE,
+    int4_stored_bytes,
+    int8_bytes,
+    lossless_bytes,
+    weight_like,
+)
 
 TRAINING_ONLY = ("optimizer_state", "training_state")
-INT4_GROUP = INT4_GROUP_SIZE
+INT4_GROUP = SHRINK_INT4_GROUP_SIZE
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.benchmark import Measurement, Timer
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError
 from slimtorch.graph.macs import count_macs
 
 ROUNDS = 10
@@ -140,7 +140,7 @@ def compare(
         '7.91x (slower)'
     """
     if rounds < 1 or budget_s <= 0:
-        raise SlimtorchError(f"latency needs rounds >= 1 and a positive budget, not {rounds} and {budget_s}")
+        raise OptionError(f"latency needs rounds >= 1 and a positive budget, not {rounds} and {budget_s}")
     threads = torch.get_num_threads()
     calls = [_forward(model, inputs, kwargs or {}) for model in (before, after)]
     slowest = max(_warm_up(call, budget_s) for call in calls)

@@ -10,7 +10,7 @@
   ``quantize_embeddings=False``. Names in ``unquantized`` are not quantized; names in ``stored_as`` get
   ``"int8"`` or ``"float16"`` instead of ``quantize``: shrink and save fill it with the few weights whose
   rounding error would dominate and with recurrent layers' weights (:mod:`slimtorch.sensitive_weights`)
-  unless ``quantize_all=True``. int4 groups hold :data:`INT4_GROUP_SIZE` values unless told otherwise.
+  unless ``quantize_all=True``. int4 groups hold :data:`SHRINK_INT4_GROUP_SIZE` values unless told otherwise.
 - ``sparse="auto"`` stores a tensor as bitmask + non-zeros only when that is smaller than dense: after
   int8, on the codes (values that round to zero are zeros); before int4, on the weights.
 - ``entropy=True`` adds zstandard where it saves at least 5%.
@@ -31,17 +31,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError
 from slimtorch.io.codecs import CodecError, Encoded, encode
 from slimtorch.io.codecs.chain import extend
+from slimtorch.io.codecs.lossy import check_group_size
 from slimtorch.io.hf_layout import int4_fits
 from slimtorch.io.name_matching import unmatched_pattern
 from slimtorch.io.readers.safetensors_file import DTYPES
 from slimtorch.scan import count_zeros
 
 QUANTIZE_MIN_ELEMENTS = 4096
-INT4_GROUP_SIZE = 32
-"""Groups of 32, not 128: on all-MiniLM-L6-v2 the worst sentence embedding's cosine goes from 0.92 to 0.96
+SHRINK_INT4_GROUP_SIZE = 32
+"""Shrink's int4 groups: 32, not quantize's :data:`~slimtorch.io.codecs.lossy.INT4_GROUP_SIZE` (128, which the
+packed kernel computes fast). On all-MiniLM-L6-v2 the worst sentence embedding's cosine goes from 0.92 to 0.96
 (0.94 at 64), for a file 62% of the int8 one instead of 53%; wider clipping searches gained less (+0.01)."""
 SPARSE_MIN_ELEMENTS = 64  # below this the saving is smaller than the extra header entry
 EMBEDDING = re.compile(r"(^|\.)(\w*embed\w*|wte|wpe|shared)(\.|$)", re.IGNORECASE)
@@ -55,7 +57,7 @@ class ShrinkOptions:
 
     dtype: torch.dtype | None = None
     quantize: str | None = None
-    group_size: int = INT4_GROUP_SIZE
+    group_size: int = SHRINK_INT4_GROUP_SIZE
     sparse: str = "auto"
     entropy: bool = False
     quantize_embeddings: bool = True
@@ -74,21 +76,20 @@ class ShrinkOptions:
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str):
             if self.dtype not in _CASTS:
-                raise ValueError(f"dtype must be fp16 or bf16, not {self.dtype!r}")
+                raise OptionError(f"dtype must be fp16 or bf16, not {self.dtype!r}")
             object.__setattr__(self, "dtype", _CASTS[self.dtype])
         if self.quantize not in (None, "int8", "int4"):
-            raise ValueError(f"quantize must be int8 or int4, not {self.quantize!r}")
+            raise OptionError(f"quantize must be int8 or int4, not {self.quantize!r}")
         if self.sparse not in ("auto", "off"):
-            raise ValueError(f"sparse must be auto or off, not {self.sparse!r}")
-        if not (32 <= self.group_size <= 256 and self.group_size % 2 == 0):
-            raise ValueError(f"group size must be even, 32 to 256, not {self.group_size}")
+            raise OptionError(f"sparse must be auto or off, not {self.sparse!r}")
+        check_group_size(self.group_size)
         object.__setattr__(self, "skip", tuple(self.skip))
         object.__setattr__(self, "unquantized", frozenset(self.unquantized))
         if any(kind not in ("int8", "float16") for kind in self.stored_as.values()):
-            raise ValueError(f"stored_as takes int8 or float16, not {sorted(set(self.stored_as.values()))}")
+            raise OptionError(f"stored_as takes int8 or float16, not {sorted(set(self.stored_as.values()))}")
         object.__setattr__(self, "stored_as", dict(self.stored_as))
         if self.layout not in ("hf", "slim"):
-            raise ValueError(f"layout must be hf or slim, not {self.layout!r}")
+            raise OptionError(f"layout must be hf or slim, not {self.layout!r}")
         object.__setattr__(self, "hf_weights", frozenset(self.hf_weights))
 
     @property
@@ -109,7 +110,7 @@ def check_patterns(
         >>> check_patterns(["fc.wieght"], ["fc.weight", "norm.bias"])
         Traceback (most recent call last):
         ...
-        slimtorch.errors.SlimtorchError: skip pattern 'fc.wieght' matches no tensor; closest names: fc.weight
+        slimtorch.errors.OptionError: skip pattern 'fc.wieght' matches no tensor; closest names: fc.weight
     """
     unmatched = unmatched_pattern(patterns, sorted(names))
     if unmatched is None:
@@ -122,7 +123,7 @@ def check_patterns(
         )
     else:
         hint = f"closest names: {', '.join(close)}" if close else f"names look like {min(names, default='')}"
-    raise SlimtorchError(f"skip pattern {pattern!r} matches no tensor; {hint}")
+    raise OptionError(f"skip pattern {pattern!r} matches no tensor; {hint}")
 
 
 def weight_like(category: str, dtype: torch.dtype, shape: Sequence[int]) -> bool:

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.prune.unstructured import keep_sparse
 
 BN_BATCHES = 50
@@ -74,9 +74,9 @@ def recover(
         >>> report = recover(pruned, loader, teacher=dense, epochs=3, eval_fn=accuracy)  # doctest: +SKIP
     """
     if (steps is None) == (epochs is None):
-        raise SlimtorchError("give exactly one of steps or epochs")
+        raise OptionError("give exactly one of steps or epochs")
     if not 0.0 <= alpha <= 1.0 or temperature <= 0:
-        raise SlimtorchError("alpha must be in [0, 1] and temperature positive")
+        raise OptionError("alpha must be in [0, 1] and temperature positive")
     total = steps if steps is not None else epochs * _length(train_data)  # type: ignore[operator]
     if recalibrate_bn:
         recalibrate_batchnorm(student, train_data)

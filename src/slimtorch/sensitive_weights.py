@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from slimtorch.io.codecs.lossy import as_rows, row_blocks
+from slimtorch.io.codecs.lossy import INT4_GROUP_SIZE, as_rows, row_blocks
 
 DOMINANT = 5.0
 MIN_COMPARED = 4
@@ -53,7 +53,7 @@ class KeptFloat:
         return asdict(self)
 
 
-def rounding_error(x: torch.Tensor, quantize: str, group_size: int = 128) -> float:
+def rounding_error(x: torch.Tensor, quantize: str, group_size: int = INT4_GROUP_SIZE) -> float:
     """Estimated RMS error that ``quantize`` ("int8" or "int4") leaves in ``x``: ``step / sqrt(12)``.
 
     Example:

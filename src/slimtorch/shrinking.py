@@ -41,6 +41,7 @@ from slimtorch.io.hf_layout import (
     weight_names,
     write_config,
 )
+from slimtorch.io.name_matching import training_wrapper
 from slimtorch.io.objects import PlainObjects, model_objects, plain_objects
 from slimtorch.io.readers import open_checkpoint
 from slimtorch.io.readers.hf_folder import weight_files
@@ -50,7 +51,7 @@ from slimtorch.io.untrusted import load_json
 from slimtorch.io.writer import SlimWriter
 from slimtorch.policy import (
     EMBEDDING,
-    INT4_GROUP_SIZE,
+    SHRINK_INT4_GROUP_SIZE,
     ShrinkOptions,
     check_patterns,
     convert,
@@ -64,7 +65,6 @@ from slimtorch.scan import find_duplicates
 from slimtorch.sensitive_weights import StoredInstead, higher_precision, rounding_error
 
 TRAINING_ONLY = ("optimizer_state", "training_state")
-WRAPPER_PREFIXES = ("model", "state_dict", "model_state_dict", "module", "net", "network")
 DEFAULT_SHARD_BYTES = 2_000_000_000
 Progress = Callable[[int], None]
 
@@ -236,7 +236,7 @@ def save(
     *,
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
-    group_size: int = INT4_GROUP_SIZE,
+    group_size: int = SHRINK_INT4_GROUP_SIZE,
     sparse: str = "auto",
     entropy: bool = False,
     quantize_embeddings: bool = True,
@@ -390,7 +390,7 @@ def _save_options(options: Mapping[str, Any]) -> ShrinkOptions:
     if unknown:
         raise TypeError(f"save_model() got an unexpected keyword argument {unknown[0]!r}")
     chosen = {k: v for k, v in options.items() if k in known}
-    chosen.setdefault("group_size", INT4_GROUP_SIZE)
+    chosen.setdefault("group_size", SHRINK_INT4_GROUP_SIZE)
     return ShrinkOptions(**chosen)
 
 
@@ -538,28 +538,12 @@ def _plan_source(source: TensorSource, keep_optimizer: bool, keep_names: bool) -
 
 
 def _wrapper_prefix(plan: _Plan, source: TensorSource) -> str:
-    """The prefix that only wraps the model's tensors in the checkpoint: ``model_state.`` (resemblyzer),
-    ``model.state_dict.`` (chgnet), ``state_dict.`` (Lightning), or ``""``.
-
-    In a pickle, it is the path of dict keys to where the kept tensors' names begin: the dict keys they all
-    sit under, not the dotted state-dict keys (a Lightning module's own ``model.`` stays). Without a pickle
-    (safetensors, TorchScript), a single head in :data:`WRAPPER_PREFIXES`, only in a training checkpoint.
-    """
+    """The prefix that only wraps the model's tensors in the checkpoint, by the one rule
+    (:func:`~slimtorch.io.name_matching.training_wrapper`): ``model_state.`` (resemblyzer),
+    ``model.state_dict.`` (chgnet), ``state_dict.`` (Lightning), DataParallel's ``module.``, or ``""``."""
     names = [item.name for item in plan.items] + list(plan.ties) + list(plan.copies)
-    if not names or not all("." in name for name in names):
-        return ""
-    if source.tree is None:
-        heads = {name.split(".", 1)[0] for name in names}
-        had_training_state = bool(plan.dropped) or _has_training_values(source)
-        (head, *others) = heads
-        return f"{head}." if had_training_state and not others and head in WRAPPER_PREFIXES else ""
-    prefix, node = "", source.tree
-    while isinstance(node, dict):
-        key = names[0][len(prefix) :].split(".", 1)[0]
-        if not isinstance(node.get(key), dict) or not all(n.startswith(f"{prefix}{key}.") for n in names):
-            break
-        prefix, node = f"{prefix}{key}.", node[key]
-    return prefix
+    training = bool(plan.dropped) or _has_training_values(source)
+    return training_wrapper(names, source.tree, training)
 
 
 def _has_training_values(source: TensorSource) -> bool:

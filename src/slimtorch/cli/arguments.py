@@ -1,4 +1,4 @@
-"""Pieces every command shares: how it is added, the pickle trust option, and its --json output."""
+"""Pieces every command shares: how it is added, the pickle trust option, --group-size, --json output."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import argparse
 import json
 import sys
 from typing import Any
+
+from slimtorch.errors import OptionError
+from slimtorch.io.codecs.lossy import check_group_size
 
 
 def add_command(
@@ -34,6 +37,27 @@ def add_layout(parser: argparse.ArgumentParser) -> None:
         help="folder layout: hf (from_pretrained reads it; int8/int4 in the compressed-tensors format), "
         "slim (smallest; from_pretrained refuses it); default hf from a Hugging Face folder, else slim",
     )
+
+
+def add_group_size(parser: argparse.ArgumentParser, default: int) -> None:
+    """``--group-size``, checked while parsing by the rule every verb checks it with: a bad one is a usage
+    error naming the option (exit 2), before any model is read."""
+    parser.add_argument(
+        "--group-size",
+        type=_group_size,
+        default=default,
+        metavar="G",
+        help=f"int4 values per scale, even, 32 to 256 (default {default})",
+    )
+
+
+def _group_size(text: str) -> int:
+    try:
+        return check_group_size(int(text))
+    except OptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
 def add_allow_global(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ import sys
 
 from slimtorch.cli.arguments import add_allow_global
 from slimtorch.cli.model_spec import HUB_ID_HELP, SPEC_HELP
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError
 from slimtorch.models import ModelInput, open_meta_model, open_model
 from slimtorch.models.examples import DEFAULT_SHAPE
 
@@ -123,7 +123,7 @@ def shape(text: str) -> tuple[int, ...]:
 def _rename(text: str) -> tuple[str, str]:
     old, sep, new = text.partition("=")
     if not sep or not old:
-        raise SlimtorchError(f"--rename {text!r}: expected OLD=NEW, e.g. --rename lstm.=rnn.")
+        raise OptionError(f"--rename {text!r}: expected OLD=NEW, e.g. --rename lstm.=rnn.")
     return old, new
 
 

@@ -11,6 +11,7 @@ from rich.table import Table
 from slimtorch.cli.arguments import add_command, add_layout, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.io.codecs.lossy import INT4_GROUP_SIZE
 from slimtorch.io.companions import companion_files, source_provenance
 from slimtorch.io.hf_layout import resolve_layout
 from slimtorch.measure import LatencyComparison, compare
@@ -57,7 +58,11 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     )
     parser.add_argument("--scheme", choices=SCHEMES, default="int8-dynamic", help="default int8-dynamic")
     parser.add_argument(
-        "--group-size", type=int, default=128, metavar="N", help="int4 inputs per scale (default 128)"
+        "--group-size",
+        type=int,
+        default=INT4_GROUP_SIZE,
+        metavar="N",
+        help=f"int4 inputs per scale, even, 32 to 256 (default {INT4_GROUP_SIZE})",
     )
     parser.add_argument(
         "--skip", nargs="+", default=[], metavar="PATTERN", help="module names or patterns that stay float"

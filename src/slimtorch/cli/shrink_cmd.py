@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from slimtorch.cli.arguments import add_allow_global, add_command, add_layout, print_json
+from slimtorch.cli.arguments import add_allow_global, add_command, add_group_size, add_layout, print_json
 from slimtorch.cli.model_spec import PATH_HELP
 from slimtorch.cli.output_path import check_output
 from slimtorch.io.readers import open_checkpoint
-from slimtorch.policy import INT4_GROUP_SIZE, ShrinkOptions
+from slimtorch.policy import SHRINK_INT4_GROUP_SIZE, ShrinkOptions
 from slimtorch.report.inspect_view import output_console
 from slimtorch.report.progress import ByteProgress
 from slimtorch.report.shrink_view import render_shrink
@@ -60,13 +60,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     )
     parser.add_argument("--dtype", choices=("fp16", "bf16"), help="convert floating-point tensors (lossy)")
     parser.add_argument("--quantize", choices=("int8", "int4"), help="quantize weights (lossy)")
-    parser.add_argument(
-        "--group-size",
-        type=_group_size,
-        default=INT4_GROUP_SIZE,
-        metavar="G",
-        help=f"int4 group size, 32 to 256 (default {INT4_GROUP_SIZE})",
-    )
+    add_group_size(parser, SHRINK_INT4_GROUP_SIZE)
     parser.add_argument(
         "--sparse",
         choices=("auto", "off"),
@@ -113,20 +107,6 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     add_allow_global(parser)
     parser.set_defaults(run=run)
-
-
-def _group_size(text: str) -> int:
-    """``--group-size``, checked by :class:`ShrinkOptions` while parsing: a bad one is a usage error
-    (exit 2), not a ValueError traceback from ``run``."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    try:
-        ShrinkOptions(group_size=value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ from slimtorch.deploy import text as text_bundle
 from slimtorch.deploy.bundle import BundleWriter
 from slimtorch.deploy.noise import NOISE_FACTOR, rounding_noise
 from slimtorch.deploy.program import BATCH, export_program
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.graph.capture import as_args, random_like, without_cache
 from slimtorch.quant import QuantizedWeight, dequantize, model_bytes, quantize
 
@@ -151,9 +151,9 @@ def export(
         (True, True)
     """
     if format not in FORMATS:
-        raise SlimtorchError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        raise OptionError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     if quantize_to not in (None, "int8"):
-        raise SlimtorchError(f"--quantize takes int8, not {quantize_to!r}")
+        raise OptionError(f"--quantize takes int8, not {quantize_to!r}")
     if format == "onnx":
         onnx_model.require_onnx()  # before a long capture, not after it
     say = progress or (lambda message: None)

@@ -88,17 +88,24 @@ class Bundle:
         ok = all(passes(e, tolerance) for e in errors.values())
         result = {"ok": ok, "tolerance": tolerance, "outputs": errors}
         source = self.manifest.get("verification", {}).get("embedding_source")
-        if (
-            tolerance.get("min_cosine") is not None and source
-        ):  # a quantized text model: its embedding decides
-            worst = float(
-                np.min(cosines(embeddings(source, inputs, expected), embeddings(source, inputs, actual)))
-            )
-            result.update(ok=worst >= tolerance["min_cosine"], embedding_cosine=worst)
+        # a quantized text model: its embedding decides
+        if tolerance.get("min_cosine") is not None and source:
+            worst = self._worst_cosine(source, inputs, expected, actual)
+            ok = worst >= tolerance["min_cosine"]
+            result.update(ok=ok, embedding_cosine=worst)
         if "text" in self.manifest:  # the sample is the sample texts: the tokenizer here must give its ids
             same = self._same_tokens(inputs)
             result.update(ok=ok and same, tokenizer="same token ids as at export" if same else "DIFFERENT")
         return result
+
+    @staticmethod
+    def _worst_cosine(source: dict, inputs: dict, expected: dict, actual: dict) -> float:
+        """The least embedding cosine over the sample's texts (the manifest says where the embedding is)."""
+        try:
+            found = cosines(embeddings(source, inputs, expected), embeddings(source, inputs, actual))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise BundleError(f"manifest.json: verification.embedding_source is unusable ({exc!r})") from None
+        return float(np.min(found)) if found.size else 1.0
 
     def _same_tokens(self, sample: dict[str, np.ndarray]) -> bool:
         encoded = self.encode(self.manifest["text"]["sample_texts"])

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimtorch.errors import FormatError, SlimtorchError
+from slimtorch.errors import FormatError, OptionError, SlimtorchError
 from slimtorch.io.codecs import Encoded
 from slimtorch.io.codecs.chain import undo
 
@@ -50,7 +50,7 @@ def resolve_layout(asked: str | None, has_config: bool, where: object) -> str:
     """The layout to write: ``asked``, else ``hf`` for a folder that gets a ``config.json``, else ``slim``;
     ``hf`` without a config to write is refused (transformers could not open the folder anyway)."""
     if asked is not None and asked not in LAYOUTS:
-        raise SlimtorchError(f"unknown layout {asked!r} (known: {', '.join(LAYOUTS)})")
+        raise OptionError(f"unknown layout {asked!r} (known: {', '.join(LAYOUTS)})")
     if asked == "hf" and not has_config:
         raise SlimtorchError(
             f"{where}: --format hf writes a Hugging Face folder, which needs a config.json: give a Hugging "

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from slimtorch.errors import FormatError, SlimtorchError
+from slimtorch.errors import FormatError, OptionError, SlimtorchError
 from slimtorch.io.construct import build_model, intended_device
 from slimtorch.io.model_slots import (
     Matching,
@@ -293,9 +293,9 @@ def _device(device: str | torch.device | None) -> torch.device | None:
     try:
         device = torch.device(device)
     except RuntimeError as exc:
-        raise SlimtorchError(f"unknown device {device!r} ({exc})") from None
+        raise OptionError(f"unknown device {device!r} ({exc})") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SlimtorchError(f"device {str(device)!r} asked for, but this torch sees no CUDA device")
+        raise OptionError(f"device {str(device)!r} asked for, but this torch sees no CUDA device")
     return device
 
 

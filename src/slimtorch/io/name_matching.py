@@ -21,10 +21,16 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.weight_norm import WeightNorm
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 
 RenameRules = tuple[tuple[str, str], ...]
 Rename = Sequence[tuple[str, str]] | Mapping[str, str]
+TORCH_WRAPPERS = ("module.", "_orig_mod.")
+"""The attribute torch's own wrappers hold the model in, in front of every name of their state dict:
+``DataParallel`` and ``DistributedDataParallel`` (``module.``), ``torch.compile`` (``_orig_mod.``)."""
+WRAPPER_HEADS = ("model", "state_dict", "model_state_dict", "module", "net", "network")
+"""Names a training script keeps its model under, trusted only where the file has no dict keys to show it
+(safetensors, TorchScript) and holds training state besides."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,45 @@ def find_prefix(file_names: Iterable[str], model_names: Iterable[str], rename: R
     return Prefix(file=best, matched=counts[best])
 
 
+def training_wrapper(names: Sequence[str], tree: object | None = None, training: bool = False) -> str:
+    """The wrapper prefix a training checkpoint put around the model's tensors, found without the model:
+    what shrink takes off (``load_model`` finds the same by matching, :func:`find_prefix`).
+
+    ``names`` are the model's tensors in the file (training state left out), ``tree`` the pickle's
+    objects (None: no pickle), ``training`` whether the file held training state. The prefix is, in turn:
+    the dict keys every name sits under in the pickle (``model_state.``, ``model.state_dict.``, Lightning's
+    ``state_dict.``; a Lightning module's own dotted ``model.`` stays); else, in a training checkpoint, a
+    single head in :data:`WRAPPER_HEADS`; then any of torch's own :data:`TORCH_WRAPPERS` in front of every
+    name.
+
+    Example:
+        >>> training_wrapper(["module.fc.weight", "module.fc.bias"], {"model": {}}, training=True)
+        'module.'
+        >>> training_wrapper(["model.fc.weight"], {"model": {"fc.weight": 0}})
+        'model.'
+    """
+    if not names or not all("." in name for name in names):
+        return ""
+    prefix = _dict_path(names, tree)
+    if not prefix and training:
+        heads = {name.split(".", 1)[0] for name in names}
+        prefix = f"{next(iter(heads))}." if len(heads) == 1 and heads <= set(WRAPPER_HEADS) else ""
+    while wrapper := next((w for w in TORCH_WRAPPERS if all(n.startswith(prefix + w) for n in names)), None):
+        prefix += wrapper
+    return prefix
+
+
+def _dict_path(names: Sequence[str], tree: object | None) -> str:
+    """The path of dict keys to where every name's tensor sits in the pickle, not dotted state-dict keys."""
+    prefix, node = "", tree
+    while isinstance(node, dict):
+        key = names[0][len(prefix) :].split(".", 1)[0]
+        if not isinstance(node.get(key), dict) or not all(n.startswith(f"{prefix}{key}.") for n in names):
+            break
+        prefix, node = f"{prefix}{key}.", node[key]
+    return prefix
+
+
 def explicit_prefix(
     file_names: Iterable[str], model_names: Iterable[str], prefix: str, rename: Rename
 ) -> Prefix:
@@ -126,9 +171,7 @@ def rename_rules(rename: Rename) -> RenameRules:
         if isinstance(pair, str) and "=" in pair:
             pair = tuple(pair.split("=", 1))
         if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
-            raise SlimtorchError(
-                f"rename takes (old, new) name prefixes, like ('lstm.', 'rnn.'), not {pair!r}"
-            )
+            raise OptionError(f"rename takes (old, new) name prefixes, like ('lstm.', 'rnn.'), not {pair!r}")
         rules.append((pair[0], pair[1]))
     return tuple(rules)
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from slimtorch.errors import FormatError, SlimtorchError
+from slimtorch.errors import FormatError, OptionError, SlimtorchError
 
 MAX_JSON_BYTES = 100 * 2**20
 """The largest JSON document read from a file (a safetensors header, an index, a config): 100 MiB, the
@@ -86,7 +86,7 @@ def max_expansion() -> float:
     except ValueError:
         chosen = -1.0
     if not chosen > 0 or chosen != chosen:
-        raise SlimtorchError(f"SLIMTORCH_MAX_EXPANSION must be a positive number, not {value!r}")
+        raise OptionError(f"SLIMTORCH_MAX_EXPANSION must be a positive number, not {value!r}")
     return chosen
 
 

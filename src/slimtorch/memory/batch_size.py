@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.memory.device import runnable_device
 from slimtorch.memory.estimating import MemoryReport, measure_peak
 
@@ -92,9 +92,7 @@ def find_batch_size(
     device = runnable_device(device or report.device, "find_batch_size")
     budget = budget if budget is not None else _free_memory(device)
     if not report.phase_lines:
-        raise SlimtorchError(
-            "find_batch_size needs an estimate at two or more batch sizes (batch_sizes=[...])"
-        )
+        raise OptionError("find_batch_size needs an estimate at two or more batch sizes (batch_sizes=[...])")
     usable = budget * (1 - margin)
     resident = sum(report.steps[0].breakdown[k] for k in ("parameters", "buffers"))
     predicted = report.largest_batch(usable)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.memory.device import default_device, runnable_device
 from slimtorch.memory.step import DONE, StepPlan, StepRecord, run_step
 from slimtorch.memory.timeline import StorageTimeline
@@ -75,7 +75,7 @@ class MemoryReport:
     def predict(self, batch_size: int) -> int:
         """The peak at ``batch_size``: the highest of the phases' lines through the estimated sizes."""
         if not self.phase_lines:
-            raise SlimtorchError("predicting needs estimates at two or more batch sizes (batch_sizes=[...])")
+            raise OptionError("predicting needs estimates at two or more batch sizes (batch_sizes=[...])")
         return int(max(fixed + slope * batch_size for fixed, slope in self.phase_lines.values()))
 
     def largest_batch(self, budget: float, *, scale: float = 1.0, limit: int = 1 << 24) -> int:
@@ -187,7 +187,7 @@ def _sizes(batch_sizes: Sequence[int] | None) -> list[int | None]:
         return [None]
     sizes = list(batch_sizes)
     if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
-        raise SlimtorchError(f"batch sizes must be positive integers, not {batch_sizes!r}")
+        raise OptionError(f"batch sizes must be positive integers, not {batch_sizes!r}")
     return sizes
 
 

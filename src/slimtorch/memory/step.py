@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils.checkpoint import checkpoint
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.graph.capture import as_args
 from slimtorch.memory.timeline import StorageTimeline
 
@@ -56,17 +56,17 @@ class StepPlan:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise SlimtorchError(f"mode must be train or inference, not {self.mode!r}")
+            raise OptionError(f"mode must be train or inference, not {self.mode!r}")
         if self.mode == "train" and self.optimizer not in OPTIMIZERS:
-            raise SlimtorchError(f"unknown optimizer {self.optimizer!r} (known: {', '.join(OPTIMIZERS)})")
+            raise OptionError(f"unknown optimizer {self.optimizer!r} (known: {', '.join(OPTIMIZERS)})")
         if self.precision not in PRECISIONS:
-            raise SlimtorchError(f"unknown precision {self.precision!r} (known: {', '.join(PRECISIONS)})")
+            raise OptionError(f"unknown precision {self.precision!r} (known: {', '.join(PRECISIONS)})")
         try:
             kind = torch.device(self.device).type
         except RuntimeError:
             kind = None
         if kind not in ("cpu", "cuda"):
-            raise SlimtorchError(f"device must be cpu or cuda, not {self.device!r}")
+            raise OptionError(f"device must be cpu or cuda, not {self.device!r}")
 
     @property
     def weight_dtype(self) -> torch.dtype | None:
@@ -345,7 +345,7 @@ def _checkpointed(model: nn.Module, which: str | tuple[str, ...] | None) -> Iter
     modules = dict(model.named_modules())
     unknown = [name for name in names if name not in modules]
     if unknown or not names:
-        raise SlimtorchError(
+        raise OptionError(
             f"checkpointing names no module of the model ({unknown[0]!r})"
             if unknown
             else "checkpointing='blocks' found no repeated blocks (no nn.ModuleList): name the modules"

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.io.hub_cache import resolve_model_path
 from slimtorch.models import hub, sentence
 from slimtorch.models.examples import Example, check_accepts, example_for, fresh
@@ -262,7 +262,7 @@ def _with_example(
     check: bool = True,
 ) -> ModelInput:
     if input_shape is not None and (not input_shape or any(int(n) < 1 for n in input_shape)):
-        raise SlimtorchError(f"input shape {tuple(input_shape)}: sizes must be positive")
+        raise OptionError(f"input shape {tuple(input_shape)}: sizes must be positive")
     shape = tuple(int(n) for n in input_shape) if input_shape is not None else None
     example = example_for(model, shape, max_length=recipe.max_length)
     if check:

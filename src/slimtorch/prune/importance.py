@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.graph.spaces import ChannelGroup, Slice
 
 Importance = Callable[[ChannelGroup, Mapping[str, torch.Tensor]], torch.Tensor]
@@ -87,4 +87,4 @@ def resolve(importance: str | Importance) -> Importance:
         return BUILT_IN[importance]
     except KeyError:
         known = ", ".join(sorted(BUILT_IN))
-        raise SlimtorchError(f"unknown importance {importance!r} (known: {known}, or a callable)") from None
+        raise OptionError(f"unknown importance {importance!r} (known: {known}, or a callable)") from None

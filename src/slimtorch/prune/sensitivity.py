@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.prune.unstructured import PRUNABLE, magnitude_threshold, zero_up_to
 
 DEFAULT_AMOUNTS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
@@ -39,7 +39,7 @@ class SensitivityReport:
         """
         total = sum(self.sizes.values())
         if not 0 <= target <= max(max(m) for m in self.metrics.values()):
-            raise SlimtorchError(f"target {target} is beyond the scanned sparsities")
+            raise OptionError(f"target {target} is beyond the scanned sparsities")
         chosen = dict.fromkeys(self.metrics, 0.0)
 
         def metric(layer: str, amount: float) -> float:
@@ -78,7 +78,7 @@ def scan(
         >>> slimtorch.prune.weights(model, report.recommend(0.9), method="layer_magnitude")  # doctest: +SKIP
     """
     if not amounts or not all(0 < a < 1 for a in amounts):
-        raise SlimtorchError("amounts must be shares between 0 and 1")
+        raise OptionError("amounts must be shares between 0 and 1")
     modules = {
         n: m for n, m in model.named_modules() if isinstance(m, PRUNABLE) and (layers is None or n in layers)
     }

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.graph.capture import as_args, capture
 from slimtorch.graph.channels import channel_groups
 from slimtorch.graph.layers import head_size, is_hf_conv1d, query_width
@@ -214,15 +214,15 @@ def _check(
     iterative_steps: int,
 ) -> None:
     if sum(x is not None for x in (ratio, target_params, target_macs)) != 1:
-        raise SlimtorchError("give exactly one of ratio, target_params or target_macs")
+        raise OptionError("give exactly one of ratio, target_params or target_macs")
     if ratio is not None and not 0.0 <= ratio < 1.0:
-        raise SlimtorchError(f"ratio must be at least 0 and below 1, not {ratio}")
+        raise OptionError(f"ratio must be at least 0 and below 1, not {ratio}")
     if scope not in ("layer", "global"):
-        raise SlimtorchError(f"scope must be 'layer' or 'global', not {scope!r}")
+        raise OptionError(f"scope must be 'layer' or 'global', not {scope!r}")
     if round_to is not None and round_to < 1:
-        raise SlimtorchError(f"round_to must be a positive integer, not {round_to}")
+        raise OptionError(f"round_to must be a positive integer, not {round_to}")
     if iterative_steps < 1:
-        raise SlimtorchError(f"iterative_steps must be at least 1, not {iterative_steps}")
+        raise OptionError(f"iterative_steps must be at least 1, not {iterative_steps}")
 
 
 def _analyse(

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.utils import prune as torch_prune
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 
 PRUNABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 RECURRENT = (nn.LSTM, nn.GRU, nn.RNN)
@@ -92,13 +92,13 @@ def weights(
         (0.9, 0.88, {'LSTM': 0.0237, 'Linear': 0.0005})
     """
     if method not in METHODS:
-        raise SlimtorchError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+        raise OptionError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
     targets = _targets(model, amount)
     skipped: dict[str, str] = {}
     with torch.no_grad():
         if method == "n:m":
             if not 0 < n < m:
-                raise SlimtorchError(f"n:m needs 0 < n < m, not {n}:{m}")
+                raise OptionError(f"n:m needs 0 < n < m, not {n}:{m}")
             for name, (weight, _) in targets.items():
                 problem = _n_of_m(weight, n, m)
                 if problem:
@@ -192,7 +192,7 @@ def _targets(model: nn.Module, amount: float | Mapping[str, float]) -> dict[str,
         if share is None:
             continue
         if not 0.0 <= float(share) < 1.0:
-            raise SlimtorchError(f"amount for {name} must be at least 0 and below 1, not {share}")
+            raise OptionError(f"amount for {name} must be at least 0 and below 1, not {share}")
         targets[name] = (weight, float(share))
     if not targets:
         raise SlimtorchError("no Linear, Conv or recurrent layer matches: nothing to prune")
@@ -339,7 +339,7 @@ class GradualPruner:
         method: str = "global_magnitude",
     ) -> None:
         if end <= start or every < 1:
-            raise SlimtorchError("a schedule needs start < end and every >= 1")
+            raise OptionError("a schedule needs start < end and every >= 1")
         self.model, self.amount, self.method = model, amount, method
         self.start, self.end, self.every = start, end, every
         self.steps = 0

@@ -28,11 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.graph.capture import as_args
 from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.io.codecs.chain import CodecError
-from slimtorch.io.codecs.lossy import INT4_GROUP_SIZES
+from slimtorch.io.codecs.lossy import INT4_GROUP_SIZE, check_group_size
 from slimtorch.io.source import dtype_name
 from slimtorch.prune.delta import StructuralDelta, delta_of, record
 from slimtorch.quant.build import LINEAR, SCHEMES, quantized_from
@@ -119,7 +119,7 @@ def quantize(
     model: nn.Module,
     scheme: str = "int8-dynamic",
     *,
-    group_size: int = 128,
+    group_size: int = INT4_GROUP_SIZE,
     skip: Sequence[str] = (),
     calibration: Iterable[Any] | None = None,
     embeddings: bool = True,
@@ -178,7 +178,7 @@ def quantize_with_report(
     model: nn.Module,
     scheme: str = "int8-dynamic",
     *,
-    group_size: int = 128,
+    group_size: int = INT4_GROUP_SIZE,
     skip: Sequence[str] = (),
     calibration: Iterable[Any] | None = None,
     embeddings: bool = True,
@@ -327,12 +327,12 @@ def model_bytes(model: nn.Module) -> int:
 # -- options and results ----------------------------------------------------------------------------------
 def _check_options(scheme: str, group_size: int, kernel: str | None) -> None:
     if scheme not in SCHEMES:
-        raise SlimtorchError(f"unknown scheme {scheme!r} (known: {', '.join(SCHEMES)})")
-    if scheme == "int4-weight" and (group_size not in INT4_GROUP_SIZES or group_size % 2):
-        raise SlimtorchError(f"int4 group size must be even, 32 to 256, not {group_size}")
+        raise OptionError(f"unknown scheme {scheme!r} (known: {', '.join(SCHEMES)})")
+    if scheme == "int4-weight":
+        check_group_size(group_size)
     known = dict.fromkeys([*LINEAR[scheme].KERNELS, *RECURRENT_LAYERS[scheme].KERNELS])
     if kernel is not None and kernel not in known:
-        raise SlimtorchError(f"kernel {kernel!r} does not compute {scheme} (its kernels: {', '.join(known)})")
+        raise OptionError(f"kernel {kernel!r} does not compute {scheme} (its kernels: {', '.join(known)})")
 
 
 def _recorded(twins: dict[str, QuantizedWeight], scheme: str, group_size: int) -> dict[str, dict[str, Any]]:

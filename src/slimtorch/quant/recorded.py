@@ -9,13 +9,12 @@ from torch import nn
 from slimtorch.errors import SlimtorchError
 from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.io.codecs.chain import parse_dtype
-from slimtorch.io.codecs.lossy import INT4_GROUP_SIZES
+from slimtorch.io.codecs.lossy import INT4_GROUP_SIZE, is_int4_group_size
 from slimtorch.quant.build import CONV, SCHEMES, quantized_on_meta
 from slimtorch.quant.conv import quantizable_conv
 from slimtorch.quant.recurrent import is_recurrent, recurrent_matrices
 
 FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
-DEFAULT_GROUP = 128
 
 
 def quantizable_type(module: nn.Module) -> bool:
@@ -46,7 +45,7 @@ def restore(model: nn.Module, quantized: dict[str, dict[str, Any]]) -> None:
         if is_recurrent(module) and not (matrices and set(matrices) <= set(recurrent_matrices(module))):
             raise SlimtorchError(f"the file quantized matrices {matrices} of {name!r}, which is a {module}")
         dtype = parse_dtype(how["dtype"])
-        group = how.get("group_size") or DEFAULT_GROUP
+        group = how.get("group_size") or INT4_GROUP_SIZE  # int8 layers record none
         put_module(model, name, quantized_on_meta(module, how["scheme"], group, dtype, matrices))
 
 
@@ -59,7 +58,7 @@ def check_recorded(quantized: object) -> dict[str, dict[str, Any]]:
             isinstance(how, dict)
             and how.get("scheme") in SCHEMES
             and how.get("dtype") in FLOAT_NAMES
-            and (how.get("group_size") is None or how.get("group_size") in INT4_GROUP_SIZES)
+            and (how.get("group_size") is None or is_int4_group_size(how.get("group_size")))
             and _names(how.get("matrices", []))
         )
         if not ok:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError
 from slimtorch.io.name_matching import unmatched_pattern
 from slimtorch.quant.build import CONV, float_weight
 from slimtorch.quant.conv import quantizable_conv
@@ -72,7 +72,7 @@ def check_skip_patterns(model: nn.Module, skip: tuple[str, ...]) -> None:
     Example:
         >>> check_skip_patterns(torch.nn.Sequential(torch.nn.Linear(2, 2)), ("1",))
         Traceback (most recent call last):
-        slimtorch.errors.SlimtorchError: skip pattern '1' matches no module of the model (closest: 0)
+        slimtorch.errors.OptionError: skip pattern '1' matches no module of the model (closest: 0)
     """
     names = [name for name, _ in model.named_modules() if name]
     names += [
@@ -82,7 +82,7 @@ def check_skip_patterns(model: nn.Module, skip: tuple[str, ...]) -> None:
     if unmatched is not None:
         pattern, close = unmatched
         shown = ", ".join(close or names[:3])
-        raise SlimtorchError(f"skip pattern {pattern!r} matches no module of the model (closest: {shown})")
+        raise OptionError(f"skip pattern {pattern!r} matches no module of the model (closest: {shown})")
 
 
 def choose_targets(model: nn.Module, scheme: str, skip: tuple[str, ...], embeddings: bool) -> Choice:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from slimtorch.errors import OptionError
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
@@ -42,11 +44,11 @@ def parse_size(text: str) -> int:
     number = cleaned.rstrip("kmgtib")
     unit = cleaned[len(number) :]
     if unit not in _SIZE_UNITS:
-        raise ValueError(f"unknown size unit in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
+        raise OptionError(f"unknown size unit in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
     try:
         value = float(number) * _SIZE_UNITS[unit]
     except ValueError:
-        raise ValueError(f"not a size: {text!r}") from None
+        raise OptionError(f"not a size: {text!r}") from None
     if value <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
+        raise OptionError(f"size must be positive: {text!r}")
     return int(value)

@@ -38,10 +38,14 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
+from slimtorch.errors import OptionError
 from slimtorch.io.codecs.chain import CodecError, parse_dtype, part, register, require
 
 ROW_BLOCK_ELEMENTS = 1 << 22  # work on ~4 Mi elements at a time: cache-friendly, bounded temporaries
 INT4_GROUP_SIZES = range(32, 257)
+INT4_GROUP_SIZE = 128
+"""int4 values per scale unless told otherwise: what quantize, its CLI and the codec default to (the packed
+CPU kernel takes 32 to 256; shrink stores finer groups, :data:`slimtorch.policy.SHRINK_INT4_GROUP_SIZE`)."""
 CLIP_STEPS = (0.0, 0.015, 0.03)  # share of a group's range int4 may take off each end
 SYMMETRIC_CUTS = (0.0, 0.015, 0.03)  # share of a symmetric group's scale its search may take off
 _FP16_TINY = torch.finfo(torch.float16).tiny
@@ -147,13 +151,32 @@ class Int8:
         return out.reshape(shape)
 
 
+def is_int4_group_size(value: object) -> bool:
+    """The one rule for an int4 group size: an even int from 32 to 256 (two codes fill a byte, and the
+    kernels' group sizes lie in that range). ``bool`` is an int to Python, not a size."""
+    return type(value) is int and value in INT4_GROUP_SIZES and value % 2 == 0
+
+
+def check_group_size(value: object) -> int:
+    """``value`` if it is an int4 group size, else :class:`~slimtorch.errors.OptionError`: what every verb
+    that takes a group size (quantize, shrink, save) checks its option with.
+
+    Example:
+        >>> check_group_size(64)
+        64
+    """
+    if not is_int4_group_size(value):
+        raise OptionError(f"int4 group size must be even, 32 to 256, not {value!r}")
+    return value  # type: ignore[return-value]
+
+
 class Int4:
     name, primary, lossless = "int4", "q4", False
 
     def encode(
         self,
         x: torch.Tensor,
-        group_size: int = 128,
+        group_size: int = INT4_GROUP_SIZE,
         flat: bool = False,
         clip: bool = True,
         symmetric: bool = False,
@@ -161,8 +184,8 @@ class Int4:
         """``flat=True`` groups the tensor as one long row: no padding when rows are shorter than a group;
         ``clip=False`` takes each group's full range (no search); ``symmetric=True`` fixes the zero point at
         code 8 (see the module docstring)."""
-        if not isinstance(group_size, int) or group_size not in INT4_GROUP_SIZES or group_size % 2:
-            raise CodecError(f"int4 group size must be even, 32 to 256, not {group_size}")
+        if not is_int4_group_size(group_size):
+            raise CodecError(f"int4 group size must be even, 32 to 256, not {group_size!r}")
         _require_float(x, "int4")
         rows = x.reshape(1, x.numel()) if flat else as_rows(x)
         n_rows, cols = rows.shape
@@ -210,10 +233,7 @@ class Int4:
             unpacked = int4_layer_parts({**parts, "q4": primary}, stage)
             primary, parts = unpacked.pop("q4"), unpacked
         # Odd sizes are refused like in encode: two codes per byte could not fill a group of them.
-        require(
-            isinstance(group_size, int) and group_size in INT4_GROUP_SIZES and group_size % 2 == 0,
-            "bad int4 group size",
-        )
+        require(is_int4_group_size(group_size), "bad int4 group size")
         require(isinstance(flat, bool), "int4 'flat' is not true or false")
         n_rows = shape[0] if len(shape) >= 2 and not flat else 1
         cols = math.prod(shape) // n_rows if n_rows else math.prod(shape[1:])
@@ -270,7 +290,10 @@ def int4_layer_parts(parts: Mapping[str, torch.Tensor], stage: Mapping) -> dict[
     words, scale = part(parts, "q4", torch.int32), part(parts, "scale")
     shape = tuple(stage["shape"])
     stored_shape = part(parts, "shape", torch.int64)
-    require(stored_shape.tolist() == list(shape), "int4 weight_shape differs from the metadata's shape")
+    require(
+        stored_shape.numel() == len(shape) and stored_shape.tolist() == list(shape),  # numel first: bounded
+        "int4 weight_shape differs from the metadata's shape",
+    )
     require(words.dim() == 2, "int4 packed words are not a matrix")
     return {"q4": words.view(torch.uint8), "scale": scale, "zero": scale * -8}
 
