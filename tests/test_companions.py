@@ -200,3 +200,23 @@ def test_the_writer_refuses_a_companion_outside_the_folder_or_over_its_weights(
     with pytest.raises(SlimtorchError, match=problem):
         _write_folder(tmp_path / "out", {name: write(tmp_path / "file", "x")})
     assert not (tmp_path / "escape.json").exists() and not (tmp_path / "out").exists()
+
+
+def test_what_stays_behind_is_said_by_shrink_and_quantize_not_dropped_silently(tmp_path, capsys) -> None:
+    """A stale ``onnx/`` export is left behind by every writer, and each says so: shrink in its report's
+    notes, quantize and prune on stderr (stdout may be --json)."""
+    import slimtorch
+    from slimtorch.cli.main import main
+    from tests.test_model_input import bert_folder
+
+    folder = bert_folder(tmp_path / "bert")
+    write(folder / "onnx" / "model.onnx", "stale")
+    report = slimtorch.shrink(folder, tmp_path / "shrunk")
+    assert any(n.startswith("not copied: onnx/model.onnx") for n in report.notes)
+    assert not (tmp_path / "shrunk" / "onnx").exists()
+    capsys.readouterr()
+    out = tmp_path / "quantized"
+    assert main(["quantize", str(folder), "-o", str(out), "--runs", "0", "--samples", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "slimtorch: note: not copied: onnx/model.onnx" in captured.err
+    json.loads(captured.out)  # the JSON on stdout stays clean

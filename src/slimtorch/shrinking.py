@@ -26,7 +26,7 @@ from slimtorch.errors import FormatError, SlimtorchError
 from slimtorch.inspection import Bucket, classify, inspect
 from slimtorch.io.codecs import REGISTRY, Encoded, decode
 from slimtorch.io.codecs.chain import parse_dtype
-from slimtorch.io.companions import companion_files
+from slimtorch.io.companions import Companions, find_companions
 from slimtorch.io.hf_layout import (
     CtScheme,
     base_prefix,
@@ -206,10 +206,12 @@ def shrink(
         plan = _plan_source(source, keep_optimizer, keep_names)
         if keep_objects:
             plan.objects = model_objects(source.tree, plan.dropped, keep_training=keep_optimizer)
-        companions = _companions(source.path, Path(out))
+        found = _companions(source.path, Path(out))
+        companions = found.files
         config = _config_file(companions.get("config.json"))
         _refuse_foreign_codes(source, config)
         folder, options = _folder(config, layout, Path(out), options)
+        folder.notes.extend(f"not copied: {line}" for line in found.left_out)
         options = _checked(plan, options)
         if shard_bytes is None and Path(out).suffix != ".safetensors":
             shard_bytes = DEFAULT_SHARD_BYTES
@@ -811,11 +813,11 @@ def _error(original: torch.Tensor, encoded: Any, value: torch.Tensor) -> tuple[f
     return float(diff.abs().max()), float(torch.linalg.vector_norm(diff)) / norm if norm else 0.0
 
 
-def _companions(source: Path, out: Path) -> dict[str, Path]:
+def _companions(source: Path, out: Path) -> Companions:
     if not source.is_dir() or out.suffix == ".safetensors":
-        return {}
+        return Companions({})
     weight_files(source)  # the folder was read as a model folder
-    return companion_files(source)
+    return find_companions(source)
 
 
 def _describe_options(options: ShrinkOptions) -> dict[str, Any]:

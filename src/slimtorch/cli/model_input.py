@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from slimtorch.cli.arguments import add_allow_global
 from slimtorch.cli.model_spec import HUB_ID_HELP, SPEC_HELP
 from slimtorch.errors import OptionError
+from slimtorch.io.companions import find_companions
 from slimtorch.models import ModelInput, open_meta_model, open_model
 from slimtorch.models.examples import DEFAULT_SHAPE
 
@@ -125,6 +127,17 @@ def _rename(text: str) -> tuple[str, str]:
     if not sep or not old:
         raise OptionError(f"--rename {text!r}: expected OLD=NEW, e.g. --rename lstm.=rnn.")
     return old, new
+
+
+def output_companions(folder: Path | None) -> dict:
+    """The input folder's files besides its weights, for a folder output (:func:`find_companions`); what
+    stays behind (a stale ``onnx/`` export ...) is said on stderr, one line each, never dropped silently."""
+    if folder is None:
+        return {}
+    found = find_companions(folder)
+    for line in found.left_out:
+        print(f"slimtorch: note: not copied: {line}", file=sys.stderr)
+    return found.files
 
 
 def _note_left_out(loaded: ModelInput) -> None:

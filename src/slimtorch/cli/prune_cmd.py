@@ -9,9 +9,9 @@ from pathlib import Path
 from rich.table import Table
 
 from slimtorch.cli.arguments import add_command, add_layout, print_json
-from slimtorch.cli.model_input import add_model_arguments, command_model
+from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.io.companions import companion_files, source_provenance
+from slimtorch.io.companions import source_provenance
 from slimtorch.measure import compare, measure
 from slimtorch.prune import channels_with_report
 from slimtorch.prune.hf import save_pretrained
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     del original
     problems: list[str] = []
     if hugging_face:
-        companions = companion_files(loaded.folder)
+        companions = output_companions(loaded.folder)
         provenance = source_provenance("prune", loaded.folder)
         update = save_pretrained(
             model, args.output, companions, quantize=args.quantize, layout=args.layout, metadata=provenance

@@ -9,10 +9,10 @@ from pathlib import Path
 from rich.table import Table
 
 from slimtorch.cli.arguments import add_command, add_layout, print_json
-from slimtorch.cli.model_input import add_model_arguments, command_model
+from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
 from slimtorch.io.codecs.lossy import INT4_GROUP_SIZE
-from slimtorch.io.companions import companion_files, source_provenance
+from slimtorch.io.companions import source_provenance
 from slimtorch.io.hf_layout import resolve_layout
 from slimtorch.measure import LatencyComparison, compare
 from slimtorch.quant import SCHEMES, QuantizeReport, quantize_with_report
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = command_model(args)
     out = Path(args.output)
     folder_out = loaded.folder is not None and out.suffix != ".safetensors"
-    extra = companion_files(loaded.folder) if folder_out else {}
+    extra = output_companions(loaded.folder) if folder_out else {}
     layout = resolve_layout(args.layout, "config.json" in extra, out)
     model = loaded.model.eval()
     samples = loaded.samples(max(1, args.samples))

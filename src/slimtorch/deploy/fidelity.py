@@ -21,9 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from slimtorch.deploy.runner import cosines, embeddings
-
-__all__ = ["cosines", "embeddings"]
+from slimtorch.deploy.runner import cosines, embeddings  # numpy only: the bundle's runner uses them too
 
 MIN_COSINE = 0.99
 """the least cosine a text's embedding may have to eager float32 (issue 18's bound for int8)"""
