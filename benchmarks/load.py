@@ -132,7 +132,7 @@ def load_once(method: str, model: str, folder: Path, layers: int) -> dict[str, A
     paths = files(folder, model)
     construct_s = None
     if method == "slimtorch raw, model pre-built":
-        from slimtorch.io.construct import build_on_meta
+        from slimtorch.loading.construct import build_on_meta
 
         build = build_on_meta(build)
     with open("/proc/self/clear_refs", "w") as stream:

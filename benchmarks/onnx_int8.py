@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from slimtorch.deploy import export  # noqa: E402
 from slimtorch.deploy.fidelity import cosines  # noqa: E402
-from slimtorch.models import open_model  # noqa: E402
+from slimtorch.loading import open_model  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "onnx_int8.json"
 SEQUENCE = 128

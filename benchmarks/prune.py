@@ -39,7 +39,7 @@ from tests.zoo.transformers_models import TRANSFORMERS, main_output
 
 import slimtorch
 from slimtorch.graph.macs import count_macs
-from slimtorch.measure import measure_latency
+from slimtorch.inspection.measure import measure_latency
 
 RESULTS = Path(__file__).resolve().parent / "results" / "prune.json"
 RATIO = 0.5

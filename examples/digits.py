@@ -28,9 +28,9 @@ from rich.table import Table
 from torch import nn
 
 import slimtorch
+from slimtorch.cli.views.inspect_view import output_console
 from slimtorch.graph.macs import count_macs
-from slimtorch.measure import measure_latency
-from slimtorch.report.inspect_view import output_console
+from slimtorch.inspection.measure import measure_latency
 
 EPOCHS, RECOVER_EPOCHS, BATCH = 30, 10, 64
 

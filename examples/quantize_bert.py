@@ -16,7 +16,7 @@ import torch
 from torch.nn import functional as F
 
 import slimtorch
-from slimtorch.measure import measure_latency
+from slimtorch.inspection.measure import measure_latency
 
 
 def build_bert() -> torch.nn.Module:

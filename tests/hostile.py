@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slimtorch.io.readers.torch_legacy import MAGIC_NUMBER, PROTOCOL_VERSION
+from slimtorch.sources.torch_legacy import MAGIC_NUMBER, PROTOCOL_VERSION
 
 
 def os_system_pickle(command: str) -> bytes:
@@ -122,8 +122,8 @@ def write_safetensors_raw(path: Path, header: dict, data: bytes, *, reseal: bool
     A sealed slim header gets its seal recomputed, as anyone editing it by hand can: what a test damages is
     then judged by the reader's checks behind the seal (``reseal=False`` leaves the old seal, to test it).
     """
-    from slimtorch.io.format import CRC_KEY
-    from slimtorch.io.writer import seal_header
+    from slimtorch.format.layout import CRC_KEY
+    from slimtorch.format.writer import seal_header
 
     if reseal and CRC_KEY in header.get("__metadata__", {}):
         header = seal_header(header)
@@ -337,8 +337,8 @@ def slim_with_encoded(path: Path, name: str, parts: dict, stages: list, dtype, s
     given parts and stages, beside an ordinary tensor: only the expansion is hostile."""
     import torch
 
-    from slimtorch.io.codecs.chain import Encoded, encode
-    from slimtorch.io.writer import SlimWriter
+    from slimtorch.format.codecs.chain import Encoded, encode
+    from slimtorch.format.writer import SlimWriter
 
     with SlimWriter(path) as writer:
         writer.add("ok", encode(torch.ones(8)), torch.float32, (8,))
@@ -623,7 +623,7 @@ def fresh_cli_rss() -> int:
 def reseal(path: Path) -> Path:
     """Recompute the header seal of a slim file edited in place, as a deliberate attacker would: the seal
     catches accidents, not intent, so the readers behind it must hold on their own."""
-    from slimtorch.io.writer import seal_header
+    from slimtorch.format.writer import seal_header
 
     header, data = read_safetensors(path)
     return write_safetensors_raw(path, seal_header(header), data)

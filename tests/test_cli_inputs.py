@@ -16,7 +16,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from slimtorch.cli.main import main
-from slimtorch.models import SentenceEmbedder, open_model
+from slimtorch.loading import open_model
+from slimtorch.models import SentenceEmbedder
 from slimtorch.quant import Int8DynamicLinear
 from tests.test_model_input import MINILM, SENTENCES, bert_folder, tokenized
 
@@ -144,7 +145,7 @@ def test_non_strict_loads_a_file_with_an_extra_tensor_and_says_what_was_left_out
 
 @pytest.mark.parametrize("command", LOADING)
 def test_prefix_and_rename_reach_load_model(command, tmp_path, capsys, monkeypatch) -> None:
-    from slimtorch.io import loader
+    from slimtorch.loading import loader
 
     reference = linear()
     weights = tmp_path / "wrapped.safetensors"

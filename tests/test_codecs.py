@@ -1,4 +1,4 @@
-"""Property tests for the codecs of the slim format (:mod:`slimtorch.io.codecs`).
+"""Property tests for the codecs of the slim format (:mod:`slimtorch.format.codecs`).
 
 Every chain the writer uses must give back what it was given: bit for bit for the lossless chains (except that
 ``sparse`` turns -0.0 into +0.0), and within the bound ``lossy.py`` documents for the lossy ones, for 0-d,
@@ -24,8 +24,8 @@ import zstandard
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from slimtorch.io.codecs import CodecError, decode, encode
-from slimtorch.io.codecs.entropy import MAX_RATIO
+from slimtorch.format.codecs import CodecError, decode, encode
+from slimtorch.format.codecs.entropy import MAX_RATIO
 
 # Small budgets: the parametrized tests multiply them by chain x dtype, and explicit examples come on top.
 FEW = settings(max_examples=8, deadline=None, database=None)

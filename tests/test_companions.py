@@ -1,4 +1,4 @@
-"""What a model folder holds besides its weights (slimtorch.io.companions) and how the writer carries it
+"""What a model folder holds besides its weights (slimtorch.sources.companions) and how the writer carries it
 into an output folder: sub-folders, the model card with its provenance, replacing its own output again."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from slimtorch.errors import FormatError, SlimtorchError
-from slimtorch.io import companions
-from slimtorch.io.codecs import encode
-from slimtorch.io.companions import companion_files, find_companions, model_card, source_provenance
-from slimtorch.io.writer import SlimWriter
+from slimtorch.format.codecs import encode
+from slimtorch.format.writer import SlimWriter
+from slimtorch.sources import companions
+from slimtorch.sources.companions import companion_files, find_companions, model_card, source_provenance
 
 TRANSFORMER = "sentence_transformers.models.Transformer"
 POOLING = "sentence_transformers.models.Pooling"
@@ -153,7 +153,9 @@ def test_source_provenance_measures_the_input_weights(sentence_folder: Path) -> 
 
 
 def _write_folder(out: Path, extra: dict) -> list[Path]:
-    with SlimWriter(out, extra_files=extra, provenance={"tool": "slimtorch test"}) as writer:
+    provenance = {"tool": "slimtorch test"}
+    card = lambda old, written: model_card(old, provenance, None, written)  # noqa: E731
+    with SlimWriter(out, extra_files=extra, provenance=provenance, card=card) as writer:
         writer.add("fc.weight", encode(torch.ones(2, 2), []), torch.float32, (2, 2))
     return [p for p in out.rglob("*") if p.is_file()]
 

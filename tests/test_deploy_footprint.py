@@ -30,6 +30,7 @@ from slimtorch.deploy.footprint import (
     torch_baseline,
 )
 from slimtorch.errors import CheckpointNotFoundError, SlimtorchError
+from slimtorch.format.progress import Recorder
 
 # The module, even where slimtorch.deploy re-exports the function under the same name.
 footprint_module = importlib.import_module("slimtorch.deploy.footprint")
@@ -85,15 +86,15 @@ def measured(tmp_path_factory) -> tuple[FootprintReport, Path, list[str]]:
     bundle = _bundle(root / "bundle", PASSING, manifest=manifest)
     (bundle / "weights").mkdir()
     (bundle / "weights" / "extra.bin").write_bytes(b"\3" * 777)
-    stages: list[str] = []
+    stages = Recorder()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
         patch.setattr(footprint_module, "_measure_torch", _must_not_install)
         cache = baseline_cache_path()
         cache.parent.mkdir(parents=True)
         cache.write_text(json.dumps(CACHED))
-        report = footprint(bundle, keep=root / "venv", progress=stages.append)
-    return report, root / "venv", stages
+        report = footprint(bundle, keep=root / "venv", progress=stages)
+    return report, root / "venv", stages.labels
 
 
 @pytest.fixture(scope="module")
@@ -309,7 +310,7 @@ def test_cli_json_has_every_field_and_passes_the_options_on(measured, monkeypatc
         "total_bytes", "sample_ok", "sample_output", "sample_error", "baseline", "ratio", "install_seconds",
     }  # fmt: skip
     assert data["baseline"]["cached"] is True and data["runtime_bytes"] == measured[0].runtime_bytes
-    assert not given.pop("progress").active  # no spinner into a pipe
+    assert not given.pop("progress").enabled  # no spinner into a pipe
     assert given == {
         "baseline": False,
         "refresh_baseline": False,

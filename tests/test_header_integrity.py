@@ -21,7 +21,7 @@ import torch
 
 import slimtorch
 from slimtorch.cli.main import main
-from slimtorch.io.format import CRC_KEY, METADATA_KEY, is_slim
+from slimtorch.format.layout import CRC_KEY, METADATA_KEY, is_slim
 from tests.hostile import read_safetensors, write_safetensors_raw
 
 KINDS = ("lossless", "int8", "int4", "sharded")

@@ -14,8 +14,8 @@ import torch
 
 import slimtorch
 from slimtorch.errors import FormatError, SlimtorchError
+from slimtorch.format.policy import ShrinkOptions
 from slimtorch.models import hub
-from slimtorch.policy import ShrinkOptions
 from slimtorch.quant import QuantizedWeight
 from tests.zoo.transformers_models import TRANSFORMERS, example, main_output
 
@@ -195,7 +195,7 @@ def test_pruned_folder_loads_in_both_and_int8_stays_close(bases, name, quantize,
     pruned = copy.deepcopy(model)
     slimtorch.prune.channels(pruned, example(name), ratio=0.5)
     out = tmp_path / "out"
-    slimtorch.prune.save_pretrained(pruned, out, quantize=quantize)
+    slimtorch.save_pretrained(pruned, out, quantize=quantize)
     theirs = type(model).from_pretrained(out, dtype=torch.float32).eval()
     ours = slimtorch.load_model(out, TRANSFORMERS[name]).eval()
     got, loaded, want = _outputs(name, theirs, ours, pruned)
@@ -267,8 +267,8 @@ def test_hf_layout_is_refused_where_it_cannot_be_written(bases, tmp_path) -> Non
 
 
 def test_symmetric_int4_stays_in_its_bound_and_its_compressed_tensors_words_decode_the_same() -> None:
-    from slimtorch.io.codecs import decode, encode
-    from slimtorch.io.hf_layout import ct_form
+    from slimtorch.format.codecs import decode, encode
+    from slimtorch.format.hf_layout import ct_form
 
     weight = torch.randn(48, 96) * torch.linspace(0.01, 3, 96)
     encoded = encode(weight, [("int4", {"group_size": 32, "symmetric": True})])

@@ -16,14 +16,14 @@ from safetensors.torch import save_file
 import slimtorch
 from slimtorch.cli.main import main
 from slimtorch.errors import FormatError, SlimtorchError
-from slimtorch.inspection import _attribute_bytes, _scan_zeros, classify
-from slimtorch.io import untrusted
-from slimtorch.io.codecs import CodecError, Encoded, decode, encode
-from slimtorch.io.readers import open_checkpoint
-from slimtorch.io.source import ObjectInfo, TensorInfo, check_tensor_fits, shape_problem
-from slimtorch.io.writer import SlimWriter
-from slimtorch.prune.delta import StructuralDelta
+from slimtorch.format import untrusted
+from slimtorch.format.codecs import CodecError, Encoded, decode, encode
+from slimtorch.format.delta import StructuralDelta
+from slimtorch.format.source import ObjectInfo, TensorInfo, check_tensor_fits, shape_problem
+from slimtorch.format.writer import SlimWriter
+from slimtorch.inspection.breakdown import _attribute_bytes, _scan_zeros, classify
 from slimtorch.prune.unstructured import finalize
+from slimtorch.sources import open_checkpoint
 from tests.hostile import edit_slim_metadata, write_safetensors_raw
 
 
@@ -373,5 +373,5 @@ def test_aliases_of_one_tensor_are_scanned_once(tmp_path):
         reads = []
         get = source.get
         source.get = lambda name: reads.append(name) or get(name)  # type: ignore[method-assign]
-        zeros = _scan_zeros(source, source.infos(), None)
+        zeros = _scan_zeros(source, source.infos(), lambda n: None)
     assert len(reads) == 1 and set(zeros.values()) == {1000}

@@ -468,8 +468,8 @@ def _many_names(count: int, kind: str) -> Build:
         elif kind == "views":
             torch.save({f"v{i}": base[i : i + 1] for i in range(count)}, path)
         else:  # slim ties
-            from slimtorch.io.codecs.chain import encode
-            from slimtorch.io.writer import SlimWriter
+            from slimtorch.format.codecs.chain import encode
+            from slimtorch.format.writer import SlimWriter
 
             with SlimWriter(path, ties={f"n{i}": "w" for i in range(count)}) as writer:
                 writer.add("w", encode(base), torch.float32, (count,))

@@ -21,7 +21,8 @@ from slimtorch.cli import inspect_cmd
 from slimtorch.cli.main import main
 from slimtorch.deploy.bundle import read_manifest
 from slimtorch.errors import FormatError
-from slimtorch.models import hub, open_model
+from slimtorch.loading import open_model
+from slimtorch.models import hub
 from tests.test_cli_inputs import one_error_line
 from tests.test_model_input import bert_folder
 
@@ -364,7 +365,7 @@ def test_a_folder_named_like_a_companion_is_not_replaced_by_the_companion(tmp_pa
 
 @pytest.mark.parametrize("name", ["out.safetensors", "out"])
 def test_stale_temps_of_a_killed_run_are_removed_by_the_next_write_to_the_same_place(tmp_path, name):
-    from slimtorch.io.writer import STARTED
+    from slimtorch.format.writer import STARTED
 
     stale_file = tmp_path / f".slimtorch-tmp-{name}-deadbeef"
     stale_folder = tmp_path / f".slimtorch-tmp-{name}-old-0123abcd"

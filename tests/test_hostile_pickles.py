@@ -21,11 +21,11 @@ import torch
 import slimtorch
 from slimtorch.cli.main import main
 from slimtorch.errors import FormatError, SlimtorchError, UnsafeCheckpointError
-from slimtorch.io import objects, untrusted
-from slimtorch.io.objects import plain_objects, short_repr
-from slimtorch.io.readers import pickle_budget, pickled
-from slimtorch.io.readers.pickled import flatten
-from slimtorch.io.readers.torch_legacy import SIGNATURE as LEGACY_SIGNATURE
+from slimtorch.format import untrusted
+from slimtorch.sources import objects, pickle_budget, pickled
+from slimtorch.sources.objects import plain_objects, short_repr
+from slimtorch.sources.pickled import flatten
+from slimtorch.sources.torch_legacy import SIGNATURE as LEGACY_SIGNATURE
 from tests.hostile import legacy_with_pickle, torch_zip_with_pickle
 
 PROTO, STOP, MARK = b"\x80\x02", b".", b"("

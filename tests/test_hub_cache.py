@@ -21,8 +21,9 @@ import torch
 import slimtorch
 from slimtorch.cli.main import main
 from slimtorch.errors import CheckpointNotFoundError, FormatError
-from slimtorch.io.hub_cache import HubId, hub_cache_dir, parse_hub_id, resolve_model_path
-from slimtorch.models import SentenceEmbedder, open_meta_model, open_model
+from slimtorch.loading import open_meta_model, open_model
+from slimtorch.models import SentenceEmbedder
+from slimtorch.sources.hub_cache import HubId, hub_cache_dir, parse_hub_id, resolve_model_path
 from tests.test_cli_inputs import one_error_line
 from tests.test_model_input import bert_folder, sentence_folder, tiny_bert
 

@@ -11,7 +11,7 @@ from torch.nn.utils import prune
 
 import slimtorch
 from slimtorch.cli.main import main
-from slimtorch.inspection import CATEGORIES
+from slimtorch.inspection.breakdown import CATEGORIES
 from tests.zoo import MLP, SmallCNN, TinyGPT, trained_checkpoint
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from slimtorch.cli.main import main
-from slimtorch.measure import MIN_ROUNDS, compare
+from slimtorch.inspection.measure import MIN_ROUNDS, compare
 
 
 @pytest.fixture(autouse=True)

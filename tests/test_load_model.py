@@ -17,7 +17,7 @@ from torch import nn
 
 import slimtorch
 from slimtorch.cli.main import main
-from slimtorch.io.construct import build_on_meta, parameters_on_meta
+from slimtorch.loading.construct import build_on_meta, parameters_on_meta
 from tests.hostile import data_range
 from tests.zoo import MLP, SmallCNN, TinyGPT, trained_checkpoint
 

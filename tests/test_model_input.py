@@ -1,4 +1,4 @@
-"""slimtorch.models.open_model: the model a user names (a factory, a Hugging Face folder, a
+"""slimtorch.open_model: the model a user names (a factory, a Hugging Face folder, a
 sentence-transformers folder), its weights loaded safely, and an example input it is known to accept."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from torch import nn
 
 import slimtorch
 from slimtorch.errors import SlimtorchError
-from slimtorch.models import ModelInput, SentenceEmbedder, open_meta_model, open_model
+from slimtorch.loading import ModelInput, open_meta_model, open_model
+from slimtorch.models import SentenceEmbedder
 from slimtorch.models.sentence import pool
 
 transformers = pytest.importorskip("transformers")

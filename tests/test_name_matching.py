@@ -20,8 +20,8 @@ from torch import nn
 
 import slimtorch
 from slimtorch.cli.main import main
-from slimtorch.io.construct import build_model, intended_device
-from slimtorch.io.name_matching import find_prefix
+from slimtorch.format.names import find_prefix
+from slimtorch.loading.construct import build_model, intended_device
 from tests.zoo import MLP, SmallCNN, trained_checkpoint
 
 PACKAGES = Path(torch.__file__).parent.parent

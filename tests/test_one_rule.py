@@ -15,9 +15,9 @@ from torch import nn
 
 import slimtorch
 from slimtorch.cli.main import build_parser, main
-from slimtorch.io.codecs import CodecError, encode
-from slimtorch.io.codecs.lossy import INT4_GROUP_SIZE, check_group_size
-from slimtorch.policy import SHRINK_INT4_GROUP_SIZE
+from slimtorch.format.codecs import CodecError, encode
+from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, check_group_size
+from slimtorch.format.policy import SHRINK_INT4_GROUP_SIZE
 from slimtorch.quant.recorded import check_recorded
 from tests.test_cli_inputs import one_error_line
 

@@ -7,8 +7,8 @@ import safetensors.torch
 import torch
 
 import slimtorch
-from slimtorch.io import format as slim_format
-from slimtorch.io.readers import slim
+from slimtorch.format import layout as slim_format
+from slimtorch.sources import slim
 from tests.hostile import data_range
 
 

@@ -19,7 +19,7 @@ def test_pruned_folder_loads_with_from_pretrained_and_load_model(name: str, tmp_
     model = TRANSFORMERS[name]().eval()
     slimtorch.prune.channels(model, example(name), ratio=0.5)
     expected = main_output(model(*example(name)))
-    update = slimtorch.prune.save_pretrained(model, tmp_path / name)
+    update = slimtorch.save_pretrained(model, tmp_path / name)
     assert update.problems == []
     config = json.loads((tmp_path / name / "config.json").read_text())
     assert config.get("num_attention_heads", config.get("n_head")) == 2  # GPT-2 names it n_head
@@ -33,7 +33,7 @@ def test_pruned_folder_loads_with_from_pretrained_and_load_model(name: str, tmp_
 def test_a_head_size_the_config_cannot_express_is_reported_and_load_model_still_works(name, tmp_path) -> None:
     model = TRANSFORMERS[name]().eval()
     slimtorch.prune.channels(model, example(name), ratio=0.5)  # 4 heads of 16 -> 2 heads of 16, hidden 64
-    update = slimtorch.prune.save_pretrained(model, tmp_path / name)
+    update = slimtorch.save_pretrained(model, tmp_path / name)
     assert any("hidden_size / num_attention_heads" in problem for problem in update.problems)
     loaded = slimtorch.load_model(tmp_path / name, TRANSFORMERS[name]).eval()
     assert torch.equal(main_output(loaded(*example(name))), main_output(model(*example(name))))
@@ -42,10 +42,8 @@ def test_a_head_size_the_config_cannot_express_is_reported_and_load_model_still_
 def test_saving_again_replaces_the_folder(tmp_path) -> None:
     model = TRANSFORMERS["gpt2"]().eval()
     slimtorch.prune.channels(model, example("gpt2"), ratio=0.5)
-    slimtorch.prune.save_pretrained(model, tmp_path / "gpt2")
-    slimtorch.prune.save_pretrained(
-        model, tmp_path / "gpt2", quantize="int8"
-    )  # config.json is ours: replaced
+    slimtorch.save_pretrained(model, tmp_path / "gpt2")
+    slimtorch.save_pretrained(model, tmp_path / "gpt2", quantize="int8")  # config.json is ours: replaced
     assert {p.name for p in (tmp_path / "gpt2").iterdir()} == {"config.json", "model.safetensors"}
 
 

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 import slimtorch
 from slimtorch.cli.main import main
-from slimtorch.io.codecs import decode, encode
+from slimtorch.format.codecs import decode, encode
 from slimtorch.quant import kernels
 from slimtorch.quant.modules import Int4WeightLinear, Int8DynamicLinear, Int8WeightLinear
 from tests.hostile import reseal
@@ -280,7 +280,7 @@ def test_an_unknown_scheme_in_a_file_is_refused_with_exit_2(tmp_path, capsys) ->
     slimtorch.save_model(slimtorch.quantize(TokenMLP(), "int8-dynamic"), tmp_path / "q.safetensors")
     from safetensors.torch import load_file, save_file
 
-    from slimtorch.io.readers.safetensors_file import read_metadata
+    from slimtorch.format.container import read_metadata
 
     metadata = read_metadata(tmp_path / "q.safetensors")
     body = json.loads(metadata["slimtorch"])

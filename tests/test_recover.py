@@ -10,7 +10,7 @@ import slimtorch
 from slimtorch.errors import SlimtorchError
 from slimtorch.prune import weights
 from slimtorch.prune.unstructured import sparsity_of
-from slimtorch.recovery import distillation_loss, recalibrate_batchnorm, recover
+from slimtorch.recovery.training import distillation_loss, recalibrate_batchnorm, recover
 
 
 def _blobs(seed: int = 0, n: int = 512) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from slimtorch.cli.main import main
-from slimtorch.io.loader import load_model_profiled
-from slimtorch.models import open_model
-from slimtorch.models.opening import _built_on_meta
-from slimtorch.policy import ShrinkOptions
-from slimtorch.shrinking import shrink
+from slimtorch.format.policy import ShrinkOptions
+from slimtorch.loading import open_model
+from slimtorch.loading.loader import load_model_profiled
+from slimtorch.loading.opening import _built_on_meta
+from slimtorch.shrinking.saving import shrink
 
 transformers = pytest.importorskip("transformers")
 st = pytest.importorskip("sentence_transformers")

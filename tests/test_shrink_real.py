@@ -19,8 +19,8 @@ from torch import nn
 
 import slimtorch
 from slimtorch.cli.main import main
-from slimtorch.io.codecs import decode, encode
-from slimtorch.policy import ShrinkOptions
+from slimtorch.format.codecs import decode, encode
+from slimtorch.format.policy import ShrinkOptions
 
 
 def _asset(package: str, relative: str) -> Path:

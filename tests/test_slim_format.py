@@ -20,7 +20,7 @@ from torch.nn.utils import prune
 
 import slimtorch
 from slimtorch.cli.main import main
-from slimtorch.io import writer
+from slimtorch.format import writer
 from tests.hostile import (
     add_safetensors_entry,
     data_range,

@@ -13,7 +13,7 @@ from torch import nn
 import slimtorch
 from slimtorch.prune import GradualPruner, keep_sparse, weights
 from slimtorch.prune.unstructured import prunable_weights, sparsity_of
-from slimtorch.recovery import recover
+from slimtorch.recovery.training import recover
 
 RESEMBLYZER = Path(__file__).parents[1] / ".venv/lib/python3.11/site-packages/resemblyzer/pretrained.pt"
 

@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from slimtorch.io.staging import Stager
+from slimtorch.loading.staging import Stager
 
 
 class RecordingEvent:
@@ -110,7 +110,7 @@ def test_load_model_sends_every_tensor_through_the_stager_and_converts_after_it(
 ) -> None:
     """The loader's device path, on the CPU: the stager it would use for CUDA, with tiny buffers."""
     import slimtorch
-    from slimtorch.io import loader
+    from slimtorch.loading import loader
     from tests.zoo import SmallCNN
 
     cnn = SmallCNN().eval()

@@ -26,6 +26,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from slimtorch import deploy, memory, models, prune
+from slimtorch._version import __version__
 from slimtorch.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -33,21 +35,21 @@ from slimtorch.errors import (
     OptionError,
     SlimtorchError,
     UnsafeCheckpointError,
+    deprecated,
 )
+from slimtorch.format.source import ObjectInfo, TensorInfo, TensorSource
 from slimtorch.inspection import InspectReport, inspect
-from slimtorch.io.readers import open_checkpoint
-from slimtorch.io.source import ObjectInfo, TensorInfo, TensorSource
-
-__version__ = "0.1.0"
-
-from slimtorch import deploy, memory, models, prune
-from slimtorch.io.loader import LoadProfile, load, load_model, load_model_profiled
-from slimtorch.io.objects import load_objects
-from slimtorch.models import ModelInput, open_model
-from slimtorch.policy import ShrinkOptions
+from slimtorch.loading import LoadProfile, ModelInput, load, load_model, load_model_profiled, open_model
 from slimtorch.quant import QuantizeReport, quantize, quantize_with_report
 from slimtorch.recovery import RecoverReport, recover
-from slimtorch.shrinking import ShrinkReport, save, save_model, shrink
+from slimtorch.shrinking import ShrinkOptions, ShrinkReport, save, save_model, save_pretrained, shrink
+from slimtorch.sources import open_checkpoint
+from slimtorch.sources.objects import load_objects
+
+# Names the API moved, kept working for one release (each warns once per call site).
+prune.save_pretrained = deprecated(  # type: ignore[attr-defined]
+    save_pretrained, "slimtorch.prune.save_pretrained", "slimtorch.save_pretrained"
+)
 
 
 def open(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> TensorSource:
@@ -108,5 +110,6 @@ __all__ = [
     "recover",
     "save",
     "save_model",
+    "save_pretrained",
     "shrink",
 ]

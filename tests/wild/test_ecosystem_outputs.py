@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from slimtorch.cli.main import main
-from slimtorch.models import open_model
-from slimtorch.policy import ShrinkOptions
-from slimtorch.shrinking import shrink
+from slimtorch.format.policy import ShrinkOptions
+from slimtorch.loading import open_model
+from slimtorch.shrinking.saving import shrink
 from tests.wild.classes import MINILM
 from tests.wild.inputs import SENTENCES
 

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from slimtorch.errors import OptionError
-from slimtorch.io.codecs.lossy import check_group_size
+from slimtorch.format.codecs.lossy import check_group_size
 
 
 def add_command(

@@ -12,14 +12,14 @@ from rich.table import Table
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.cli.progress import TerminalProgress
+from slimtorch.cli.views.inspect_view import output_console
 from slimtorch.deploy import FP32, INT8, ExportReport, Tolerance, export
-from slimtorch.deploy.export import forward_names
 from slimtorch.deploy.runner import BundleError, read_inputs
 from slimtorch.errors import SlimtorchError
-from slimtorch.models import ModelInput
-from slimtorch.report.inspect_view import output_console
-from slimtorch.report.progress import StageStatus
-from slimtorch.report.units import format_bytes
+from slimtorch.format.units import format_bytes
+from slimtorch.loading import ModelInput
+from slimtorch.models.examples import forward_names
 
 HELP = "export to ONNX (runs on onnxruntime, no torch) or .pt2, verified against PyTorch, as a bundle"
 DESCRIPTION = """\
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         atol = base.atol if args.atol is None else args.atol
         rtol = base.rtol if args.rtol is None else args.rtol
         tolerance = Tolerance(atol, rtol, f"given: within {atol:g} + {rtol:g} x max|eager|")
-    with StageStatus(enabled=not args.json) as status:
+    with TerminalProgress(enabled=not args.json) as status:
         report = export(
             model,
             example,

@@ -9,10 +9,10 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from slimtorch.cli.arguments import add_command, print_json
+from slimtorch.cli.progress import TerminalProgress
+from slimtorch.cli.views.inspect_view import output_console
 from slimtorch.deploy.footprint import Baseline, FootprintReport, footprint
-from slimtorch.report.inspect_view import output_console
-from slimtorch.report.progress import StageStatus
-from slimtorch.report.units import format_bytes
+from slimtorch.format.units import format_bytes
 
 HELP = "measure a deployment bundle's runtime on disk in a clean venv, beside torch's, and run its sample"
 DESCRIPTION = """\
@@ -63,7 +63,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
 
 def run(args: argparse.Namespace) -> int:
     console = output_console()
-    with StageStatus(enabled=not args.json) as progress:
+    with TerminalProgress(enabled=not args.json) as progress:
         report = footprint(
             args.bundle,
             baseline=not args.no_baseline,

@@ -6,10 +6,10 @@ import argparse
 
 from slimtorch.cli.arguments import add_allow_global, add_command, print_json
 from slimtorch.cli.model_spec import PATH_HELP
-from slimtorch.inspection import inspect
-from slimtorch.io.readers import open_checkpoint
-from slimtorch.report.inspect_view import output_console, render_inspect
-from slimtorch.report.progress import ByteProgress
+from slimtorch.cli.progress import TerminalProgress
+from slimtorch.cli.views.inspect_view import output_console, render_inspect
+from slimtorch.inspection.breakdown import inspect
+from slimtorch.sources import open_checkpoint
 
 HELP = "where a checkpoint's bytes go, and what could be saved"
 DESCRIPTION = """\
@@ -58,10 +58,11 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    with open_checkpoint(args.path, allow_globals=args.allow_global) as source:
-        total = sum(info.nbytes for info in source.tensors)
-        with ByteProgress("scanning", total, enabled=None if args.scan else False) as bar:
-            report = inspect(source, depth=args.depth, top=args.top, scan=args.scan, progress=bar.advance)
+    with (
+        open_checkpoint(args.path, allow_globals=args.allow_global) as source,
+        TerminalProgress(enabled=args.scan) as bar,
+    ):
+        report = inspect(source, depth=args.depth, top=args.top, scan=args.scan, progress=bar)
     if args.json:
         print_json(report.to_dict())
     else:

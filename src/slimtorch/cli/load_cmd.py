@@ -6,11 +6,11 @@ import argparse
 
 from slimtorch.cli.arguments import add_allow_global, add_command, print_json
 from slimtorch.cli.model_spec import PATH_HELP, SPEC_HELP, resolve_factory
+from slimtorch.cli.views.inspect_view import output_console
+from slimtorch.cli.views.load_view import render_load
 from slimtorch.errors import SlimtorchError
-from slimtorch.io.loader import LoadProfile, load_model_profiled, load_profiled
-from slimtorch.io.name_matching import file_groups
-from slimtorch.report.inspect_view import output_console
-from slimtorch.report.load_view import render_load
+from slimtorch.format.names import file_groups
+from slimtorch.loading.loader import LoadProfile, load_model_profiled, load_profiled
 
 HELP = "load a checkpoint (into a model), verify every checksum, and show where the time went"
 DESCRIPTION = """\

@@ -17,7 +17,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from slimtorch import __version__
+from slimtorch._version import __version__
 from slimtorch.cli import (
     export_cmd,
     footprint_cmd,

@@ -10,10 +10,10 @@ from rich.table import Table
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import MODEL_HELP, add_input_shape, meta_model
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.cli.views.inspect_view import output_console
+from slimtorch.cli.views.memory_chart import write_chart
+from slimtorch.format.units import format_bytes, format_share, parse_size
 from slimtorch.memory import CATEGORIES, OPTIMIZERS, PRECISIONS, MemoryReport, estimate
-from slimtorch.report.inspect_view import output_console
-from slimtorch.report.memory_chart import write_chart
-from slimtorch.report.units import format_bytes, format_share, parse_size
 
 HELP = "predict a training (or inference) step's peak memory, and what it is made of, without running it"
 DESCRIPTION = """\

@@ -1,5 +1,5 @@
 """MODEL and its options, the same on every command that works on a model: one layer over
-:func:`slimtorch.models.open_model`.
+:func:`slimtorch.open_model`.
 
 ``prune``, ``quantize``, ``export`` and ``ops`` take MODEL (a factory spec, a Hugging Face folder or a
 sentence-transformers folder, either also by its Hub repo id from the local cache), ``--weights``,
@@ -18,9 +18,9 @@ from pathlib import Path
 from slimtorch.cli.arguments import add_allow_global
 from slimtorch.cli.model_spec import HUB_ID_HELP, SPEC_HELP
 from slimtorch.errors import OptionError
-from slimtorch.io.companions import find_companions
-from slimtorch.models import ModelInput, open_meta_model, open_model
+from slimtorch.loading import ModelInput, open_meta_model, open_model
 from slimtorch.models.examples import DEFAULT_SHAPE
+from slimtorch.sources.companions import find_companions
 
 MODEL_HELP = (
     SPEC_HELP + f", a Hugging Face model folder, a sentence-transformers folder, or either by {HUB_ID_HELP}"

@@ -1,5 +1,5 @@
 """MODEL and PATH on the command line: the help texts shared by every command; resolution lives in
-:mod:`slimtorch.models.spec` and :mod:`slimtorch.io.hub_cache`, where the Python API finds it too."""
+:mod:`slimtorch.models.spec` and :mod:`slimtorch.sources.hub_cache`, where the Python API finds it too."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
 from slimtorch.deploy.ops import operators
-from slimtorch.io.writer import write_atomic_text
+from slimtorch.format.writer import write_atomic_text
 
 HELP = "list the operators a model uses, as the YAML PyTorch's selective build reads (a minimal libtorch)"
 DESCRIPTION = """\

@@ -11,13 +11,13 @@ from rich.table import Table
 from slimtorch.cli.arguments import add_command, add_layout, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.io.companions import source_provenance
-from slimtorch.measure import compare, measure
+from slimtorch.cli.views.inspect_view import output_console
+from slimtorch.format.units import format_bytes
+from slimtorch.inspection.measure import compare, measure
 from slimtorch.prune import channels_with_report
-from slimtorch.prune.hf import save_pretrained
-from slimtorch.report.inspect_view import output_console
-from slimtorch.report.units import format_bytes
-from slimtorch.shrinking import save_model
+from slimtorch.shrinking.pretrained import save_pretrained
+from slimtorch.shrinking.saving import save_model
+from slimtorch.sources.companions import source_provenance
 
 HELP = "remove whole channels (structured pruning) and save the smaller model without pickle"
 DESCRIPTION = """\

@@ -11,14 +11,14 @@ from rich.table import Table
 from slimtorch.cli.arguments import add_command, add_layout, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.io.codecs.lossy import INT4_GROUP_SIZE
-from slimtorch.io.companions import source_provenance
-from slimtorch.io.hf_layout import resolve_layout
-from slimtorch.measure import LatencyComparison, compare
+from slimtorch.cli.views.inspect_view import output_console
+from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE
+from slimtorch.format.hf_layout import resolve_layout
+from slimtorch.format.units import format_bytes
+from slimtorch.inspection.measure import LatencyComparison, compare
 from slimtorch.quant import SCHEMES, QuantizeReport, quantize_with_report
-from slimtorch.report.inspect_view import output_console
-from slimtorch.report.units import format_bytes
-from slimtorch.shrinking import save_model
+from slimtorch.shrinking.saving import save_model
+from slimtorch.sources.companions import source_provenance
 
 HELP = "quantize Linear, Embedding, LSTM and GRU layers (int8 / int4), check against the float model, save"
 DESCRIPTION = """\

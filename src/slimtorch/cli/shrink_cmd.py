@@ -7,13 +7,12 @@ import argparse
 from slimtorch.cli.arguments import add_allow_global, add_command, add_group_size, add_layout, print_json
 from slimtorch.cli.model_spec import PATH_HELP
 from slimtorch.cli.output_path import check_output
-from slimtorch.io.readers import open_checkpoint
-from slimtorch.policy import SHRINK_INT4_GROUP_SIZE, ShrinkOptions
-from slimtorch.report.inspect_view import output_console
-from slimtorch.report.progress import ByteProgress
-from slimtorch.report.shrink_view import render_shrink
-from slimtorch.report.units import parse_size
-from slimtorch.shrinking import shrink
+from slimtorch.cli.progress import TerminalProgress
+from slimtorch.cli.views.inspect_view import output_console
+from slimtorch.cli.views.shrink_view import render_shrink
+from slimtorch.format.policy import SHRINK_INT4_GROUP_SIZE, ShrinkOptions
+from slimtorch.format.units import parse_size
+from slimtorch.shrinking.saving import shrink
 
 HELP = "write a smaller, safe copy of a checkpoint (slim format on safetensors)"
 DESCRIPTION = """\
@@ -121,9 +120,7 @@ def run(args: argparse.Namespace) -> int:
         quantize_all=args.quantize_all,
     )
     check_output(args.output, [args.source])
-    with open_checkpoint(args.source, allow_globals=args.allow_global) as source:
-        total = sum(info.nbytes for info in source.tensors)
-    with ByteProgress("shrinking", total) as bar:
+    with TerminalProgress() as bar:
         report = shrink(
             args.source,
             args.output,
@@ -133,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             keep_objects=not args.no_objects,
             shard_bytes=args.shard_size,
             allow_globals=args.allow_global,
-            progress=bar.advance,
+            progress=bar,
             layout=args.layout,
         )
     if args.json:

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from slimtorch import __version__
+from slimtorch._version import __version__
 from slimtorch.deploy import runner
 from slimtorch.errors import SlimtorchError
-from slimtorch.io.untrusted import load_json
-from slimtorch.io.writer import TEMP_PREFIX, replace_folder
+from slimtorch.format.untrusted import load_json
+from slimtorch.format.writer import TEMP_PREFIX, replace_folder
 
 FORMAT = "slimtorch-bundle"
 VERSION = 1

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +28,9 @@ from slimtorch.deploy.bundle import BundleWriter
 from slimtorch.deploy.noise import NOISE_FACTOR, rounding_noise
 from slimtorch.deploy.program import BATCH, export_program
 from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.progress import Progress, announcer
 from slimtorch.graph.capture import as_args, random_like, without_cache
+from slimtorch.models.examples import forward_names
 from slimtorch.quant import QuantizedWeight, dequantize, model_bytes, quantize
 
 FORMATS = ("onnx", "pt2")
@@ -122,7 +123,7 @@ def export(
     dynamic_batch: bool = False,
     samples: int = 3,
     tolerance: Tolerance | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
     tokenizer: str | os.PathLike[str] | None = None,
 ) -> ExportReport:
     """Export ``model`` to the bundle folder ``out`` and verify it against eager PyTorch.
@@ -140,7 +141,7 @@ def export(
         samples: inputs compared (the example, then random ones like it).
         tolerance: the agreement required (default :data:`FP32`; quantized, :data:`INT8_TEXT` for a text
             model, decided by its sentence embedding's cosine, else :data:`INT8`).
-        progress: called with the name of each stage as it starts.
+        progress: told each stage as it starts (:mod:`slimtorch.format.progress`).
         tokenizer: a folder with the model's ``tokenizer.json``: a text bundle (see
             :mod:`slimtorch.deploy.text`), whose inputs are the token inputs the model takes, dynamic in
             batch and sequence, checked at several lengths, and whose ``predict.py`` takes ``--text``.
@@ -156,7 +157,7 @@ def export(
         raise OptionError(f"--quantize takes int8, not {quantize_to!r}")
     if format == "onnx":
         onnx_model.require_onnx()  # before a long capture, not after it
-    say = progress or (lambda message: None)
+    say = announcer(progress)
     model.eval()
     kwargs = without_cache(model, {})
     text = text_bundle.text_inputs(tokenizer, model, example_inputs) if tokenizer is not None else None
@@ -398,15 +399,6 @@ def _batched(value: Any, size: int) -> Any:
         return value
     rows = [random_like(value[:1]) for _ in range(size)]
     return torch.cat(rows)
-
-
-def forward_names(model: nn.Module) -> list[str]:
-    """The names of the model's positional forward arguments (what the exported inputs are called)."""
-    try:
-        parameters = list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):
-        return []
-    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def _input_names(model: nn.Module, args: tuple) -> list[str]:

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -40,12 +39,12 @@ from slimtorch.deploy.venv import (
 )
 from slimtorch.deploy.venv import weigh as weigh_venv
 from slimtorch.errors import CheckpointNotFoundError, FormatError, SlimtorchError
-from slimtorch.io.untrusted import load_json
+from slimtorch.format.progress import Progress, announcer
+from slimtorch.format.untrusted import load_json
 
 # Installers, not runtime: every fresh venv has them and a deployment image need not keep them.
 BUILD_TOOLS = frozenset({"pip", "setuptools", "wheel"})
 SAMPLE_TIMEOUT_S = 600
-Progress = Callable[[str], None]
 Packages = tuple["PackageBytes", ...]
 
 
@@ -156,7 +155,7 @@ def footprint(
 
     ``python`` makes the venv (default: this one); ``keep``, a new or empty folder, keeps it. A failing
     sample is reported (``sample_ok`` False), not raised; what pip cannot install raises
-    :class:`SlimtorchError`. ``progress(message)`` is called as each stage starts.
+    :class:`SlimtorchError`. ``progress`` is told each stage as it starts (:mod:`slimtorch.format.progress`).
 
     Example:
         >>> report = footprint("resnet-bundle", baseline=False)  # doctest: +SKIP
@@ -165,7 +164,7 @@ def footprint(
     """
     folder = _bundle_folder(bundle)
     model_bytes = sum(path.stat().st_size for path in _model_files(folder))
-    say = progress or (lambda message: None)
+    say = announcer(progress)
     python = python or sys.executable
     with venv_folder(keep) as venv:
         started = time.perf_counter()
@@ -320,7 +319,7 @@ def _split_build_tools(packages: list[PackageBytes]) -> tuple[Packages, Packages
 def _measure_torch(
     python: str, requirement: str, compile_bytecode: bool, progress: Progress | None
 ) -> list[PackageBytes]:
-    say = progress or (lambda message: None)
+    say = announcer(progress)
     with tempfile.TemporaryDirectory(prefix="slimtorch-footprint-torch-") as venv:
         say("measuring torch: creating a virtual environment")
         venv_python = create_venv(python, Path(venv))

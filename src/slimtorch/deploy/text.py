@@ -35,10 +35,10 @@ from torch import nn
 
 from slimtorch.deploy import runner
 from slimtorch.errors import FormatError, SlimtorchError
-from slimtorch.io.companions import companion_files
-from slimtorch.io.untrusted import MAX_JSON_BYTES
+from slimtorch.format.untrusted import MAX_JSON_BYTES
 from slimtorch.models import hub
 from slimtorch.models.sentence import SentenceEmbedder
+from slimtorch.sources.companions import companion_files
 
 TOKEN_INPUTS = runner.TOKEN_FIELDS
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

@@ -188,6 +188,15 @@ def _fresh(value: Any, name: str | None, mask: torch.Tensor | None, generator: t
     return torch.where(keep, drawn.to(value.dtype), value)
 
 
+def forward_names(model: nn.Module) -> list[str]:
+    """The names of the model's positional forward arguments (what the exported inputs are called)."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def _forward_names(model: nn.Module) -> set[str]:
     try:
         return set(inspect.signature(model.forward).parameters)

@@ -10,15 +10,16 @@ it). Weights are not read here: :func:`slimtorch.load_model` puts them into the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from slimtorch.errors import FormatError, SlimtorchError
-from slimtorch.io.hf_layout import REFUSING_TYPE, inner_config
-from slimtorch.io.untrusted import MAX_JSON_BYTES, load_json
+from slimtorch.format.hf_layout import REFUSING_TYPE, inner_config
+from slimtorch.format.untrusted import MAX_JSON_BYTES, load_json
 
 
 def is_model_folder(path: Path) -> bool:
@@ -78,7 +79,7 @@ def config_from_dict(values: dict[str, Any], path: Path | str = "config.json") -
 
 
 def read_json(path: Path, what: str = "JSON") -> Any:
-    """A JSON file of a model folder, read through :func:`~slimtorch.io.untrusted.load_json`: at most
+    """A JSON file of a model folder, read through :func:`~slimtorch.format.untrusted.load_json`: at most
     ``MAX_JSON_BYTES`` are read (a 10 GB ``config.json``, or one linked to ``/dev/zero``, is refused without
     being read), and a parse error is a :class:`FormatError` naming the file.
 
@@ -166,6 +167,18 @@ def checkpoint_renames(model: nn.Module, file_names: Iterable[str]) -> list[tupl
         if renamed != name:
             pairs.append((name, renamed))
     return pairs
+
+
+def config_model(config: Mapping[str, Any]) -> nn.Module | None:
+    """The transformers model ``config`` describes, built on the meta device (no memory, no init): which
+    layers are ``nn.Linear`` is what decides the compressed-tensors format. None when transformers cannot
+    build it (an unknown architecture)."""
+    try:
+        build = model_factory(config_from_dict(dict(inner_config(dict(config), Path("config.json")))))
+        with torch.device("meta"):
+            return build()
+    except Exception:
+        return None
 
 
 def require_transformers() -> Any:

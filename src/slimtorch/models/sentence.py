@@ -24,23 +24,8 @@ from torch import nn
 
 from slimtorch.errors import FormatError, SlimtorchError
 from slimtorch.models import hub
+from slimtorch.sources.companions import MODULE_TYPES, NORMALIZE, POOLING, TRANSFORMER
 
-TRANSFORMER = "sentence_transformers.models.Transformer"
-POOLING = "sentence_transformers.models.Pooling"
-NORMALIZE = "sentence_transformers.models.Normalize"
-# modules.json names each module by its class's import path, which sentence-transformers 5.4 moved:
-# folders it saves name the new paths, older folders the old ones.
-MODULE_TYPES = {
-    TRANSFORMER: TRANSFORMER,
-    "sentence_transformers.base.modules.transformer.Transformer": TRANSFORMER,
-    "sentence_transformers.base.modules.Transformer": TRANSFORMER,
-    POOLING: POOLING,
-    "sentence_transformers.sentence_transformer.modules.pooling.Pooling": POOLING,
-    "sentence_transformers.sentence_transformer.modules.Pooling": POOLING,
-    NORMALIZE: NORMALIZE,
-    "sentence_transformers.base.modules.normalize.Normalize": NORMALIZE,
-    "sentence_transformers.base.modules.Normalize": NORMALIZE,
-}
 # pooling_mode_* keys of 1_Pooling/config.json, in the order sentence-transformers concatenates them
 POOLING_MODES = {
     "pooling_mode_cls_token": "cls",
@@ -244,7 +229,7 @@ def _named_pooling(path: Path, value: Any) -> tuple[str, ...]:
 
 
 def _holds_pooler(weights: Path, allow_globals: tuple[str, ...]) -> bool:
-    from slimtorch.io.readers import open_checkpoint
+    from slimtorch.sources import open_checkpoint
 
     with open_checkpoint(weights, allow_globals=allow_globals) as source:
         return any(name.startswith("pooler.") for name in source.names())

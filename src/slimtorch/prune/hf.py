@@ -10,11 +10,7 @@ pruned model by itself. When layers differ, no config can say so: the folder sti
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -76,41 +72,6 @@ def config_update(model: nn.Module) -> ConfigUpdate:
             f"head size as hidden_size / num_attention_heads = {derived}"
         )
     return ConfigUpdate(values, problems)
-
-
-def save_pretrained(
-    model: nn.Module,
-    folder: str | os.PathLike[str],
-    companions: Mapping[str, Path] | None = None,
-    **options: Any,
-) -> ConfigUpdate:
-    """Write ``config.json`` with the pruned sizes and the weights as a slim ``model.safetensors``, with
-    ``companions`` (the input folder's tokenizer and other files, from
-    :func:`~slimtorch.io.companions.companion_files`) copied along; the new ``config.json`` replaces
-    the input's.
-
-    The folder is in the ``hf`` layout unless ``layout="slim"`` (:mod:`slimtorch.io.hf_layout`): with
-    ``quantize="int8"`` or ``"int4"`` its Linear weights are in the compressed-tensors format, so
-    ``from_pretrained`` reads the folder when :class:`ConfigUpdate` lists no problems (and refuses it when
-    the sizes differ from the config's); the slim layout's config makes ``from_pretrained`` refuse it.
-
-    Example:
-        >>> slimtorch.prune.channels(bert, (input_ids,), ratio=0.5)  # doctest: +SKIP
-        >>> slimtorch.prune.save_pretrained(bert, "bert-half")  # doctest: +SKIP
-        >>> transformers.BertModel.from_pretrained("bert-half")  # doctest: +SKIP
-    """
-    from slimtorch.shrinking import save_model
-
-    update = config_update(model)
-    config = model.config.__class__.from_dict(model.config.to_dict())
-    for key, value in update.values.items():
-        setattr(config, key, value)
-    options.setdefault("sparse", "off")
-    with tempfile.TemporaryDirectory() as staging:
-        config.save_pretrained(staging)  # goes into the folder with the weights, in the same atomic swap
-        extras = {**(companions or {}), **{name: Path(staging) / name for name in os.listdir(staging)}}
-        save_model(model, Path(folder), extra_files=extras, **options)
-    return update
 
 
 def _single(

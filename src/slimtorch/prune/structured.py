@@ -18,14 +18,14 @@ import torch
 from torch import nn
 
 from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.delta import StructuralDelta, record
 from slimtorch.graph.capture import as_args, capture
 from slimtorch.graph.channels import channel_groups
 from slimtorch.graph.layers import head_size, is_hf_conv1d, query_width
 from slimtorch.graph.macs import count_macs
+from slimtorch.graph.slots import model_slots, replace
 from slimtorch.graph.spaces import ChannelGroup
-from slimtorch.io.model_slots import model_slots, replace
 from slimtorch.prune.budget import ratio_for_budget
-from slimtorch.prune.delta import StructuralDelta, record
 from slimtorch.prune.importance import Importance, resolve
 
 

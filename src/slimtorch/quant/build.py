@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from slimtorch.format.codecs import Encoded, encode
+from slimtorch.format.source import dtype_name
 from slimtorch.graph.layers import is_hf_conv1d
-from slimtorch.io.codecs import Encoded, encode
-from slimtorch.io.source import dtype_name
 from slimtorch.quant.conv import Int4WeightConv, Int8WeightConv, quantizable_conv
 from slimtorch.quant.gptq import gptq_int4
 from slimtorch.quant.modules import (

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from slimtorch.io.codecs import Encoded
+from slimtorch.format.codecs import Encoded
 from slimtorch.quant.modules import INT4_PARTS, INT8_PARTS, QuantizedWeight
 
 CONVOLVE = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}

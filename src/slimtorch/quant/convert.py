@@ -29,12 +29,13 @@ import torch
 from torch import nn
 
 from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.codecs.chain import CodecError
+from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, check_group_size
+from slimtorch.format.delta import StructuralDelta, delta_of, record
+from slimtorch.format.progress import Progress, task
+from slimtorch.format.source import dtype_name
 from slimtorch.graph.capture import as_args
 from slimtorch.graph.layers import is_hf_conv1d
-from slimtorch.io.codecs.chain import CodecError
-from slimtorch.io.codecs.lossy import INT4_GROUP_SIZE, check_group_size
-from slimtorch.io.source import dtype_name
-from slimtorch.prune.delta import StructuralDelta, delta_of, record
 from slimtorch.quant.build import LINEAR, SCHEMES, quantized_from
 from slimtorch.quant.gptq import InputMoments
 from slimtorch.quant.modules import QuantizedWeight
@@ -56,9 +57,6 @@ from slimtorch.quant.targets import (
     kept_float,
     weight_bytes,
 )
-from slimtorch.report.progress import ByteProgress
-
-PROGRESS_DELAY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +123,7 @@ def quantize(
     embeddings: bool = True,
     keep_sensitive: bool = True,
     kernel: str | None = None,
-    progress: bool | None = None,
+    progress: Progress | None = None,
     symmetric: bool = False,
 ) -> nn.Module:
     """Quantize a model's Linear, Embedding, LSTM and GRU layers in place; returns the model.
@@ -147,7 +145,7 @@ def quantize(
         kernel: force one kernel (``"onednn"``, ``"int_mm"``, ``"dequantize"``, ``"int8pack"``,
             ``"int4pack"``, and the weight-only ones with ``-bf16``; ``"quantized_rnn"`` for LSTM /
             GRU); None times the candidates on first use and keeps the fastest.
-        progress: a progress bar on stderr for work over a second; None: only on a terminal.
+        progress: told how many bytes got quantized (:mod:`slimtorch.format.progress`); None: silent.
         symmetric: int4 codes on the symmetric grid (zero point at code 8), the form compressed-tensors
             reads: what a Hugging Face folder written by :func:`slimtorch.save_model` needs to hold them
             quantized (``slimtorch quantize`` sets it for such folders). No effect on int8.
@@ -184,7 +182,7 @@ def quantize_with_report(
     embeddings: bool = True,
     keep_sensitive: bool = True,
     kernel: str | None = None,
-    progress: bool | None = None,
+    progress: Progress | None = None,
     symmetric: bool = False,
 ) -> tuple[nn.Module, QuantizeReport]:
     """:func:`quantize`, plus a :class:`QuantizeReport` of sizes, errors and the layers left float.
@@ -261,13 +259,13 @@ def _twins(
     group_size: int,
     moments: InputMoments,
     skipped: dict[str, str],
-    progress: bool | None,
+    progress: Progress | None,
     symmetric: bool = False,
 ) -> tuple[list[Target], dict[str, QuantizedWeight]]:
     """The quantized twin of each target (those whose weights the codecs can hold)."""
     kept, twins = [], {}
     total = sum(t.nbytes() for t in targets)
-    with ByteProgress("quantizing", total, delay=PROGRESS_DELAY_S, enabled=progress) as bar:
+    with task(progress, "quantizing", total) as advance:
         for target in targets:
             try:
                 hessian = moments.hessian(target.name)
@@ -278,7 +276,7 @@ def _twins(
             except CodecError as exc:  # inf or nan in a weight: a scale cannot hold them
                 skipped[target.name] = f"its weight cannot be quantized ({exc})"
             finally:
-                bar.advance(target.nbytes())
+                advance(target.nbytes())
     return kept, twins
 
 

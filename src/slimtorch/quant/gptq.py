@@ -17,9 +17,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from slimtorch.io.codecs import Encoded
-from slimtorch.io.codecs.lossy import fits_fp16, symmetric_scale
-from slimtorch.io.source import dtype_name
+from slimtorch.format.codecs import Encoded
+from slimtorch.format.codecs.lossy import fits_fp16, symmetric_scale
+from slimtorch.format.source import dtype_name
 
 DAMPING = 0.01  # of the mean diagonal, added to H: keeps it invertible, as in the paper
 BLOCK = 128  # columns updated together before their error is pushed to the rest (lazy batch updates)

@@ -26,10 +26,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from slimtorch.io.codecs import Encoded
-from slimtorch.io.codecs.chain import parse_dtype
-from slimtorch.io.codecs.lossy import INT4, INT8
-from slimtorch.io.source import dtype_name
+from slimtorch.format.codecs import Encoded
+from slimtorch.format.codecs.chain import parse_dtype
+from slimtorch.format.codecs.lossy import INT4, INT8
+from slimtorch.format.source import dtype_name
 from slimtorch.quant import kernels
 from slimtorch.quant.kernels import BF16_AGREEMENT, CHOICES
 

@@ -7,9 +7,10 @@ from typing import Any
 from torch import nn
 
 from slimtorch.errors import SlimtorchError
+from slimtorch.format.codecs.chain import parse_dtype
+from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, is_int4_group_size
+from slimtorch.format.delta import Swaps, register_swaps
 from slimtorch.graph.layers import is_hf_conv1d
-from slimtorch.io.codecs.chain import parse_dtype
-from slimtorch.io.codecs.lossy import INT4_GROUP_SIZE, is_int4_group_size
 from slimtorch.quant.build import CONV, SCHEMES, quantized_on_meta
 from slimtorch.quant.conv import quantizable_conv
 from slimtorch.quant.recurrent import is_recurrent, recurrent_matrices
@@ -77,3 +78,6 @@ def put_module(model: nn.Module, name: str, module: nn.Module) -> None:
     if not attr:
         raise SlimtorchError("quantize takes a model holding layers, not a single layer")
     setattr(model.get_submodule(parent), attr, module)
+
+
+register_swaps("quantized", Swaps(check_recorded, restore))

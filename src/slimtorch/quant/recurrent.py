@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from slimtorch.io.codecs import Encoded, decode, encode
+from slimtorch.format.codecs import Encoded, decode, encode
 from slimtorch.quant import kernels
 from slimtorch.quant.modules import INT4_PARTS, INT8_PARTS, QuantizedWeight
 

@@ -1,13 +1,13 @@
 """The few layers whose quantization error would dominate the model's, measured, to keep them float.
 
 A *unit* is a layer, or one matrix of an LSTM / GRU. It is judged by its weights: the RMS rounding error
-the codes leave (shrink's test, :mod:`slimtorch.sensitive_weights`; embeddings are left out, their rows
+the codes leave (shrink's test, :mod:`slimtorch.format.sensitive`; embeddings are left out, their rows
 have no input to be compared against). With calibration inputs it is also judged by the relative error
 of its layer's output when only that unit is quantized: the float model runs once per input, and a hook
 runs each unit's quantized twin on the very arguments its layer got. Either test can keep a unit float:
 random example inputs (the CLI's) may not exercise what real ones do.
 
-A unit is kept float when its error is :data:`~slimtorch.sensitive_weights.DOMINANT` times the median
+A unit is kept float when its error is :data:`~slimtorch.format.sensitive.DOMINANT` times the median
 unit's or more (at most a tenth of the units, worst first) and, for output errors, at least
 :data:`OUTPUT_ERROR_FLOOR`. The case it is for: resemblyzer's speaker encoder, whose first LSTM layer
 reads power mel bands through weights up to 61 (its others stay under 6): its rounding error is 6.4x the
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from slimtorch.format.sensitive import dominant_errors, rounding_error
 from slimtorch.quant.build import quantized_from
 from slimtorch.quant.modules import QuantizedWeight
 from slimtorch.quant.targets import Target
-from slimtorch.sensitive_weights import dominant_errors, rounding_error
 
 OUTPUT_ERROR_FLOOR = 0.02
 """Relative output error under which no layer is worth keeping float, however it compares (int8 layers

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from slimtorch.errors import OptionError
-from slimtorch.io.name_matching import unmatched_pattern
+from slimtorch.format.names import unmatched_pattern
 from slimtorch.quant.build import CONV, float_weight
 from slimtorch.quant.conv import quantizable_conv
 from slimtorch.quant.modules import QuantizedWeight

@@ -1,0 +1,1 @@
+"""How the command line draws each report (rich tables and charts); the reports themselves are plain data."""

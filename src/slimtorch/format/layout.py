@@ -1,0 +1,305 @@
+"""The slim checkpoint layout (version 1): what ``__metadata__["slimtorch"]`` says about a safetensors file.
+
+Every slim file is a valid safetensors file. Its physical tensors are the *parts* of logical tensors: a
+tensor stored as is keeps its own name (so any safetensors reader sees it), a coded one is stored as
+``name::role`` parts (``name::q``, ``name::scale``, ``name::mask``, ``name::values`` ...). The JSON in
+``__metadata__["slimtorch"]`` says how to rebuild each logical tensor::
+
+    {
+      "format": "slimtorch", "version": 1, "minor": 1, "checkpoint": "<uuid>", "shard": 1, "shards": 3,
+      "tensors": {
+        "fc.weight": {"dtype": "float32", "shape": [512, 256],
+                      "stages": [{"codec": "int8", "dtype": "float32", "shape": [512, 256]}],
+                      "parts": {"q": "fc.weight::q", "scale": "fc.weight::scale"},
+                      "crc32": {"q": [2766042353], "scale": [410823049]}}
+      },
+      "ties": {"lm_head.weight": "embed.weight"},     # same tensor on load
+      "copies": {"decoder.bias": "encoder.bias"},     # equal bytes, stored once, loaded as separate tensors
+      "provenance": {"tool": "slimtorch 0.1.0", "source": "ckpt.pt", ...},
+      "delta": null,                                  # structural changes of a pruned model
+      "objects": {"model": {"model_args": {"n_conv": 4}}, "epoch": 29}
+    }
+
+``objects`` (optional; absent in files without any) holds the checkpoint's non-tensor values that are plain
+JSON data, nested as in the original (see :mod:`slimtorch.sources.objects`); :func:`slimtorch.load_objects`
+reads them. Files written before it existed read as having none.
+
+``__metadata__["slimtorch.crc"]`` (since minor version 1) seals the header: the CRC-32 of a canonical
+serialisation of every other ``__metadata__`` value and of every entry's name, dtype, shape and offsets
+(:func:`header_checksum`), so no flipped bit in the header renames, relabels or moves a part unnoticed. Old
+readers ignore it and the ``minor`` field. Files written before it (no ``minor``) load with the checks they
+have; a file whose JSON says ``minor`` >= 1 must carry the seal, so a damaged key cannot turn checks off.
+
+``checkpoint`` is a random id per save and ``shards`` the number of shards it wrote (both in every shard),
+so a missing shard, or one from another save, is found with or without the index.
+
+``crc32`` holds one CRC-32 per :data:`CHECKSUM_CHUNK` bytes of each part as stored, so a flipped bit is
+found before decoding and chunks can be checked in parallel. A sharded checkpoint repeats ``ties``,
+``copies``, ``provenance`` and ``objects`` in every shard, lists only its own tensors, and has a Hugging
+Face style ``model.safetensors.index.json`` (``weight_map`` over physical parts) beside the shards.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slimtorch.errors import FormatError
+from slimtorch.format.codecs.chain import CodecError, chain_label, parse_dtype, parse_shape
+from slimtorch.format.source import dtype_name
+from slimtorch.format.untrusted import load_json, untrusted
+
+FORMAT = "slimtorch"
+VERSION = 1
+MINOR = 1
+"""1: the header seal (``slimtorch.crc``) and the shard count; readers of version 1 ignore both."""
+METADATA_KEY = "slimtorch"
+CRC_KEY = "slimtorch.crc"
+SLIM_JSON = re.compile(rf'\s*\{{\s*"format"\s*:\s*"{FORMAT}"')
+"""How the slimtorch JSON starts, under whatever key: a damaged key must not hide it."""
+HeaderParts = Mapping[str, tuple[torch.dtype, Any, int, int]]
+"""Physical key -> (dtype, shape, begin, end) as the safetensors header gives them."""
+RESERVED_NAMES = frozenset({"__metadata__"})
+"""Keys of a safetensors header that are not tensors: a tensor of that name would overwrite the metadata."""
+CHECKSUM_CHUNK = 64 << 20
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+def part_key(name: str, role: str) -> str:
+    """Physical name of a part: the tensor's own name for its dense data, ``name::role`` otherwise."""
+    return name if role == "" else f"{name}::{role}"
+
+
+def crc32_chunks(tensor: torch.Tensor) -> list[int]:
+    """CRC-32 of each :data:`CHECKSUM_CHUNK` bytes of a contiguous tensor's bytes (zlib releases the GIL)."""
+    data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
+    return [zlib.crc32(data[i : i + CHECKSUM_CHUNK]) for i in range(0, max(len(data), 1), CHECKSUM_CHUNK)]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """How one logical tensor is stored."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stages: list[dict[str, Any]]
+    parts: dict[str, str]
+    """role -> physical key"""
+    crc32: dict[str, list[int]]
+
+    @property
+    def chain(self) -> str:
+        return chain_label(self.stages)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dtype": dtype_name(self.dtype),
+            "shape": list(self.shape),
+            "stages": self.stages,
+            "parts": self.parts,
+            "crc32": self.crc32,
+        }
+
+    @classmethod
+    def from_json(cls, path: Path, name: str, value: object) -> Entry:
+        def bad(problem: str) -> FormatError:
+            return FormatError(path, f"tensor {name!r}: {problem} in the slimtorch metadata")
+
+        if not isinstance(value, dict):
+            raise bad("entry is not an object")
+        try:
+            dtype, shape = parse_dtype(value.get("dtype")), parse_shape(value.get("shape"))
+        except CodecError as exc:
+            raise bad(str(exc)) from None
+        stages, parts, crc = value.get("stages"), value.get("parts"), value.get("crc32")
+        if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
+            raise bad("stages is not a list of objects")
+        if not _str_map(parts) or not parts:
+            raise bad("parts is not a map of roles to names")
+        if (
+            not isinstance(crc, dict)
+            or set(crc) != set(parts)
+            or not all(isinstance(v, list) and v and all(isinstance(c, int) for c in v) for v in crc.values())
+        ):
+            raise bad("crc32 does not list a checksum for every part")
+        return cls(name, dtype, shape, stages, parts, crc)
+
+
+@dataclass
+class Layout:
+    """The slimtorch metadata of one file (or, merged, of a sharded checkpoint)."""
+
+    tensors: dict[str, Entry] = field(default_factory=dict)
+    ties: dict[str, str] = field(default_factory=dict)
+    copies: dict[str, str] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    delta: Any = None
+    checkpoint: str = ""
+    shard: int = 1
+    objects: dict[str, Any] = field(default_factory=dict)
+    shards: int = 0
+    """How many shards the save wrote; 0 in files from before minor version 1 (and while writing)."""
+    metadata: dict[str, Any] | None = None
+    """The file's raw ``__metadata__``, to check its seal against the header; None for a merged layout."""
+
+    def to_metadata(self) -> dict[str, str]:
+        """The safetensors ``__metadata__`` (string to string), before :func:`seal` adds its checksum."""
+        body = {
+            "format": FORMAT,
+            "version": VERSION,
+            "minor": MINOR,
+            "checkpoint": self.checkpoint,
+            "shard": self.shard,
+            "shards": self.shards,
+            "tensors": {name: entry.to_json() for name, entry in self.tensors.items()},
+            "ties": self.ties,
+            "copies": self.copies,
+            "provenance": self.provenance,
+            "delta": self.delta,
+            **({"objects": self.objects} if self.objects else {}),
+        }
+        return {METADATA_KEY: json.dumps(body, separators=(",", ":")), "format": "pt"}
+
+    @classmethod
+    def from_metadata(cls, path: Path, metadata: Mapping[str, Any]) -> Layout:
+        """Parse and check the slimtorch JSON (the seal is checked against the header by the reader)."""
+        body = _body(path, metadata)
+        tensors = body.get("tensors")
+        if not isinstance(tensors, dict):
+            raise FormatError(path, "the slimtorch metadata has no tensor table")
+        ties, copies = body.get("ties", {}), body.get("copies", {})
+        if not _str_map(ties) or not _str_map(copies):
+            raise FormatError(path, "ties and copies must map tensor names to tensor names")
+        shard, shards = _shard_numbers(path, body)
+        objects = body.get("objects", {})
+        if not isinstance(objects, dict):
+            raise FormatError(path, "the stored objects are not a JSON object")
+        return cls(
+            tensors={name: Entry.from_json(path, name, value) for name, value in tensors.items()},
+            ties=ties,
+            copies=copies,
+            provenance=body.get("provenance") if isinstance(body.get("provenance"), dict) else {},
+            delta=body.get("delta"),
+            checkpoint=str(body.get("checkpoint", "")),
+            shard=shard,
+            objects=objects,
+            shards=shards,
+            metadata=dict(metadata),
+        )
+
+
+def _body(path: Path, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The slimtorch JSON, its format and version checked; a sealed one (minor >= 1) must carry its seal."""
+    text = metadata.get(METADATA_KEY)
+    if not isinstance(text, str):
+        raise FormatError(
+            path,
+            f"the slimtorch metadata is missing or damaged (no {METADATA_KEY!r} text beside the parts and "
+            "checksums that need it): the file is corrupt",
+        )
+    try:
+        body = load_json(path, text, "slimtorch metadata")
+    except FormatError as exc:
+        raise FormatError(path, f"the slimtorch metadata is not valid JSON ({exc.problem})") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise FormatError(path, "the slimtorch metadata does not name its format")
+    version = body.get("version")
+    if version != VERSION:
+        raise FormatError(
+            path,
+            f"slim format version {_short(version)}; this slimtorch reads version {VERSION} (upgrade it?)",
+        )
+    minor = body.get("minor", 0)
+    if not _count(minor, 0):
+        raise FormatError(path, f"the slim format minor version {_short(minor)} is not a number")
+    if minor >= 1 and CRC_KEY not in metadata:
+        raise FormatError(path, f"the header checksum ({CRC_KEY!r}) is missing or its key damaged")
+    return body
+
+
+def _shard_numbers(path: Path, body: dict[str, Any]) -> tuple[int, int]:
+    """(this shard's number, the save's shard count or 0 where the file predates it)."""
+    shard, shards = body.get("shard", 1), body.get("shards", 0 if body.get("minor", 0) < 1 else None)
+    if not _count(shard, 1):
+        raise FormatError(path, "the shard number is not a positive integer")
+    if not _count(shards, 0) or (body.get("minor", 0) >= 1 and not 1 <= shard <= shards):
+        raise FormatError(path, f"shard number {shard} of {_short(shards)} shards does not make sense")
+    return shard, shards
+
+
+def header_checksum(metadata: Mapping[str, Any], parts: HeaderParts) -> str:
+    """CRC-32 (8 hex digits) of every ``__metadata__`` value but the seal itself and of every part's dtype,
+    shape and ``[begin, end)`` offsets, serialised canonically (sorted keys, no spaces), so writer and reader
+    compute it the same way from what each has in hand.
+
+    Example:
+        >>> header_checksum({"slimtorch": "{}"}, {"w": (torch.float32, [2], 0, 8)})
+        'cc7a75ee'
+    """
+    canonical = {
+        "metadata": {key: value for key, value in metadata.items() if key != CRC_KEY},
+        "parts": {
+            key: [dtype_name(dtype), list(shape), begin, end]
+            for key, (dtype, shape, begin, end) in parts.items()
+        },
+    }
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+def seal(metadata: Mapping[str, str], parts: HeaderParts) -> dict[str, str]:
+    """``metadata`` with its :data:`CRC_KEY` set for a header holding ``parts`` (:func:`header_checksum`)."""
+    return {**{k: v for k, v in metadata.items() if k != CRC_KEY}, CRC_KEY: header_checksum(metadata, parts)}
+
+
+def check_seal(path: Path, layout: Layout, parts: HeaderParts) -> None:
+    """Refuse a header whose seal does not match it; files from before the seal have none to check."""
+    metadata = layout.metadata or {}
+    if CRC_KEY not in metadata:
+        return
+    with untrusted(path, "header"):  # hostile metadata values may nest too deep to serialise
+        expected = header_checksum(metadata, parts)
+    if metadata[CRC_KEY] != expected:
+        raise FormatError(
+            path,
+            "header checksum mismatch: a tensor name, dtype, shape, offset or the slimtorch metadata was "
+            "changed after writing (the file is corrupt)",
+        )
+
+
+def is_slim(metadata: object, names: Iterable[str] = ()) -> bool:
+    """Whether a safetensors file is a slim checkpoint, damaged or not: it has the slimtorch metadata, or
+    the seal, or slimtorch JSON under a damaged key, or ``name::role`` parts (``names``, the header's
+    tensor names). One flipped bit never makes a slim file read as plain safetensors, unchecked."""
+    if isinstance(metadata, dict) and (
+        METADATA_KEY in metadata
+        or CRC_KEY in metadata
+        or any(isinstance(v, str) and SLIM_JSON.match(v) for v in metadata.values())
+    ):
+        return True
+    return any("::" in name for name in names)
+
+
+def _short(value: object) -> str:
+    """A value from the file for a one-line message: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _count(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _str_map(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )

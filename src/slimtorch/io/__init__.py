@@ -1,1 +1,0 @@
-"""Reading and (later) writing checkpoints: the reader layer every command stands on."""

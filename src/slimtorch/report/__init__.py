@@ -1,1 +1,0 @@
-"""Terminal rendering shared by commands: byte formatting and rich tables."""

@@ -1,0 +1,312 @@
+"""Slim checkpoints: safetensors files whose ``__metadata__["slimtorch"]`` describes coded tensors.
+
+:class:`SlimSource` shows the *logical* tensors (what ``slimtorch.save`` was given) with their codec chain,
+and decodes a tensor when asked, after checking the CRC-32 of every part it reads. Tensors stored as is
+are mapped from the file without a copy, like any safetensors tensor. The physical parts stay visible in
+:attr:`SlimSource.physical`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slimtorch.errors import FormatError
+from slimtorch.format.codecs import CodecError, decode
+from slimtorch.format.codecs.chain import undo
+from slimtorch.format.codecs.lossy import int4_layer_parts
+from slimtorch.format.layout import CHECKSUM_CHUNK, Entry, Layout, check_seal
+from slimtorch.format.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
+from slimtorch.sources.pickled import flatten
+
+ROW_CODECS = ("raw", "int8", "int4")  # chains whose parts are stored row by row, first dim = the tensor's
+SHARD_NAME = re.compile(r"model-\d+-of-(\d+)\.safetensors")
+
+
+@dataclass
+class SlimSource(TensorSource):
+    """A slim checkpoint (one file or a sharded folder); ``get`` decodes and verifies checksums."""
+
+    layout: Layout = field(default_factory=Layout)
+    physical: dict[str, TensorInfo] = field(default_factory=dict)
+    """Physical parts by key, as a plain safetensors reader sees them (storage keys as in ``locations``)."""
+    verify: bool = True
+
+    @property
+    def coded(self) -> bool:
+        return True
+
+    def ties(self) -> Mapping[str, str]:
+        return self.layout.ties
+
+    def copies(self) -> Mapping[str, str]:
+        return self.layout.copies
+
+    def delta(self) -> Mapping[str, Any] | None:
+        return self.layout.delta
+
+    def codec(self, name: str) -> str:
+        return self.entry(name).chain
+
+    def entry(self, name: str) -> Entry:
+        """How tensor ``name`` is stored (for a tie or copy, the entry of the tensor it shares)."""
+        name = self.layout.ties.get(name, self.layout.copies.get(name, name))
+        try:
+            return self.layout.tensors[name]
+        except KeyError:
+            raise KeyError(f"{self.path}: no tensor named {name!r}") from None
+
+    def parts(self, name: str) -> dict[str, torch.Tensor]:
+        """The stored parts of tensor ``name`` by role, mapped from the file and checksum-verified."""
+        entry = self.entry(name)
+        parts = {}
+        for role, key in entry.parts.items():
+            tensor = self._map(self.physical[key])
+            if self.verify:
+                _check_crc(self.path, entry, role, tensor)
+            parts[role] = tensor
+        return parts
+
+    def part(self, name: str, role: str) -> torch.Tensor:
+        """Part ``role`` of tensor ``name`` as the first codec stage made it (a quantized layer's codes or
+        scales): mapped from the file and checksum-verified when stored as is, with any later lossless
+        stage (``sparse``, ``zstd``) undone otherwise. Never dequantized."""
+        entry = self.entry(name)
+        packed = bool(entry.stages) and entry.stages[0].get("packing") is not None
+        if len(entry.stages) <= 1 and role in entry.parts and not packed:
+            tensor = self._map(self.physical[entry.parts[role]])
+            if self.verify:
+                _check_crc(self.path, entry, role, tensor)
+            return tensor
+        try:
+            if packed:  # compressed-tensors' int4 words: the layer's nibbles, viewed; its zero point, made
+                return int4_layer_parts(self.parts(name), entry.stages[0])[role]
+            return undo(self.parts(name), entry.stages, keep=1)[role]
+        except (CodecError, KeyError) as exc:
+            raise FormatError(self.path, f"tensor {entry.name!r} has no part {role!r}: {exc}") from None
+
+    def get_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` (of the first dimension) of tensor ``name``, reading only their bytes.
+
+        Tensors stored as is, int8 and row-grouped int4 keep each row's bytes together, so only those
+        parts' rows are mapped, checksum-verified (the 64 MiB chunks they fall in) and decoded. Other
+        codecs decode the whole tensor first.
+        """
+        entry = self.entry(name)
+        if not entry.shape:
+            raise ValueError(f"tensor {name!r} is 0-d: it has no rows")
+        start, stop, _ = slice(start, stop).indices(entry.shape[0])
+        stop = max(start, stop)
+        by_rows = entry.chain == "raw" or (entry.chain in ROW_CODECS and len(entry.shape) >= 2)
+        if not by_rows or (entry.stages and entry.stages[-1].get("flat")):
+            return self.get(name)[start:stop]
+        parts = {}
+        for role, key in entry.parts.items():
+            whole = self._map(self.physical[key])
+            row_bytes = whole[0].numel() * whole.element_size() if whole.dim() > 1 else whole.element_size()
+            if self.verify:
+                _check_crc(self.path, entry, role, whole, (start * row_bytes, stop * row_bytes))
+            parts[role] = whole[start:stop]
+        shape = [stop - start, *entry.shape[1:]]
+        stages = [{**stage, "shape": shape} for stage in entry.stages]
+        try:
+            return decode(parts, stages, entry.dtype, shape) if stages else parts[""]
+        except CodecError as exc:
+            raise FormatError(self.path, f"tensor {entry.name!r} does not decode: {exc}") from None
+
+    def get(self, name: str) -> torch.Tensor:
+        """Tensor ``name``, decoded (zero-copy for a tensor stored as is)."""
+        self.info(name)  # a clear KeyError for unknown names
+        return self.decode_parts(name, self.parts(name))
+
+    def decode_parts(self, name: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Tensor ``name`` from its :meth:`parts`: the part itself when stored as is, else decoded."""
+        entry = self.entry(name)
+        if not entry.stages and set(parts) == {""}:
+            tensor = parts[""]
+            if tensor.dtype == entry.dtype and tuple(tensor.shape) == entry.shape:
+                return tensor
+        try:
+            return decode(parts, entry.stages, entry.dtype, entry.shape)
+        except CodecError as exc:
+            raise FormatError(self.path, f"tensor {entry.name!r} does not decode: {exc}") from None
+
+
+def _check_crc(
+    path: Path, entry: Entry, role: str, tensor: torch.Tensor, within: tuple[int, int] | None = None
+) -> None:
+    """Check the part's CRC-32 chunks, or only those overlapping the byte range ``within``."""
+    data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
+    expected = entry.crc32[role]
+    chunks = max(1, math.ceil(len(data) / CHECKSUM_CHUNK))
+    if len(expected) != chunks:
+        raise FormatError(path, f"tensor {entry.name!r}: checksum list does not fit part {role!r}")
+    first, last = (
+        (0, chunks) if within is None else (within[0] // CHECKSUM_CHUNK, -(-within[1] // CHECKSUM_CHUNK))
+    )
+    for i in range(first, max(first + 1, last)):
+        if zlib.crc32(data[i * CHECKSUM_CHUNK : (i + 1) * CHECKSUM_CHUNK]) != expected[i]:
+            raise FormatError(
+                path,
+                f"tensor {entry.name!r}: checksum mismatch in part {entry.parts[role]!r} "
+                f"(bytes {i * CHECKSUM_CHUNK}..): the file is corrupt",
+            )
+
+
+def slim_source(
+    path: Path,
+    layout: Layout,
+    physical: dict[str, TensorInfo],
+    locations: dict[str, StorageLocation],
+    *,
+    objects: list[ObjectInfo],
+    files: list[Path],
+    structure_bytes: int,
+    format: str = "slim",
+) -> SlimSource:
+    """Check the header's seal, that the layout and the physical parts agree, and build the source of
+    logical tensors. ``structure_bytes`` is where the data starts (the offsets in the seal count from it)."""
+    if layout.metadata is not None:  # one file; a merged layout's shards were each checked on opening
+        check_seal(path, layout, _header_parts(physical, locations, structure_bytes))
+    owner: dict[str, str] = {}
+    infos: dict[str, TensorInfo] = {}
+    for name, entry in layout.tensors.items():
+        for key in entry.parts.values():
+            if key not in physical:
+                raise FormatError(path, f"tensor {name!r}: part {key!r} is missing from the file")
+            if key in owner:
+                raise FormatError(path, f"tensor {name!r}: part {key!r} also belongs to {owner[key]!r}")
+            owner[key] = name
+        infos[name] = _logical_info(entry, physical)
+    stray = [key for key in physical if key not in owner]
+    if stray:
+        raise FormatError(path, f"tensor {stray[0]!r} is in the file but not in the slimtorch metadata")
+    for kind, links in (("tie", layout.ties), ("copy", layout.copies)):
+        for name, target in links.items():
+            if target not in infos:
+                raise FormatError(path, f"tensor {name!r} is a {kind} of {target!r}, which the file lacks")
+            if name in infos:
+                raise FormatError(path, f"tensor {name!r} is stored and also listed as a {kind}")
+    order = sorted(infos.values(), key=lambda i: (locations[i.storage].file, locations[i.storage].offset))
+    tensors = [*order, *(replace(infos[t], name=n) for n, t in {**layout.ties, **layout.copies}.items())]
+    return SlimSource(
+        path,
+        format,
+        tensors,
+        locations,
+        [*objects, *flatten(layout.objects).objects],
+        files,
+        structure_bytes=structure_bytes,
+        tree=layout.objects,
+        layout=layout,
+        physical=physical,
+    )
+
+
+def _header_parts(
+    physical: dict[str, TensorInfo], locations: dict[str, StorageLocation], data_start: int
+) -> dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]:
+    """Each part's dtype, shape and ``[begin, end)`` offsets as its safetensors header entry gives them."""
+    parts = {}
+    for key, info in physical.items():
+        location = locations[info.storage]
+        begin = location.offset - data_start
+        parts[key] = (info.dtype, info.shape, begin, begin + location.nbytes)
+    return parts
+
+
+def _logical_info(entry: Entry, physical: dict[str, TensorInfo]) -> TensorInfo:
+    parts = [physical[key] for key in entry.parts.values()]
+    stored = sum(p.nbytes for p in parts)
+    shape = entry.shape
+    stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+    if not entry.stages:
+        return TensorInfo(
+            entry.name, entry.dtype, shape, stride, parts[0].storage, 0, parts[0].storage_nbytes
+        )
+    primary = physical[entry.parts.get("", next(iter(entry.parts.values())))]
+    return TensorInfo(
+        entry.name,
+        entry.dtype,
+        shape,
+        stride,
+        storage=primary.storage,
+        storage_offset=0,
+        storage_nbytes=stored,
+        codec=entry.chain,
+        stored_nbytes=stored,
+    )
+
+
+def merge_shards(
+    folder: Path, shards: list[SlimSource], files: list[Path], objects: list[ObjectInfo]
+) -> SlimSource:
+    """One source over the shards of a sharded slim checkpoint, checked to come from one save."""
+    first = shards[0].layout
+    _check_complete(folder, shards)
+    layout = Layout(
+        provenance=first.provenance,
+        delta=first.delta,
+        checkpoint=first.checkpoint,
+        objects=first.objects,
+        shards=first.shards,
+    )
+    physical: dict[str, TensorInfo] = {}
+    locations: dict[str, StorageLocation] = {}
+    for shard in shards:
+        for name, entry in shard.layout.tensors.items():
+            if name in layout.tensors:
+                raise FormatError(shard.path, f"tensor {name!r} is stored in two shards")
+            layout.tensors[name] = entry
+        layout.ties.update(shard.layout.ties)
+        layout.copies.update(shard.layout.copies)
+        prefix = f"{shard.path.name}:"
+        physical.update({k: replace(i, storage=prefix + i.storage) for k, i in shard.physical.items()})
+        locations.update({prefix + k: loc for k, loc in shard.locations.items()})
+    return slim_source(
+        folder,
+        layout,
+        physical,
+        locations,
+        objects=objects,
+        files=files,
+        structure_bytes=sum(s.structure_bytes for s in shards),
+        format=f"slim ({len(shards)} shards)" if len(shards) > 1 else "slim",
+    )
+
+
+def _check_complete(folder: Path, shards: list[SlimSource]) -> None:
+    """Refuse a sharded checkpoint with a shard missing, twice, or from another save.
+
+    The index names every shard, but a folder without its index (or with a damaged one) is read from the
+    ``model*.safetensors`` files alone: there, a missing shard would silently load as a checkpoint without
+    its tensors. Every shard records its number, the save's shard count and the save's id; files from before
+    the shard count are judged by the writer's file names (``model-00002-of-00005``).
+    """
+    ids = {shard.layout.checkpoint for shard in shards}
+    if len(ids) > 1:
+        odd = next(s for s in shards if s.layout.checkpoint != shards[0].layout.checkpoint)
+        raise FormatError(odd.path, "this shard comes from a different save than the others")
+    counts = {shard.layout.shards for shard in shards}
+    if len(counts) > 1:
+        raise FormatError(folder, f"the shards disagree on how many there are ({sorted(counts)})")
+    numbers = Counter(shard.layout.shard for shard in shards)
+    twice = [number for number, seen in numbers.items() if seen > 1]
+    if twice:
+        raise FormatError(folder, f"shard {twice[0]} is there twice (a copied file?)")
+    totals = {int(m[1]) for s in shards if (m := SHARD_NAME.fullmatch(s.path.name))}
+    recorded = counts.pop()
+    total = recorded or max([len(shards), *numbers, *totals])
+    missing = sorted(set(range(1, total + 1)) - set(numbers))
+    if missing:
+        raise FormatError(
+            folder, f"shard {missing[0]} of {total} is missing (an interrupted copy or download?)"
+        )
