@@ -63,7 +63,7 @@ def _bert() -> nn.Module:
 def _pruned_int8_bert() -> nn.Module:
     model = _bert()
     slimtorch.prune.channels(model, (_tokens(),), ratio=0.5)
-    return slimtorch.quantize(model, "int8-dynamic", progress=False)
+    return slimtorch.quantize(model, "int8-dynamic").model
 
 
 def _tokens() -> torch.Tensor:

@@ -157,8 +157,8 @@ def load_once(method: str, model: str, folder: Path, layers: int) -> dict[str, A
             "on .safetensors": "safetensors",
             "on .pt": "pt",
         }[method.removeprefix("slimtorch ")]
-        net, profile = slimtorch.load_model_profiled(paths[key], build, progress=False)
-        construct_s = profile.construct_s
+        report = slimtorch.load_model(paths[key], build)
+        net, construct_s = report.model, report.construct_s
     else:
         buffer = torch.empty(paths["safetensors"].stat().st_size, dtype=torch.uint8)
         with open(paths["safetensors"], "rb", buffering=0) as stream:

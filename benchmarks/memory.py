@@ -308,7 +308,7 @@ def fitting(share: float = 0.6, steps: int = 5) -> dict[str, Any]:
     unmodified = peak(copy.deepcopy(base))
     budget = int(share * unmodified)
     fitted = copy.deepcopy(base)
-    plan = memory.fit(fitted, budget, x, device="cpu", loss_fn=loss_of)
+    plan = memory.fit(fitted, x, budget=budget, device="cpu", loss_fn=loss_of)
     planned_peak = peak(copy.deepcopy(fitted))
     before, after = losses(copy.deepcopy(base)), losses(fitted)
     return {

@@ -155,9 +155,8 @@ def _slimtorch(
     calibration: list[torch.Tensor] | None = None,
     group_size: int = 128,
 ) -> tuple[nn.Module, int, dict[str, Any]]:
-    model, report = slimtorch.quantize_with_report(
-        copy.deepcopy(base), scheme, calibration=calibration, group_size=group_size
-    )
+    report = slimtorch.quantize(copy.deepcopy(base), scheme, calibration=calibration, group_size=group_size)
+    model = report.model
     slimtorch.save_model(model, path)
     linear = [layer for layer in report.layers if layer.kind.endswith("Linear")]
     ratio = sum(r.after_bytes for r in linear) / sum(r.before_bytes for r in linear)
@@ -353,10 +352,10 @@ def recurrent_methods(base: nn.Module, calibration: torch.Tensor) -> dict[str, n
         "fp32": base,
         "slimtorch int8-dynamic": slimtorch.quantize(
             copy.deepcopy(base), "int8-dynamic", calibration=[calibration]
-        ),
+        ).model,
         "slimtorch int8-dynamic, --quantize-all": slimtorch.quantize(
             copy.deepcopy(base), "int8-dynamic", keep_sensitive=False
-        ),
+        ).model,
         "torch.ao quantize_dynamic": peer,
     }
 
@@ -480,7 +479,7 @@ def compiled_methods(name: str) -> dict[str, tuple[nn.Module, nn.Module, float]]
     made: dict[str, tuple[nn.Module, nn.Module, float]] = {}
     for method in COMPILED_METHODS:
         scheme = method.removeprefix("slimtorch ")
-        model = base if method == "fp32" else slimtorch.quantize(copy.deepcopy(base), scheme)
+        model = base if method == "fp32" else slimtorch.quantize(copy.deepcopy(base), scheme).model
         compiled = torch.compile(model, fullgraph=True)
         start = time.perf_counter()
         with torch.no_grad():

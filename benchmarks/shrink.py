@@ -78,7 +78,7 @@ SIZE_TARGETS = {  # (case, variant) -> largest allowed ratio to the dense safete
 ENCODE_TARGET_MB_S = 200.0
 DECODE_TARGET_MB_S = 1000.0
 DECODE_TARGETED = {"lossless", "int8"}  # load targets apply to the sparse (lossless) and int8 files
-VARIANTS: dict[str, dict[str, Any]] = {  # slimtorch.save keyword arguments
+VARIANTS: dict[str, dict[str, Any]] = {  # slimtorch.ShrinkOptions fields
     "lossless": {},
     "fp16": {"dtype": "fp16"},
     "int8": {"quantize": "int8"},
@@ -217,14 +217,14 @@ def write_dense(state: dict[str, torch.Tensor], folder: Path) -> dict[str, Path]
 
 def write_slim(state: dict[str, torch.Tensor], path: Path, variant: str) -> dict[str, Any]:
     """slimtorch.save one variant; its size and the worst relative L2 error of any tensor."""
-    report = slimtorch.save(state, path, **VARIANTS[variant])
+    report = slimtorch.save(state, path, slimtorch.ShrinkOptions(**VARIANTS[variant]))
     errors = [t.rel_l2 for t in report.tensors if t.rel_l2 is not None]
     chains = sorted({t.chain for t in report.tensors})
     return {"bytes": path.stat().st_size, "max_rel_l2": max(errors, default=0.0), "chains": chains}
 
 
 def check_lossless(state: dict[str, torch.Tensor], path: Path) -> bool:
-    loaded = slimtorch.load(path)
+    loaded = slimtorch.load(path).tensors
     return loaded.keys() == state.keys() and all(torch.equal(loaded[k], v) for k, v in state.items())
 
 
@@ -303,17 +303,17 @@ def write_methods(case: str, state: dict[str, torch.Tensor], folder: Path) -> li
 
     for variant in CASE_VARIANTS[case]:
         out, clear = output(f"save-{variant}.safetensors")
+        options = slimtorch.ShrinkOptions(**VARIANTS[variant])
 
-        def save(out: Path = out, variant: str = variant) -> int:
-            slimtorch.save(state, out, **VARIANTS[variant])
+        def save(out: Path = out, options: slimtorch.ShrinkOptions = options) -> int:
+            slimtorch.save(state, out, options)
             return nbytes
 
         methods.append(Method(case, "write", f"slimtorch.save {variant}", save, clear, ENCODE_TARGET_MB_S))
         out, clear = output(f"shrink-{variant}.safetensors")
-        options = slimtorch.ShrinkOptions(**VARIANTS[variant])
 
         def shrink(out: Path = out, options: slimtorch.ShrinkOptions = options) -> int:
-            slimtorch.shrink(source, out, options=options)
+            slimtorch.shrink(source, out, options)
             return nbytes
 
         label = f"slimtorch.shrink {variant} (from file)"
@@ -335,7 +335,7 @@ def load_methods(case: str, folder: Path) -> list[Method]:
     for variant in CASE_VARIANTS[case]:
         path = folder / f"slim-{variant}.safetensors"
         target = DECODE_TARGET_MB_S if variant in DECODE_TARGETED else None
-        run = lambda path=path: touch(slimtorch.load(path))  # noqa: E731
+        run = lambda path=path: touch(slimtorch.load(path).tensors)  # noqa: E731
         methods.append(Method(case, "load", f"slimtorch.load {variant}", run, target=target))
     pt, st = folder / "dense.pt", folder / "dense.safetensors"
     methods.append(Method(case, "load", "peer: torch.load", lambda: touch(torch.load(pt, weights_only=True))))

@@ -31,6 +31,7 @@ import slimtorch
 from slimtorch.cli.views.inspect_view import output_console
 from slimtorch.graph.macs import count_macs
 from slimtorch.inspection.measure import measure_latency
+from slimtorch.recovery import RecoverOptions
 
 EPOCHS, RECOVER_EPOCHS, BATCH = 30, 10, 64
 
@@ -116,21 +117,23 @@ def run(folder: Path, epochs: int = EPOCHS, recover_epochs: int = RECOVER_EPOCHS
     dense_file = folder / "dense.safetensors"
     safetensors.torch.save_file({k: v.contiguous() for k, v in dense.state_dict().items()}, dense_file)
 
+    tuning = RecoverOptions(epochs=recover_epochs, lr=1e-3)  # (a) and (b) recover the same way
+
     # (a) 90% of the weights zeroed, fine-tuned with the zeros kept, saved sparse + int8
     sparse = copy.deepcopy(dense)
     slimtorch.prune.weights(sparse, 0.9)
-    slimtorch.recover(sparse, data.train, epochs=recover_epochs, lr=1e-3, eval_fn=evaluate)
+    slimtorch.recover(sparse, data.train, tuning, eval_fn=evaluate)
     sparse_file = folder / "sparse-int8.safetensors"
     slimtorch.save(sparse.state_dict(), sparse_file, quantize="int8")
-    sparse_loaded = slimtorch.load_model(sparse_file, DigitsCNN)
+    sparse_loaded = slimtorch.load_model(sparse_file, DigitsCNN).model
 
     # (b) half the channels removed, distilled from the dense model, saved with its structural delta
     narrow = copy.deepcopy(dense)
     slimtorch.prune.channels(narrow, data.test_x[:2], ratio=0.5)
-    slimtorch.recover(narrow, data.train, teacher=dense, epochs=recover_epochs, lr=1e-3, eval_fn=evaluate)
+    slimtorch.recover(narrow, data.train, tuning, teacher=dense, eval_fn=evaluate)
     narrow_file = folder / "channels-half.safetensors"
     slimtorch.save_model(narrow, narrow_file)
-    narrow_loaded = slimtorch.load_model(narrow_file, DigitsCNN)
+    narrow_loaded = slimtorch.load_model(narrow_file, DigitsCNN).model
 
     return {
         "dense": describe("dense fp32", dense, dense_file, data),

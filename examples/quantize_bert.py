@@ -44,9 +44,10 @@ def main() -> None:
         expected = dense(ids).last_hidden_state
     fp32_ms = measure_latency(dense, (ids,), runs=5) * 1e3
 
-    quantized, report = slimtorch.quantize_with_report(
+    report = slimtorch.quantize(
         copy.deepcopy(dense), args.scheme, calibration=[tokens(100 + i) for i in range(2)]
     )
+    quantized = report.model
     int8_ms = measure_latency(quantized, (ids,), runs=5) * 1e3
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch) / "bert-int8.safetensors"
@@ -54,7 +55,7 @@ def main() -> None:
         dense_file = Path(scratch) / "bert-fp32.safetensors"
         slimtorch.save_model(dense, dense_file)
         slimtorch.save_model(quantized, out)
-        loaded = slimtorch.load_model(out, build_bert)
+        loaded = slimtorch.load_model(out, build_bert).model
         with torch.no_grad():
             got = loaded(ids).last_hidden_state
             same = torch.equal(got, quantized(ids).last_hidden_state)

@@ -155,13 +155,13 @@ def test_prefix_and_rename_reach_load_model(command, tmp_path, capsys, monkeypat
     }
     save_file({f"net.{k}": v for k, v in renamed.items()}, weights)
     seen = {}
-    real = loader.load_model_profiled
+    real = loader.load_model
 
     def spy(*args, **kwargs):
         seen.update(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loader, "load_model_profiled", spy)
+    monkeypatch.setattr(loader, "load_model", spy)
     args = [*command_args(command, "tests.test_cli_inputs:linear", tmp_path), "--weights", str(weights)]
     args += ["--input-shape", "2,4", "--prefix", "net.", "--rename", "layer.=0."]
     assert main(args) == 0

@@ -16,8 +16,9 @@ from torch import nn
 
 import slimtorch
 from slimtorch.cli.main import main
-from slimtorch.deploy import ExportError, export
+from slimtorch.deploy import ExportError, ExportOptions, ExportReport, Tolerance, export
 from slimtorch.deploy.runner import Bundle, BundleError, read_inputs
+from slimtorch.errors import OptionError
 from tests.zoo.models import MLP, SmallCNN
 from tests.zoo.transformers_models import bert, example
 
@@ -94,7 +95,7 @@ def test_int8_onnx_is_smaller_and_within_the_quantized_tolerance(tmp_path) -> No
 
 def test_slimtorch_int8_model_keeps_its_codes_through_onnxruntime_int8(tmp_path) -> None:
     model = MLP((64, 128, 16)).eval()
-    slimtorch.quantize(model, "int8-dynamic", progress=False)
+    slimtorch.quantize(model, "int8-dynamic")
     report = export(model, torch.randn(2, 64), tmp_path / "b")
     assert report.quantized == "int8" and report.passed
     stored = [numpy_helper.to_array(t) for t in onnx.load(tmp_path / "b" / "model.onnx").graph.initializer]
@@ -310,3 +311,56 @@ def test_fp32_tolerance_grows_to_the_models_own_rounding_noise_but_a_wrong_expor
     assert Bundle(tmp_path / "right").check()["ok"]
     wrong = export(Cancelling(offset=0.1), x, tmp_path / "wrong")
     assert not wrong.passed and wrong.errors[0].max_abs > 0.09
+
+
+def _seeded_export(model: nn.Module, x: torch.Tensor, out, *args, **kwargs) -> dict:
+    """The report as JSON, less what differs between two equal runs (the folder, the time taken)."""
+    torch.manual_seed(0)  # the same random verification inputs
+    data = export(model, x, out, *args, **kwargs).to_dict()
+    del data["bundle"], data["seconds"]
+    return data
+
+
+def test_options_by_dataclass_and_by_override_give_the_same_report(tmp_path) -> None:
+    model, x = MLP((16, 32, 4)).eval(), torch.randn(2, 16)
+    options = ExportOptions(format="pt2", dynamic_batch=True, samples=2)
+    given = _seeded_export(model, x, tmp_path / "a", options)
+    overridden = _seeded_export(model, x, tmp_path / "b", format="pt2", dynamic_batch=True, samples=2)
+    assert given == overridden
+    assert given["format"] == "pt2" and given["samples"] == 3  # 2, and one at another batch size
+    assert _seeded_export(model, x, tmp_path / "c", options, samples=1)["samples"] == 2  # a field replaced
+
+
+def test_an_unknown_export_option_names_the_fields_and_writes_nothing(tmp_path) -> None:
+    fields = "ExportOptions has: dynamic_batch, format, quantize_to, samples, tolerance"
+    with pytest.raises(OptionError, match=f"export: unknown option 'quantize'; {fields}"):
+        export(MLP().eval(), torch.randn(1, 64), tmp_path / "b", quantize="int8")
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("format", "tflite", "unknown format 'tflite'; choose one of onnx, pt2"),
+        ("quantize_to", "int4", "quantize_to takes 'int8' or None, not 'int4'"),
+        ("samples", 0, "a count of 1 or more, not 0"),
+        ("tolerance", 1e-3, "tolerance must be a Tolerance or None, not float"),
+    ],
+)
+def test_a_bad_option_value_is_an_option_error_where_it_is_written(tmp_path, field, value, says) -> None:
+    with pytest.raises(OptionError, match=says):
+        ExportOptions(**{field: value})
+    with pytest.raises(OptionError, match=says):
+        export(MLP().eval(), torch.randn(1, 64), tmp_path / "b", **{field: value})
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_onnx_report_as_json_fits_its_schema(tmp_path) -> None:
+    tolerance = Tolerance(1e-3, 0.0, "given: within 1e-3")
+    report = export(MLP().eval(), torch.randn(1, 64), tmp_path / "b", tolerance=tolerance)
+    data = json.loads(json.dumps(report.to_dict()))
+    schema = ExportReport.json_schema()
+    assert set(data) == set(schema["properties"]) and data["schema"] == "slimtorch.export/1"
+    assert data["passed"] is True and data["tolerance"]["meaning"] == "given: within 1e-3"
+    assert set(data["errors"][0]) == set(schema["properties"]["errors"]["items"]["properties"])
+    assert set(data["inputs"][0]) == set(schema["properties"]["inputs"]["items"]["properties"])

@@ -23,13 +23,14 @@ import pytest
 
 from slimtorch.cli import footprint_cmd
 from slimtorch.deploy.footprint import (
+    FootprintOptions,
     FootprintReport,
     PackageBytes,
     baseline_cache_path,
     footprint,
     torch_baseline,
 )
-from slimtorch.errors import CheckpointNotFoundError, SlimtorchError
+from slimtorch.errors import CheckpointNotFoundError, OptionError, SlimtorchError
 from slimtorch.format.progress import Recorder
 
 # The module, even where slimtorch.deploy re-exports the function under the same name.
@@ -247,6 +248,30 @@ def test_a_cache_from_before_bytecode_was_counted_is_measured_again(tmp_path, mo
     assert torch_baseline().bytecode_bytes == 1
 
 
+def test_options_by_dataclass_and_by_override_give_the_same_report(failed, tmp_path) -> None:
+    bundle = _bundle(tmp_path / "bundle", FAILING)  # as the failed fixture's, measured with an override
+    given = footprint(bundle, FootprintOptions(baseline=False)).to_dict()
+    overridden = failed.to_dict()
+    for data in (given, overridden):
+        del data["bundle"], data["install_seconds"]
+    assert given == overridden and given["baseline"] is None
+
+
+def test_an_unknown_option_names_the_fields_before_any_install(tmp_path) -> None:
+    fields = "FootprintOptions has: baseline, compile_bytecode, keep, python, refresh_baseline"
+    with pytest.raises(OptionError, match=f"footprint: unknown option 'no_baseline'; {fields}"):
+        footprint(tmp_path / "nowhere", no_baseline=True)  # the option is checked before the folder
+
+
+def test_the_report_as_json_fits_its_schema_with_the_baseline(measured) -> None:
+    data = json.loads(json.dumps(measured[0].to_dict()))
+    schema = FootprintReport.json_schema()["properties"]
+    assert set(data) == set(schema) and data["schema"] == "slimtorch.footprint/1"
+    baseline = next(s for s in schema["baseline"]["anyOf"] if s.get("type") == "object")
+    assert set(data["baseline"]) == set(baseline["properties"])
+    assert set(data["packages"][0]) == set(schema["packages"]["items"]["properties"])
+
+
 def test_a_missing_folder_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(CheckpointNotFoundError, match="no such folder"):
         footprint(tmp_path / "nowhere", baseline=False)
@@ -301,7 +326,12 @@ def _cli(argv: list[str]) -> int:
 
 def test_cli_json_has_every_field_and_passes_the_options_on(measured, monkeypatch, capsys) -> None:
     given: dict = {}
-    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, **kw: given.update(kw) or measured[0])
+
+    def recorded(bundle, options, **kw):
+        given.update(kw, options=options)
+        return measured[0]
+
+    monkeypatch.setattr(footprint_cmd, "footprint", recorded)
     argv = ["footprint", "b", "--json", "--no-baseline", "--python", "/usr/bin/python3", "--keep", "v"]
     assert _cli(argv) == 0
     data = json.loads(capsys.readouterr().out)
@@ -311,17 +341,11 @@ def test_cli_json_has_every_field_and_passes_the_options_on(measured, monkeypatc
     }  # fmt: skip
     assert data["baseline"]["cached"] is True and data["runtime_bytes"] == measured[0].runtime_bytes
     assert not given.pop("progress").enabled  # no spinner into a pipe
-    assert given == {
-        "baseline": False,
-        "refresh_baseline": False,
-        "python": "/usr/bin/python3",
-        "keep": "v",
-        "compile_bytecode": False,
-    }
+    assert given == {"options": FootprintOptions(baseline=False, python="/usr/bin/python3", keep="v")}
 
 
 def test_cli_table_shows_packages_totals_baseline_and_the_sample(measured, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, **kw: measured[0])
+    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, options, **kw: measured[0])
     assert _cli(["footprint", "b"]) == 0
     out = capsys.readouterr().out
     for text in ("numpy", "runtime + model", REQUIREMENT, "cached", f"{measured[0].ratio:.3f}x"):
@@ -332,13 +356,13 @@ def test_cli_table_shows_packages_totals_baseline_and_the_sample(measured, monke
 def test_cli_says_how_far_slimtorchs_runner_found_each_output(measured, monkeypatch, capsys) -> None:
     errors = {"logits": {"max_abs": 3.2e-07, "max_rel": 1e-07, "scale": 3.0}}
     report = dataclasses.replace(measured[0], sample_output={"ok": True, "tolerance": {}, "outputs": errors})
-    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, **kw: report)
+    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, options, **kw: report)
     assert _cli(["footprint", "b"]) == 0
     assert "sample check passed: logits largest difference 3.2e-07" in capsys.readouterr().out
 
 
 def test_cli_exits_1_when_the_sample_fails(failed, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, **kw: failed)
+    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, options, **kw: failed)
     assert _cli(["footprint", "b"]) == 1
     assert "sample check FAILED: sample 0: expected class 3, got 5" in capsys.readouterr().out
     assert _cli(["footprint", "b", "--json"]) == 1

@@ -15,8 +15,8 @@ from torchgen.selective_build.selector import SelectiveBuilder
 from slimtorch.cli import main as cli_main
 from slimtorch.cli import ops_cmd
 from slimtorch.deploy import ops
-from slimtorch.deploy.ops import Operator, OperatorList, operators
-from slimtorch.errors import SlimtorchError
+from slimtorch.deploy.ops import Operator, OperatorList, OperatorOptions, operators
+from slimtorch.errors import OptionError, SlimtorchError
 from tests.zoo.models import MLP, SmallCNN
 from tests.zoo.transformers_models import bert, example
 
@@ -216,3 +216,29 @@ def test_cli_prints_yaml_by_default_and_json_on_request(run_cli, capsys):
 def test_cli_turns_a_failing_model_into_exit_code_2(run_cli, capsys):
     assert run_cli(["ops", "tests.zoo.models:MLP", "--input-shape", "2,3"]) == 2
     assert "does not accept an input of shape 2,3" in capsys.readouterr().err  # checked before any tracing
+
+
+def test_options_by_dataclass_and_by_override_give_the_same_list():
+    x = torch.randn(4, 64)
+    given = operators(MLP(), x, OperatorOptions(training=True))
+    overridden = operators(MLP(), x, training=True)
+    assert given.to_dict() == overridden.to_dict() and given.training
+    assert operators(MLP(), x, OperatorOptions(training=True), training=False).training is False
+
+
+def test_an_unknown_option_names_the_fields_and_records_nothing():
+    with pytest.raises(OptionError, match="operators: unknown option 'train'; OperatorOptions has: training"):
+        operators(Broken(), torch.ones(2, 4), train=True)  # raised before the model runs
+    with pytest.raises(OptionError, match="options must be a OperatorOptions, not bool"):
+        operators(MLP(), torch.randn(4, 64), True)
+
+
+def test_the_list_as_json_fits_its_schema_key_for_key():
+    data = operators(MLP(), torch.randn(4, 64)).to_dict()
+    schema = OperatorList.json_schema()
+    assert data["schema"] == "slimtorch.operators/1" == schema["properties"]["schema"]["const"]
+    assert set(data) == set(schema["properties"]) == {
+        "schema", "operators", "total", "roots", "training", "torch", "notes"
+    }  # fmt: skip
+    assert set(data["operators"][0]) == set(schema["properties"]["operators"]["items"]["properties"])
+    assert data["total"] == len(data["operators"]) and data["torch"] == torch.__version__

@@ -53,9 +53,9 @@ def test_the_default_device_is_cuda_only_where_torch_sees_it(monkeypatch) -> Non
 
 
 def test_every_memory_function_defaults_to_the_machines_device() -> None:
-    functions = (memory.estimate, memory.profile, memory.find_batch_size, memory.fit, memory.measure_peak)
-    for function in functions:
-        assert inspect.signature(function).parameters["device"].default is None, function.__name__
+    for options in (memory.StepOptions(), memory.BatchSizeOptions(), memory.FitOptions()):
+        assert options.device is None, type(options).__name__
+    assert inspect.signature(memory.measure_peak).parameters["device"].default is None
     assert memory.estimate(Blocks(), torch.randn(2, 256)).device == default_device()
 
 
@@ -93,7 +93,7 @@ def test_the_readmes_fit_example_runs_as_written_on_a_cpu_machine(no_cuda) -> No
 def test_fit_keeps_bf16_on_the_cpu_and_says_so(no_cuda) -> None:
     model, x = Blocks(), torch.randn(4096, 256)
     every = memory.estimate(model, x, checkpointing="blocks").steps[0].peak_bytes
-    plan = memory.fit(model, int(every * 0.97), x)  # checkpointing alone does not fit
+    plan = memory.fit(model, x, budget=int(every * 0.97))  # checkpointing alone does not fit
     assert plan.device == "cpu" and plan.precision == "bf16-mixed"
     assert any("bf16 autocast on the CPU" in note for note in plan.notes)
     assert model(x[:4]).dtype == torch.bfloat16  # applied, not dropped: CPU autocast runs the Linears in bf16
@@ -108,7 +108,7 @@ def test_naming_cuda_where_there_is_none_is_one_clear_error(no_cuda) -> None:
     calls = {
         "find_batch_size": lambda: memory.find_batch_size(lambda n: None, report, budget=2**30),
         "profile": lambda: memory.profile(model, x, device="cuda"),
-        "fit": lambda: memory.fit(model, 2**30, x, device="cuda"),
+        "fit": lambda: memory.fit(model, x, budget=2**30, device="cuda"),
         "measure_peak": lambda: memory.measure_peak(lambda: None, "cuda"),
     }
     for name, call in calls.items():

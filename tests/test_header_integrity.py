@@ -49,7 +49,7 @@ def slim_template(folder: Path, kind: str) -> Path:
             for i in range(3)
         }
         path = folder / "sharded"
-        slimtorch.save(state, path, quantize="int8", shard_size=3000)
+        slimtorch.save(state, path, quantize="int8", shard_bytes=3000)
         return path
     path = folder / f"{kind}.safetensors"
     slimtorch.save(_state(), path, quantize=None if kind == "lossless" else kind)
@@ -68,7 +68,7 @@ class FlipCounts:
 def flip_bits(path: Path, flips: int, rng: random.Random) -> FlipCounts:
     """Flip one random bit at a time in the checkpoint at ``path`` and load it; the file is restored after
     each. Every other flip lands in a header (or the index), where the parts' checksums cannot see it."""
-    reference = slimtorch.load(path)
+    reference = slimtorch.load(path).tensors
     files = [path] if path.is_file() else sorted(path.iterdir())
     originals = {file: file.read_bytes() for file in files}
     headers = {file: _header_end(file, data) for file, data in originals.items()}
@@ -80,7 +80,7 @@ def flip_bits(path: Path, flips: int, rng: random.Random) -> FlipCounts:
         damaged[offset] ^= 1 << bit
         file.write_bytes(damaged)
         try:
-            loaded = slimtorch.load(path)
+            loaded = slimtorch.load(path).tensors
         except slimtorch.FormatError:
             counts.detected += 1
         else:
@@ -230,7 +230,7 @@ def _unsealed(path: Path) -> Path:
 
 def test_files_written_before_the_seal_still_load_and_verify_their_parts(tmp_path):
     path = _unsealed(_saved(tmp_path))
-    loaded = slimtorch.load(path)
+    loaded = slimtorch.load(path).tensors
     assert all(torch.equal(loaded[name], tensor) for name, tensor in _state().items())
     header, data = read_safetensors(path)
     begin = header["norm.weight"]["data_offsets"][0]

@@ -48,7 +48,7 @@ def bases(tmp_path_factory) -> dict:
 def _both(folder, model_class, weight_only: bool = True) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The folder loaded by from_pretrained (float32, as load_model builds it) and by load_model."""
     theirs = model_class.from_pretrained(folder, dtype=torch.float32).eval()
-    ours = slimtorch.load_model(folder, hub.model_factory(hub.read_config(folder))).eval()
+    ours = slimtorch.load_model(folder, hub.model_factory(hub.read_config(folder))).model.eval()
     for module in ours.modules():
         if isinstance(module, QuantizedWeight) and weight_only:
             module.kernel = "dequantize"  # float32 products, as compressed-tensors computes them
@@ -143,7 +143,7 @@ def test_quantized_model_folder_loads_in_transformers_and_stays_quantized_in_loa
     bases, name, scheme, tmp_path
 ) -> None:
     model, folder = bases[name]
-    quantized = slimtorch.quantize(copy.deepcopy(model), scheme, group_size=32, symmetric=True)
+    quantized = slimtorch.quantize(copy.deepcopy(model), scheme, group_size=32, symmetric=True).model
     out = tmp_path / "out"
     slimtorch.save_model(quantized, out, extra_files={"config.json": folder / "config.json"})
     theirs, ours = _both(out, type(model), weight_only=scheme != "int8-dynamic")
@@ -175,10 +175,10 @@ def test_load_model_of_hf_int4_folder_maps_the_compressed_tensors_words_as_the_l
     bases, tmp_path
 ) -> None:
     model, _ = bases["llama"]
-    quantized = slimtorch.quantize(copy.deepcopy(model), "int4-weight", group_size=32, symmetric=True)
+    quantized = slimtorch.quantize(copy.deepcopy(model), "int4-weight", group_size=32, symmetric=True).model
     out = tmp_path / "out"
     slimtorch.save_model(quantized, out, layout="hf")
-    loaded = slimtorch.load_model(out, hub.model_factory(hub.read_config(out)))
+    loaded = slimtorch.load_model(out, hub.model_factory(hub.read_config(out))).model
     layer = loaded.model.layers[0].mlp.up_proj
     assert type(layer).__name__ == "Int4WeightLinear"
     original = quantized.model.layers[0].mlp.up_proj
@@ -197,7 +197,7 @@ def test_pruned_folder_loads_in_both_and_int8_stays_close(bases, name, quantize,
     out = tmp_path / "out"
     slimtorch.save_pretrained(pruned, out, quantize=quantize)
     theirs = type(model).from_pretrained(out, dtype=torch.float32).eval()
-    ours = slimtorch.load_model(out, TRANSFORMERS[name]).eval()
+    ours = slimtorch.load_model(out, TRANSFORMERS[name]).model.eval()
     got, loaded, want = _outputs(name, theirs, ours, pruned)
     assert torch.equal(got, loaded)
     assert torch.equal(loaded, want) if quantize is None else _cosine(loaded, want) >= 0.99
@@ -214,7 +214,7 @@ def test_pruned_bert_whose_config_cannot_say_its_head_size_is_refused_by_from_pr
     )
     with pytest.raises((RuntimeError, ValueError)):
         type(model).from_pretrained(out)
-    assert slimtorch.load_model(out, TRANSFORMERS["bert"]) is not None
+    assert slimtorch.load_model(out, TRANSFORMERS["bert"]).model is not None
 
 
 # -- the slim layout -----------------------------------------------------------------------------------------
@@ -229,7 +229,7 @@ def test_slim_layout_folder_is_refused_by_from_pretrained_and_read_by_slimtorch(
         transformers.AutoModel.from_pretrained(out)
     with pytest.raises(AttributeError, match=r"slimtorch\.load_model"):  # the class would take defaults
         type(model).from_pretrained(out)
-    ours = slimtorch.load_model(out, hub.model_factory(hub.read_config(out))).eval()
+    ours = slimtorch.load_model(out, hub.model_factory(hub.read_config(out))).model.eval()
     loaded, original = _outputs("bert", ours, model)
     assert _cosine(loaded, original) >= 0.99
     again = tmp_path / "again"
@@ -244,7 +244,7 @@ def test_int8_codes_are_the_same_in_both_layouts_so_load_model_gives_the_same_ou
     outputs = []
     for layout in ("hf", "slim"):
         slimtorch.shrink(folder, tmp_path / layout, options=ShrinkOptions(quantize="int8"), layout=layout)
-        loaded = slimtorch.load_model(tmp_path / layout, TRANSFORMERS["llama"]).eval()
+        loaded = slimtorch.load_model(tmp_path / layout, TRANSFORMERS["llama"]).model.eval()
         outputs += _outputs("llama", loaded)
     assert torch.equal(*outputs)
 

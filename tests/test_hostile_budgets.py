@@ -65,7 +65,7 @@ def test_safetensors_bytes_after_the_last_tensor_are_refused(tmp_path, capsys):
 def test_safetensors_empty_tensors_and_any_header_order_still_load(tmp_path):
     header = {"b": _f32([2], 8, 16), "empty": _f32([0, 3], 8, 8), "a": _f32([2], 0, 8)}
     path = write_safetensors_raw(tmp_path / "ok.safetensors", header, np.arange(4, dtype="<f4").tobytes())
-    state = slimtorch.load(path)
+    state = slimtorch.load(path).tensors
     assert state["a"].tolist() == [0, 1] and state["b"].tolist() == [2, 3] and state["empty"].shape == (0, 3)
 
 
@@ -182,7 +182,7 @@ def test_the_user_can_raise_the_expansion_budget_for_a_file_they_trust(tmp_path,
     with pytest.raises(FormatError, match="budget"):
         slimtorch.load(path)
     monkeypatch.setenv("SLIMTORCH_MAX_EXPANSION", "100000")
-    assert slimtorch.load(path)["w"].shape == (2**20,)
+    assert slimtorch.load(path).tensors["w"].shape == (2**20,)
 
 
 def test_int4_flat_under_zstd_is_refused_before_it_decodes(tmp_path, capsys):

@@ -90,7 +90,7 @@ def _same_tensors(expected: Callable[[], dict[str, torch.Tensor]]):
             out = folder / "out.safetensors"
             if not out.exists():
                 return None
-            got, want = slimtorch.load(out), expected()
+            got, want = slimtorch.load(out).tensors, expected()
             if set(got) != set(want):
                 return f"silently changed names: {sorted(set(got) ^ set(want))[:3]}"
             for name, tensor in want.items():
@@ -357,7 +357,7 @@ def _folder_with(files: dict[str, str], weights: str = "safetensors") -> Build:
         if weights == "safetensors":
             save_file({"w": torch.ones(4)}, model / "model.safetensors")
         elif weights == "sharded":
-            slimtorch.save(_sharded_state(), model, shard_size=20000)
+            slimtorch.save(_sharded_state(), model, shard_bytes=20000)
         for name, text in files.items():
             (model / name).write_text(text)
         return model
@@ -866,7 +866,7 @@ def _decoded_state(options: dict) -> Callable[[], dict[str, torch.Tensor]]:
         import tempfile
 
         with tempfile.TemporaryDirectory() as scratch:
-            return dict(slimtorch.load(_slim(Path(scratch) / "x.safetensors", **options)))
+            return dict(slimtorch.load(_slim(Path(scratch) / "x.safetensors", **options)).tensors)
 
     return expected
 
@@ -956,7 +956,7 @@ def _shards(damage: str) -> Build:
             return model
         if damage == "shard-from-another-save":
             other = folder / "other"
-            slimtorch.save(_sharded_state(), other, shard_size=20000)
+            slimtorch.save(_sharded_state(), other, shard_bytes=20000)
             (model / middle).write_bytes((other / middle).read_bytes())
         if damage == "shards-renamed":
             first, second = model / "model-00001-of-00004.safetensors", model / middle

@@ -264,7 +264,7 @@ def test_shrink_refuses_to_replace_the_folder_holding_its_input(tmp_path, capsys
     assert "-o is the input" in one_error_line(capsys)
     assert shrink_to(folder / "model.safetensors", folder) == 2
     assert "a file of the input folder" in one_error_line(capsys)
-    assert list(slimtorch.load(folder)) == ["w"]
+    assert list(slimtorch.load(folder).tensors) == ["w"]
 
 
 @pytest.mark.parametrize("kind", ["folder", "file", "dangling"])
@@ -279,7 +279,7 @@ def test_an_output_that_is_a_symbolic_link_is_refused_and_left_as_it_was(tmp_pat
     assert link.is_symlink() and os.readlink(link) == str(real)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".slimtorch-tmp-")]
     if kind != "dangling":
-        assert list(slimtorch.load(real)) == ["old"]
+        assert list(slimtorch.load(real).tensors) == ["old"]
 
 
 def test_ops_refuses_to_write_over_the_model_file(tmp_path, capsys):
@@ -348,7 +348,7 @@ def test_replacing_an_output_folder_keeps_the_users_index_json_files_and_folders
         mine.write_text("mine")
     with pytest.raises(slimtorch.SlimtorchError, match=r"holds 'notes\.index\.json'"):
         slimtorch.save({"w": torch.zeros(2)}, out)
-    assert mine.exists() and torch.equal(slimtorch.load(out)["w"], torch.ones(2))
+    assert mine.exists() and torch.equal(slimtorch.load(out).tensors["w"], torch.ones(2))
 
 
 def test_a_folder_named_like_a_companion_is_not_replaced_by_the_companion(tmp_path):
@@ -408,5 +408,5 @@ def test_the_api_refuses_to_write_through_a_symbolic_link(tmp_path, out_name):
     link.symlink_to(real)
     with pytest.raises(slimtorch.SlimtorchError, match="is a symbolic link"):
         slimtorch.save({"new": torch.ones(2)}, link)
-    assert link.is_symlink() and list(slimtorch.load(real)) == ["old"]
+    assert link.is_symlink() and list(slimtorch.load(real).tensors) == ["old"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".slimtorch-tmp-")]

@@ -85,7 +85,7 @@ def test_shrink_by_repo_id_writes_the_weights_and_the_folders_config(cached_bert
     assert json.loads((out / "config.json").read_text()) == json.loads(
         (cached_bert / "config.json").read_text()
     )
-    shrunk, original = slimtorch.load(out), slimtorch.load(cached_bert)
+    shrunk, original = slimtorch.load(out).tensors, slimtorch.load(cached_bert).tensors
     assert shrunk.keys() == original.keys()
     assert all(torch.equal(shrunk[name], original[name]) for name in original)
 
@@ -98,7 +98,7 @@ def test_load_model_and_open_model_by_repo_id_give_what_from_pretrained_gives(
     expected = transformers.BertModel.from_pretrained(
         REPO, cache_dir=cache, local_files_only=True
     ).state_dict()
-    loaded = slimtorch.load_model(REPO, tiny_bert).state_dict()
+    loaded = slimtorch.load_model(REPO, tiny_bert).model.state_dict()
     opened = open_model(REPO)
     assert opened.source == REPO and opened.folder.parent.name == "snapshots"
     capsys.readouterr()
@@ -139,11 +139,11 @@ def test_a_revision_reads_its_own_snapshot(cache, tmp_path, capsys) -> None:
     other = tmp_path / "v1"
     tiny_bert().save_pretrained(other)
     snapshot = cache_repo(cache, REPO, other, revision="v1")
-    by_tag = slimtorch.load(f"{REPO}@v1")
-    by_commit = slimtorch.load(f"{REPO}@{snapshot.name}")
-    on_main = slimtorch.load(REPO)
+    by_tag = slimtorch.load(f"{REPO}@v1").tensors
+    by_commit = slimtorch.load(f"{REPO}@{snapshot.name}").tensors
+    on_main = slimtorch.load(REPO).tensors
     name = "embeddings.word_embeddings.weight"
-    assert torch.equal(by_tag[name], slimtorch.load(other)[name]) and torch.equal(
+    assert torch.equal(by_tag[name], slimtorch.load(other).tensors[name]) and torch.equal(
         by_commit[name], by_tag[name]
     )
     assert not torch.equal(on_main[name], by_tag[name])
@@ -158,8 +158,8 @@ def test_an_existing_local_path_wins_over_the_id(cached_bert, tmp_path) -> None:
     tiny_bert().save_pretrained(Path(REPO))  # ./org/tiny-bert in the working folder
     assert resolve_model_path(REPO) == Path(REPO)
     name = "embeddings.word_embeddings.weight"
-    assert torch.equal(slimtorch.load(REPO)[name], slimtorch.load(Path(REPO))[name])
-    assert not torch.equal(slimtorch.load(REPO)[name], slimtorch.load(cached_bert)[name])
+    assert torch.equal(slimtorch.load(REPO).tensors[name], slimtorch.load(Path(REPO)).tensors[name])
+    assert not torch.equal(slimtorch.load(REPO).tensors[name], slimtorch.load(cached_bert).tensors[name])
 
 
 @pytest.mark.parametrize("offline", ["1", "0", None])

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import slimtorch
-
-SRC = Path(slimtorch.__file__).parent
+SRC = Path(__file__).resolve().parents[1] / "src" / "slimtorch"
 
 LAYERS: list[set[str]] = [
     {"errors", "_version"},
@@ -47,7 +45,8 @@ def module_name(path: Path, src: Path) -> str:
 
 
 def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[str, int]]:
-    """Every ``slimtorch`` module that ``source`` imports, with the line, from any depth of the tree."""
+    """Every ``slimtorch`` module that ``source`` imports, with the line, from any depth of the tree
+    (``from pkg import name`` gives ``pkg.name``, which is the module when ``name`` is one)."""
     here = module.split(".") if is_package else module.split(".")[:-1]
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -65,7 +64,7 @@ def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[s
                     for alias in node.names
                 ]
             else:
-                found.append((target, node.lineno))
+                found += [(f"{target}.{alias.name}", node.lineno) for alias in node.names]
     return [(name, line) for name, line in found if name == "slimtorch" or name.startswith("slimtorch.")]
 
 
@@ -90,8 +89,56 @@ def violations(src: Path) -> list[str]:
     return found
 
 
+def import_graph(src: Path) -> dict[str, set[str]]:
+    """Module -> the slimtorch modules it imports (an imported name resolves to the longest module prefix)."""
+    paths = {module_name(path, src): path for path in src.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        for target, _ in imported_modules(path.read_text(), name, path.name == "__init__.py"):
+            parts = target.split(".")
+            while parts and ".".join(parts) not in paths:
+                parts.pop()
+            if len(parts) > 1 and ".".join(parts) != name:
+                graph[name].add(".".join(parts))
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
 def test_every_import_goes_down() -> None:
     assert violations(SRC) == []
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """Inside a package too: a cycle (codecs' chain and entropy once) means neither can be read alone."""
+    assert cycles(import_graph(SRC)) == []
 
 
 def test_every_package_has_a_layer() -> None:
@@ -136,3 +183,9 @@ def test_a_planted_loose_module_has_no_layer(tmp_path: Path) -> None:
     (tree / "helpers").mkdir()
     (tree / "helpers" / "__init__.py").write_text("")
     assert violations(tree) == ["helpers/__init__.py: 'helpers' is in no layer (add it to LAYERS)"]
+
+
+def test_a_planted_cycle_inside_a_package_is_caught(tmp_path: Path) -> None:
+    tree = _planted(tmp_path, "format", "ping.py", "def late():\n    from slimtorch.format import pong\n")
+    (tree / "format" / "pong.py").write_text("from slimtorch.format.ping import late\n")
+    assert cycles(import_graph(tree)) == [["slimtorch.format.ping", "slimtorch.format.pong"]]

@@ -91,7 +91,7 @@ def test_model_from_every_format_gives_identical_outputs(cnn, tmp_path, writer) 
         slimtorch.save(cnn.state_dict(), path)
     elif writer == "slim-sharded":
         path = tmp_path / "sharded"
-        slimtorch.save(cnn.state_dict(), path, shard_size=4096)
+        slimtorch.save(cnn.state_dict(), path, shard_bytes=4096)
         assert len(list(path.glob("model-*.safetensors"))) > 1
     elif writer == "safetensors":
         safetensors.torch.save_file(cnn.state_dict(), path)
@@ -99,7 +99,7 @@ def test_model_from_every_format_gives_identical_outputs(cnn, tmp_path, writer) 
         path = tmp_path / "model.pt"
         torch.save(cnn.state_dict(), path)
     x = torch.randn(4, 1, 8, 8)
-    loaded = _eval(slimtorch.load_model(path, SmallCNN))
+    loaded = _eval(slimtorch.load_model(path, SmallCNN).model)
     assert torch.equal(loaded(x), cnn(x))
     assert loaded.features[1].num_batches_tracked.dtype == torch.int64
 
@@ -109,13 +109,14 @@ def test_raw_tensors_are_the_files_bytes_and_writing_them_never_changes_the_file
     path = tmp_path / "mlp.safetensors"
     slimtorch.save(mlp.state_dict(), path)
     before = path.read_bytes()
-    model, profile = slimtorch.load_model_profiled(path, MLP)
-    assert profile.zero_copy == profile.tensors == len(mlp.state_dict())
+    report = slimtorch.load_model(path, MLP)
+    model = report.model
+    assert report.zero_copy == report.tensor_count == len(mlp.state_dict())
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)  # copy-on-write: a private page, not the file's
     assert path.read_bytes() == before
-    again = slimtorch.load_model(path, MLP)
+    again = slimtorch.load_model(path, MLP).model
     assert all(torch.equal(a, b) for a, b in zip(again.parameters(), mlp.parameters(), strict=True))
 
 
@@ -123,8 +124,9 @@ def test_int8_file_loads_decoded_within_its_bound(tmp_path) -> None:
     mlp = MLP((64, 256, 256, 10))
     path = tmp_path / "int8.safetensors"
     slimtorch.save(mlp.state_dict(), path, quantize="int8")
-    model, profile = slimtorch.load_model_profiled(path, lambda: MLP((64, 256, 256, 10)))
-    assert profile.decoded >= 2 and profile.by_codec.get("int8", 0) >= 2
+    report = slimtorch.load_model(path, lambda: MLP((64, 256, 256, 10)))
+    model = report.model
+    assert report.decoded >= 2 and report.by_codec.get("int8", 0) >= 2
     for (name, loaded), original in zip(model.state_dict().items(), mlp.state_dict().values(), strict=True):
         scale = original.abs().amax(dim=-1, keepdim=True) / 127 if original.dim() == 2 else 0
         assert ((loaded - original).abs() <= scale / 2 + 1e-7).all(), name
@@ -134,7 +136,7 @@ def test_tied_weights_stay_one_parameter(tmp_path) -> None:
     gpt = TinyGPT().eval()
     path = tmp_path / "gpt.safetensors"
     slimtorch.save(gpt.state_dict(), path, quantize="int8")
-    loaded = slimtorch.load_model(path, TinyGPT)
+    loaded = slimtorch.load_model(path, TinyGPT).model
     assert loaded.head.weight is loaded.embed.weight
     assert len(list(loaded.parameters())) == len(list(gpt.parameters()))
 
@@ -144,7 +146,7 @@ def test_a_tensor_stored_once_for_two_separate_parameters_is_copied_for_the_seco
     path = tmp_path / "twins.safetensors"
     report = slimtorch.shrink(tmp_path / "twins.pt", path)
     assert report.copies == {"b": "a"}  # equal bytes, stored once in the file
-    loaded = slimtorch.load_model(path, Twins)
+    loaded = slimtorch.load_model(path, Twins).model
     assert loaded.a is not loaded.b
     with torch.no_grad():
         loaded.a.zero_()
@@ -155,7 +157,7 @@ def test_non_persistent_buffers_keep_their_constructor_values(tmp_path) -> None:
     model = WithNonPersistentBuffer()
     path = tmp_path / "m.safetensors"
     slimtorch.save(model.state_dict(), path)
-    loaded = slimtorch.load_model(path, WithNonPersistentBuffer)
+    loaded = slimtorch.load_model(path, WithNonPersistentBuffer).model
     x = torch.randn(2, 8)
     assert torch.equal(loaded(x), model(x))
 
@@ -165,7 +167,7 @@ def test_a_built_model_is_filled_in_place_keeping_its_parameter_objects(cnn, tmp
     slimtorch.save(cnn.state_dict(), path)
     target = SmallCNN().eval()
     identities = [id(p) for p in target.parameters()]
-    assert slimtorch.load_model(path, target) is target
+    assert slimtorch.load_model(path, target).model is target
     assert [id(p) for p in target.parameters()] == identities
     x = torch.randn(2, 1, 8, 8)
     assert torch.equal(target(x), cnn(x))
@@ -174,7 +176,7 @@ def test_a_built_model_is_filled_in_place_keeping_its_parameter_objects(cnn, tmp
 def test_dtype_converts_floats_and_leaves_integer_buffers(cnn, tmp_path) -> None:
     path = tmp_path / "cnn.safetensors"
     slimtorch.save(cnn.state_dict(), path)
-    loaded = slimtorch.load_model(path, SmallCNN, dtype=torch.bfloat16)
+    loaded = slimtorch.load_model(path, SmallCNN, dtype=torch.bfloat16).model
     assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
     assert loaded.features[1].running_mean.dtype == torch.bfloat16
     assert loaded.features[1].num_batches_tracked.dtype == torch.int64
@@ -184,7 +186,7 @@ def test_training_checkpoint_loads_the_model_under_its_wrapper_prefix(tmp_path) 
     cnn = SmallCNN()
     path = tmp_path / "ckpt.pt"
     torch.save(trained_checkpoint(cnn, torch.randn(4, 1, 8, 8)), path)
-    loaded = _eval(slimtorch.load_model(path, SmallCNN))
+    loaded = _eval(slimtorch.load_model(path, SmallCNN).model)
     x = torch.randn(2, 1, 8, 8)
     assert torch.equal(loaded(x), cnn.eval()(x))
 
@@ -193,7 +195,7 @@ def test_works_under_no_grad_and_keeps_requires_grad(tmp_path) -> None:
     path = tmp_path / "mlp.safetensors"
     slimtorch.save(MLP().state_dict(), path)
     with torch.no_grad():
-        loaded = slimtorch.load_model(path, MLP)
+        loaded = slimtorch.load_model(path, MLP).model
     assert all(p.requires_grad and isinstance(p, nn.Parameter) for p in loaded.parameters())
     loaded(torch.randn(2, 64)).sum().backward()
     assert all(p.grad is not None for p in loaded.parameters())
@@ -204,7 +206,8 @@ def test_hugging_face_folder_loads_into_a_transformers_model(tmp_path) -> None:
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300, n_positions=32)
     gpt2 = transformers.GPT2LMHeadModel(config).eval()
     gpt2.save_pretrained(tmp_path / "gpt2")
-    loaded = slimtorch.load_model(tmp_path / "gpt2", lambda: transformers.GPT2LMHeadModel(config)).eval()
+    build = lambda: transformers.GPT2LMHeadModel(config)  # noqa: E731
+    loaded = slimtorch.load_model(tmp_path / "gpt2", build).model.eval()
     assert loaded.lm_head.weight is loaded.transformer.wte.weight
     tokens = torch.randint(0, 300, (2, 16))
     assert torch.equal(loaded(tokens).logits, gpt2(tokens).logits)
@@ -242,7 +245,7 @@ def test_missing_and_unexpected_tensors_are_refused_when_strict(tmp_path) -> Non
     slimtorch.save({**state, "stray": torch.zeros(3)}, extra)
     with pytest.raises(slimtorch.FormatError, match=r"holds 1 tensor \('stray'\)"):
         slimtorch.load_model(extra, MLP)
-    assert isinstance(slimtorch.load_model(extra, MLP, strict=False), MLP)
+    assert isinstance(slimtorch.load_model(extra, MLP, strict=False).model, MLP)
 
 
 def test_cuda_without_a_gpu_is_a_clear_error(tmp_path) -> None:
@@ -267,13 +270,13 @@ def test_profile_accounts_for_every_tensor_and_phase(tmp_path) -> None:
     path = tmp_path / "gpt.safetensors"
     state = TinyGPT().state_dict()
     slimtorch.save(state, path, quantize="int8")
-    _, profile = slimtorch.load_model_profiled(path, TinyGPT)
+    report = slimtorch.load_model(path, TinyGPT)
     unique = [*TinyGPT().parameters(), *TinyGPT().buffers()]  # the tied weight once
-    assert profile.tensors == len(unique) == len(state) - 1
-    assert profile.bytes == sum(t.numel() * t.element_size() for t in unique)
-    assert profile.zero_copy + profile.decoded <= profile.tensors
-    assert 0 < profile.construct_s < profile.wall_s and profile.read_s > 0 and profile.decode_s > 0
-    assert json.loads(json.dumps(profile.to_dict()))["schema"] == "slimtorch.load-profile/1"
+    assert report.tensor_count == len(unique) == len(state) - 1
+    assert report.bytes == sum(t.numel() * t.element_size() for t in unique)
+    assert report.zero_copy + report.decoded <= report.tensor_count
+    assert 0 < report.construct_s < report.wall_s and report.read_s > 0 and report.decode_s > 0
+    assert json.loads(json.dumps(report.to_dict()))["schema"] == "slimtorch.load-profile/1"
 
 
 def test_cli_load_with_a_model_file_prints_the_phases(tmp_path, capsys, monkeypatch) -> None:
@@ -331,9 +334,10 @@ def test_a_weight_stored_transposed_gets_the_models_layout_and_bit_identical_out
     state = {k: v.t().contiguous().t() if v.dim() == 2 else v for k, v in source.state_dict().items()}
     path = tmp_path / "transposed.pt"
     torch.save(state, path, _use_new_zipfile_serialization=False)
-    model, profile = slimtorch.load_model_profiled(path, build)
+    report = slimtorch.load_model(path, build)
+    model = report.model
     assert all(p.is_contiguous() for p in model.parameters())
-    assert profile.zero_copy == 3  # the contiguous biases and PReLU weight are still the file's bytes
+    assert report.zero_copy == 3  # the contiguous biases and PReLU weight are still the file's bytes
     x = torch.randn(64, 576)
     source.load_state_dict(torch.load(path, weights_only=True))
     assert torch.equal(model(x), source(x))

@@ -301,7 +301,7 @@ def test_fit_meets_60_percent_of_the_peak_and_trains_exactly_as_before() -> None
     budget = int(0.6 * peak(copy.deepcopy(base)))
     fitted = copy.deepcopy(base)
     plan = memory.fit(
-        fitted, budget, x, device="cpu", loss_fn=lambda out: nn.functional.cross_entropy(out, y)
+        fitted, x, budget=budget, device="cpu", loss_fn=lambda out: nn.functional.cross_entropy(out, y)
     )
     assert plan.checkpointed and plan.precision == "fp32" and plan.fits
     assert peak(copy.deepcopy(fitted)) <= budget
@@ -313,11 +313,11 @@ def test_fit_meets_60_percent_of_the_peak_and_trains_exactly_as_before() -> None
 def test_fit_turns_to_mixed_precision_when_checkpointing_is_not_enough_and_refuses_the_impossible() -> None:
     model, x = Blocks(), torch.randn(4096, 256)
     every = estimate(model, x, checkpointing="blocks", device="cpu").steps[0].peak_bytes
-    plan = memory.fit(model, int(every * 0.97), x, device="cpu")
+    plan = memory.fit(model, x, budget=int(every * 0.97), device="cpu")
     assert plan.precision == "bf16-mixed" and plan.fits
     plan.remove()
     with pytest.raises(slimtorch.SlimtorchError, match="no plan fits"):
-        memory.fit(model, 10**6, x, device="cpu")
+        memory.fit(model, x, budget=10**6, device="cpu")
     assert "forward" not in vars(model)  # a refused plan leaves nothing applied
 
 

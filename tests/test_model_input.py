@@ -183,7 +183,7 @@ def test_a_vit_folder_loads_under_the_names_transformers_5_renamed_and_gets_an_i
 
 def test_a_sentence_folder_pools_as_its_pooling_config_says(tmp_path) -> None:
     opened = open_model(sentence_folder(tmp_path / "st", "pooling_mode_cls_token", normalize=False))
-    plain = slimtorch.load_model(tmp_path / "st", tiny_bert).eval()
+    plain = slimtorch.load_model(tmp_path / "st", tiny_bert).model.eval()
     with torch.no_grad():
         pooled = opened.model(**opened.kwargs)
         tokens = plain(**opened.kwargs).last_hidden_state

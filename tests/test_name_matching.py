@@ -71,8 +71,9 @@ def _names(path: Path) -> list[str]:
 
 
 def test_resemblyzer_lstm_loads_under_the_found_model_state_prefix_with_identical_output() -> None:
-    model, profile = slimtorch.load_model_profiled(RESEMBLYZER, VoiceEncoder)
-    assert profile.prefix == "model_state." and profile.tensors == 16
+    profile = slimtorch.load_model(RESEMBLYZER, VoiceEncoder)
+    model = profile.model
+    assert profile.prefix == "model_state." and profile.tensor_count == 16
     assert len(profile.outside_prefix) == 32 and all(
         n.startswith("optimizer_state.") for n in profile.outside_prefix
     )
@@ -114,7 +115,8 @@ def test_two_real_chgnet_tensors_load_from_under_model_state_dict() -> None:
             self.composition_model = Composition()
             self.atom_embedding = Atoms()
 
-    model, profile = slimtorch.load_model_profiled(_needs(CHGNET), ChgnetPart, strict=False)
+    profile = slimtorch.load_model(_needs(CHGNET), ChgnetPart, strict=False)
+    model = profile.model
     state = torch.load(CHGNET, map_location="cpu", weights_only=True)["model"]["state_dict"]
     assert torch.equal(model.composition_model.fc.weight, state["composition_model.fc.weight"])
     assert torch.equal(model.atom_embedding.embedding.weight, state["atom_embedding.embedding.weight"])
@@ -127,7 +129,8 @@ def test_data_parallel_and_nested_wrappers_are_found(tmp_path, wrapper) -> None:
     cnn = SmallCNN().eval()
     path = tmp_path / "wrapped.pt"
     torch.save({"epoch": 3, "x": {f"{wrapper}{k}": v for k, v in cnn.state_dict().items()}}, path)
-    loaded, profile = slimtorch.load_model_profiled(path, SmallCNN)
+    profile = slimtorch.load_model(path, SmallCNN)
+    loaded = profile.model
     assert profile.prefix == f"x.{wrapper}"
     x = torch.randn(2, 1, 8, 8)
     assert torch.equal(loaded.eval()(x), cnn(x))
@@ -139,17 +142,18 @@ def test_two_wrappers_holding_the_model_alike_are_refused_and_an_explicit_prefix
     torch.save({"model": model.state_dict(), "ema": ema.state_dict()}, path)
     with pytest.raises(slimtorch.FormatError, match=r"under 'model\.' and 'ema\.' alike.*--prefix"):
         slimtorch.load_model(path, MLP)
-    loaded = slimtorch.load_model(path, MLP, prefix="ema")  # the final dot is added
+    loaded = slimtorch.load_model(path, MLP, prefix="ema").model  # the final dot is added
     assert all(torch.equal(a, b) for a, b in zip(loaded.parameters(), ema.parameters(), strict=True))
 
 
 def test_rename_maps_names_once_the_prefix_is_off() -> None:
     renamed = lambda: VoiceEncoder("rnn")  # noqa: E731 - a factory, as users pass them
-    model, profile = slimtorch.load_model_profiled(RESEMBLYZER, renamed, rename={"lstm.": "rnn."})
+    profile = slimtorch.load_model(RESEMBLYZER, renamed, rename={"lstm.": "rnn."})
+    model = profile.model
     assert profile.prefix == "model_state."
     mels = torch.randn(2, 100, 40)
     assert torch.equal(model.eval()(mels), _resemblyzer_reference("rnn")(mels))
-    same = slimtorch.load_model(RESEMBLYZER, renamed, prefix="model_state.", rename=[("lstm.", "rnn.")])
+    same = slimtorch.load_model(RESEMBLYZER, renamed, prefix="model_state.", rename=[("lstm.", "rnn.")]).model
     assert torch.equal(same.eval()(mels), model(mels))
 
 
@@ -167,7 +171,7 @@ def test_a_base_model_saved_alone_loads_into_the_model_with_a_head(tmp_path) -> 
         slimtorch.load_model(path, WithHead)
     target = WithHead()
     head = target.head.weight.detach().clone()
-    _, profile = slimtorch.load_model_profiled(path, target, strict=False)
+    profile = slimtorch.load_model(path, target, strict=False)
     assert profile.model_prefix == "body." and profile.missing == ["head.weight", "head.bias"]
     assert torch.equal(target.body.layers[0].weight, body.layers[0].weight)
     assert torch.equal(target.head.weight, head)
@@ -176,12 +180,13 @@ def test_a_base_model_saved_alone_loads_into_the_model_with_a_head(tmp_path) -> 
 def test_minilm_position_ids_of_an_old_bert_are_ignored_and_reported() -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig.from_json_file(_needs(MINILM) / "config.json")
-    model, profile = slimtorch.load_model_profiled(
+    profile = slimtorch.load_model(
         MINILM, lambda: transformers.BertModel(config, add_pooling_layer=True), strict=True
     )
+    model = profile.model
     assert [s.name for s in profile.ignored] == ["embeddings.position_ids"]
     assert "computes its buffer" in profile.ignored[0].reason
-    assert profile.unmatched == profile.missing == [] and profile.tensors == 103
+    assert profile.unmatched == profile.missing == [] and profile.tensor_count == 103
     reference = transformers.BertModel.from_pretrained(MINILM).eval()
     tokens = torch.randint(0, config.vocab_size, (2, 12))
     assert torch.equal(model.eval()(tokens).last_hidden_state, reference(tokens).last_hidden_state)
@@ -207,7 +212,7 @@ def test_keys_to_ignore_on_load_of_a_submodule_are_honoured_even_when_strict(tmp
     path = tmp_path / "old.safetensors"
     slimtorch.save({**state, "block.stale_stat": torch.zeros(4)}, path)
     target = Net()
-    _, profile = slimtorch.load_model_profiled(path, target, strict=True)
+    profile = slimtorch.load_model(path, target, strict=True)
     assert {s.name: s.reason for s in profile.ignored}.keys() == {"block.scale", "block.stale_stat"}
     assert torch.equal(target.block.fc.weight, saved.block.fc.weight)
     assert torch.equal(target.block.scale, torch.full((4,), 2.0))
@@ -242,7 +247,7 @@ def test_unexpected_names_show_the_closest_names_of_the_model(tmp_path) -> None:
         slimtorch.FormatError, match=r"'layers\.4\.bias' for 'layers\.4\.biass'.*--non-strict"
     ):
         slimtorch.load_model(path, MLP)
-    _, profile = slimtorch.load_model_profiled(path, MLP, strict=False)
+    profile = slimtorch.load_model(path, MLP, strict=False)
     assert profile.unmatched == ["layers.4.biass"]
 
 
@@ -338,7 +343,7 @@ def test_constructors_that_move_or_initialise_build_on_meta_and_load(tmp_path, c
         saved.b.fill_(7)
     path = tmp_path / "m.safetensors"
     slimtorch.save(saved.state_dict(), path)
-    loaded = slimtorch.load_model(path, cls)
+    loaded = slimtorch.load_model(path, cls).model
     for (name, a), b in zip(loaded.state_dict().items(), saved.state_dict().values(), strict=True):
         assert torch.equal(a, b) and a.dtype == b.dtype, name
 
@@ -366,7 +371,8 @@ def test_a_constructor_that_needs_values_is_built_normally_with_a_note(tmp_path,
     saved = cls()
     path = tmp_path / "m.safetensors"
     slimtorch.save(saved.state_dict(), path)
-    loaded, profile = slimtorch.load_model_profiled(path, cls)
+    profile = slimtorch.load_model(path, cls)
+    loaded = profile.model
     assert len(profile.notes) == 1 and "built with initialised weights" in profile.notes[0]
     assert not any(t.is_meta for t in [*loaded.parameters(), *loaded.buffers()])
     assert torch.equal(loaded.l.weight, saved.l.weight)
@@ -385,13 +391,13 @@ def test_a_constructor_that_calls_cuda_loads_where_it_can(tmp_path) -> None:
     path = tmp_path / "m.safetensors"
     slimtorch.save(state, path)
     if torch.cuda.is_available():
-        assert slimtorch.load_model(path, OnCuda).l.weight.is_cuda
+        assert slimtorch.load_model(path, OnCuda).model.l.weight.is_cuda
     else:
         with pytest.raises(
             slimtorch.SlimtorchError, match=r"constructor puts 'l\.weight' on cuda.*--device cpu"
         ):
             slimtorch.load_model(path, OnCuda)
-    loaded = slimtorch.load_model(path, OnCuda, device="cpu")
+    loaded = slimtorch.load_model(path, OnCuda, device="cpu").model
     assert torch.equal(loaded.l.weight, state["l.weight"])
 
 
@@ -429,7 +435,7 @@ def test_a_training_checkpoint_reports_what_it_held_besides_the_model(tmp_path) 
     cnn = SmallCNN()
     path = tmp_path / "ckpt.pt"
     torch.save(trained_checkpoint(cnn, torch.randn(4, 1, 8, 8)), path)
-    _, profile = slimtorch.load_model_profiled(path, SmallCNN)
+    profile = slimtorch.load_model(path, SmallCNN)
     assert profile.prefix == "model." and profile.outside_prefix
     assert all(n.startswith("optimizer.") for n in profile.outside_prefix)
 
@@ -461,7 +467,8 @@ def test_weight_norm_g_and_v_load_into_either_weight_norm_and_the_load_says_so(
     source = saved()
     path = tmp_path / "norm.pt"
     torch.save({"model": source.state_dict()}, path)
-    model, profile = slimtorch.load_model_profiled(path, loaded)
+    profile = slimtorch.load_model(path, loaded)
+    model = profile.model
     x = torch.randn(2, 3, 9)
     assert torch.equal(model(x), source(x))  # both compute the weight as g * v / |v|
     assert any("weight_norm" in note and "original0" in note for note in profile.notes)
@@ -473,7 +480,8 @@ def test_the_real_fcpe_output_proj_weight_g_and_v_fill_a_parametrized_weight_nor
             super().__init__()
             self.output_proj = nn.utils.parametrizations.weight_norm(nn.Linear(512, 360))
 
-    model, profile = slimtorch.load_model_profiled(_needs(FCPE), Head, strict=False)
+    profile = slimtorch.load_model(_needs(FCPE), Head, strict=False)
+    model = profile.model
     state = torch.load(FCPE, map_location="cpu", weights_only=True)["model"]
     g, v = state["output_proj.weight_g"], state["output_proj.weight_v"]
     assert torch.allclose(model.output_proj.weight, g * v / v.norm(dim=1, keepdim=True), atol=1e-6)

@@ -4,7 +4,6 @@ finds."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import slimtorch
 from slimtorch.cli.main import build_parser, main
 from slimtorch.format.codecs import CodecError, encode
 from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, check_group_size
-from slimtorch.format.policy import SHRINK_INT4_GROUP_SIZE
+from slimtorch.format.policy import SHRINK_INT4_GROUP_SIZE, TensorPolicy
 from slimtorch.quant.recorded import check_recorded
 from tests.test_cli_inputs import one_error_line
 
@@ -35,7 +34,7 @@ BAD_OPTIONS: dict[str, Callable[[], object]] = {
     "quantize skip": lambda: slimtorch.quantize(_net(), skip=["nope"]),
     "prune channels": lambda: slimtorch.prune.channels(_net(), torch.randn(1, 64), ratio=1.5),
     "prune weights": lambda: slimtorch.prune.weights(_net(), 0.5, method="largest"),
-    "load_model device": lambda: slimtorch.load_model("unused.slim", _net(), device="tpu:0"),
+    "load_model device": lambda: slimtorch.load_model("unused.slim", _net(), device="tpu:0").model,
 }
 
 
@@ -76,7 +75,7 @@ def test_every_verb_refuses_the_same_group_sizes(size, tmp_path) -> None:
 def test_every_verb_takes_the_same_group_sizes(size) -> None:
     assert check_group_size(size) == size
     assert slimtorch.ShrinkOptions(quantize="int4", group_size=size).group_size == size
-    quantized = slimtorch.quantize(_net(), "int4-weight", group_size=size)
+    quantized = slimtorch.quantize(_net(), "int4-weight", group_size=size).model
     assert quantized[0].stage["group_size"] == size
     assert encode(torch.randn(4, 64), [("int4", {"group_size": size})]).stages[0]["group_size"] == size
     assert check_recorded({"0": {"scheme": "int4-weight", "group_size": size, "dtype": "float32"}})
@@ -92,11 +91,10 @@ def test_quantize_defaults_to_the_codec_group_size_and_shrink_to_its_own_everywh
     """quantize, its CLI and the codec group by 128 (the packed kernel's size); shrink, save and their CLI
     by 32 (measured finer: see SHRINK_INT4_GROUP_SIZE). Each default is written once."""
     assert INT4_GROUP_SIZE == 128 and SHRINK_INT4_GROUP_SIZE == 32
-    for verb in (slimtorch.quantize, slimtorch.quantize_with_report):
-        assert inspect.signature(verb).parameters["group_size"].default == INT4_GROUP_SIZE
+    assert slimtorch.quant.QuantizeOptions().group_size == INT4_GROUP_SIZE
     assert _cli_default("quantize", "--group-size") == INT4_GROUP_SIZE
-    assert slimtorch.quantize(_net(), "int4-weight")[0].stage["group_size"] == INT4_GROUP_SIZE
-    assert inspect.signature(slimtorch.save).parameters["group_size"].default == SHRINK_INT4_GROUP_SIZE
+    assert slimtorch.quantize(_net(), "int4-weight").model[0].stage["group_size"] == INT4_GROUP_SIZE
+    assert TensorPolicy.of(slimtorch.ShrinkOptions()).group_size == SHRINK_INT4_GROUP_SIZE
     assert slimtorch.ShrinkOptions().group_size == SHRINK_INT4_GROUP_SIZE
     assert _cli_default("shrink", "--group-size") == SHRINK_INT4_GROUP_SIZE
 
@@ -136,16 +134,16 @@ def test_shrink_takes_off_the_wrapper_prefix_load_model_finds(checkpoint, prefix
     path, out = tmp_path / "checkpoint.pt", tmp_path / "out.slim"
     torch.save(checkpoint, path)
     report = slimtorch.shrink(path, out)
-    _, profile = slimtorch.load_model_profiled(path, _net())
+    profile = slimtorch.load_model(path, _net())
     assert (report.renamed_prefix or "") == profile.prefix == prefix
-    _net().load_state_dict(slimtorch.load(out))  # the shrunk file holds the model's own names
+    _net().load_state_dict(slimtorch.load(out).tensors)  # the shrunk file holds the model's own names
 
 
 def test_safetensors_from_a_data_parallel_model_loses_its_module_prefix(tmp_path) -> None:
     path = tmp_path / "ddp.safetensors"
     save_file({k: v.contiguous() for k, v in _wrapped("module.").items()}, path)
     report = slimtorch.shrink(path, tmp_path / "out.slim")
-    assert report.renamed_prefix == slimtorch.load_model_profiled(path, _net())[1].prefix == "module."
+    assert report.renamed_prefix == slimtorch.load_model(path, _net()).prefix == "module."
 
 
 def test_a_folder_whose_weights_all_start_with_model_keeps_its_names(tmp_path: Path) -> None:

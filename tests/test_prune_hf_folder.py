@@ -19,13 +19,14 @@ def test_pruned_folder_loads_with_from_pretrained_and_load_model(name: str, tmp_
     model = TRANSFORMERS[name]().eval()
     slimtorch.prune.channels(model, example(name), ratio=0.5)
     expected = main_output(model(*example(name)))
-    update = slimtorch.save_pretrained(model, tmp_path / name)
-    assert update.problems == []
+    report = slimtorch.save_pretrained(model, tmp_path / name)
+    assert report.config_update.problems == []
+    assert report.to_dict()["config_update"]["values"] == report.config_update.values  # in --json too
     config = json.loads((tmp_path / name / "config.json").read_text())
     assert config.get("num_attention_heads", config.get("n_head")) == 2  # GPT-2 names it n_head
     rebuilt = type(model).from_pretrained(tmp_path / name).eval()
     assert torch.equal(main_output(rebuilt(*example(name))), expected)
-    loaded = slimtorch.load_model(tmp_path / name, TRANSFORMERS[name]).eval()
+    loaded = slimtorch.load_model(tmp_path / name, TRANSFORMERS[name]).model.eval()
     assert torch.equal(main_output(loaded(*example(name))), expected)
 
 
@@ -33,9 +34,9 @@ def test_pruned_folder_loads_with_from_pretrained_and_load_model(name: str, tmp_
 def test_a_head_size_the_config_cannot_express_is_reported_and_load_model_still_works(name, tmp_path) -> None:
     model = TRANSFORMERS[name]().eval()
     slimtorch.prune.channels(model, example(name), ratio=0.5)  # 4 heads of 16 -> 2 heads of 16, hidden 64
-    update = slimtorch.save_pretrained(model, tmp_path / name)
+    update = slimtorch.save_pretrained(model, tmp_path / name).config_update
     assert any("hidden_size / num_attention_heads" in problem for problem in update.problems)
-    loaded = slimtorch.load_model(tmp_path / name, TRANSFORMERS[name]).eval()
+    loaded = slimtorch.load_model(tmp_path / name, TRANSFORMERS[name]).model.eval()
     assert torch.equal(main_output(loaded(*example(name))), main_output(model(*example(name))))
 
 

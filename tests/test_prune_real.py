@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from slimtorch.errors import SlimtorchError
-from slimtorch.prune import channels, channels_with_report
+from slimtorch.prune import channels
 from tests.wild.models import BY_NAME
 
 
@@ -29,7 +29,7 @@ def test_facenet_onet_prunes_through_its_prelus_and_keeps_every_output_shape() -
     net, args = _shipped("facenet-onet")
     shapes = [tuple(o.shape) for o in net(*args)]
     before = _params(net)
-    _, report = channels_with_report(net, args, ratio=0.25)
+    report = channels(net, args, ratio=0.25)
     assert [tuple(o.shape) for o in net(*args)] == shapes
     assert report.pruned_groups >= 4 and _params(net) < 0.8 * before
     pairs = ((net.conv1, net.prelu1), (net.conv2, net.prelu2), (net.conv3, net.prelu3))

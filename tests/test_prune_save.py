@@ -24,7 +24,7 @@ def test_pruned_model_saves_and_loads_back_with_identical_outputs(name, tmp_path
     slimtorch.prune.channels(model, SMALL, ratio=0.5)
     path = tmp_path / "pruned.safetensors"
     slimtorch.save_model(model, path)
-    loaded = slimtorch.load_model(path, ZOO[name]).eval()
+    loaded = slimtorch.load_model(path, ZOO[name]).model.eval()
     assert torch.equal(loaded(SMALL), model(SMALL))
     assert {k: v.shape for k, v in loaded.state_dict().items()} == {
         k: v.shape for k, v in model.state_dict().items()
@@ -40,7 +40,7 @@ def test_pruning_twice_saves_both_changes(tmp_path) -> None:
     slimtorch.prune.channels(model, SMALL, ratio=0.3)
     path = tmp_path / "twice.safetensors"
     slimtorch.save_model(model, path, quantize="int8")
-    loaded = slimtorch.load_model(path, resnet18).eval()
+    loaded = slimtorch.load_model(path, resnet18).model.eval()
     assert loaded.layer1[0].conv1.out_channels == model.layer1[0].conv1.out_channels < 40
     expected, got = model(SMALL).flatten(), loaded(SMALL).flatten()
     assert torch.nn.functional.cosine_similarity(expected, got, dim=0) > 0.99
@@ -90,7 +90,7 @@ def test_cli_prune_prints_the_gain_and_writes_a_file_load_model_reads(tmp_path, 
     printed = capsys.readouterr().out
     assert "parameters" in printed and "11,689,512" in printed and "3,055,880" in printed
     assert "MACs" in printed and "latency, batch 1" in printed
-    loaded = slimtorch.load_model(out, resnet18)
+    loaded = slimtorch.load_model(out, resnet18).model
     assert sum(p.numel() for p in loaded.parameters()) == 3_055_880
     assert main([*args, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -105,7 +105,7 @@ def test_cli_prune_with_weights_prunes_the_trained_model(tmp_path, capsys) -> No
     out = tmp_path / "pruned.safetensors"
     args = ["prune", f"{factory_file}:resnet18", "--weights", str(tmp_path / "trained.safetensors")]
     assert main([*args, "-o", str(out), "--ratio", "0", "--input-shape", "1,3,32,32", "--runs", "1"]) == 0
-    assert torch.equal(slimtorch.load_model(out, resnet18).eval()(SMALL), trained(SMALL))
+    assert torch.equal(slimtorch.load_model(out, resnet18).model.eval()(SMALL), trained(SMALL))
 
 
 @pytest.mark.parametrize(
@@ -125,4 +125,5 @@ def test_cli_prune_to_a_parameter_budget(tmp_path, capsys) -> None:
     args = ["prune", f"{factory_file}:resnet18", "-o", str(out), "--target-params", "5e6"]
     assert main([*args, "--input-shape", "1,3,32,32", "--runs", "1", "--steps", "2"]) == 0
     assert "at most 5,000,000 parameters" in capsys.readouterr().out
-    assert 4_500_000 < sum(p.numel() for p in slimtorch.load_model(out, resnet18).parameters()) <= 5_000_000
+    loaded = slimtorch.load_model(out, resnet18).model
+    assert 4_500_000 < sum(p.numel() for p in loaded.parameters()) <= 5_000_000

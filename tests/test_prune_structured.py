@@ -18,7 +18,7 @@ from slimtorch.errors import SlimtorchError
 from slimtorch.graph.capture import capture
 from slimtorch.graph.channels import channel_groups
 from slimtorch.graph.macs import count_macs
-from slimtorch.prune import channels, channels_with_report
+from slimtorch.prune import channels
 from tests.zoo import UNet, count_params, mobilenet_v2, resnet18, resnet50
 
 SMALL = torch.randn(2, 3, 64, 64)
@@ -78,7 +78,8 @@ def test_ratio_half_keeps_the_output_shape_and_removes_about_three_quarters(name
     model = ZOO[name]().eval()
     before, out = count_params(model), model(SMALL).shape
     with torch.no_grad():  # no autograd needed: the graph comes from torch.export
-        pruned, report = channels_with_report(model, SMALL, ratio=0.5)
+        report = channels(model, SMALL, ratio=0.5)
+        pruned = report.model
     assert pruned is model and model(SMALL).shape == out
     # Halving both sides of most weights leaves about a quarter; the classifier and stem keep one side.
     assert 0.22 < count_params(model) / before < 0.36
@@ -145,7 +146,7 @@ def test_global_scope_removes_the_ratio_of_all_channels_where_they_matter_least(
     model = ConvNet().eval()
     with torch.no_grad():
         model.conv2.weight.mul_(0.01)  # conv2's channels matter less than conv1's, relatively the same
-    _, report = channels_with_report(model, SMALL, ratio=0.5, scope="global")
+    report = channels(model, SMALL, ratio=0.5, scope="global")
     assert report.channels_before == 48
     assert abs(report.channels_after - 24) <= 2
     assert model(SMALL).shape == (2, 10)
@@ -166,7 +167,7 @@ def test_an_op_of_unknown_channel_semantics_freezes_its_group_and_is_named() -> 
     conv1 = next(g for g in groups if "conv1.weight" in g.keys("out"))
     assert conv1.reason is not None and "roll" in conv1.reason
     with pytest.raises(SlimtorchError, match=r"no prunable channel group.*roll") as refusal:
-        channels_with_report(model, SMALL, ratio=0.5)  # nothing else can go: a refusal, not a 1.0x success
+        channels(model, SMALL, ratio=0.5)  # nothing else can go: a refusal, not a 1.0x success
     assert "\n" not in str(refusal.value)
     assert model.conv1.out_channels == 8
 
@@ -200,7 +201,7 @@ def test_multihead_attention_keeps_its_embedding_width_and_the_rest_is_pruned() 
 
     model = TinyGPT().eval()
     tokens = torch.randint(0, 512, (2, 16))
-    _, report = channels_with_report(model, tokens, ratio=0.5)
+    report = channels(model, tokens, ratio=0.5)
     assert any("MultiheadAttention" in reason and "embed_dim" in reason for reason in report.frozen)
     assert model.blocks[0].linear1.out_features == 128  # the feed-forward, 256 -> 128
     assert model(tokens).shape == (2, 16, 512)

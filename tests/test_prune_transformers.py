@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import slimtorch
-from slimtorch.prune import channels_with_report
+from slimtorch.prune import channels
 from tests.zoo.transformers_models import TRANSFORMERS, example, main_output
 
 pytest.importorskip("transformers")
@@ -29,13 +29,13 @@ def test_ratio_half_prunes_the_feed_forward_and_keeps_the_output_shape(name: str
     shape = main_output(model(*example(name))).shape
     before = sum(p.numel() for p in model.parameters())
     with torch.no_grad():
-        _, report = channels_with_report(model, example(name), ratio=0.5)
+        report = channels(model, example(name), ratio=0.5)
     out = main_output(model(*example(name)))
     assert out.shape == shape and report.pruned_groups >= 2  # one feed-forward group per layer at least
     assert sum(p.numel() for p in model.parameters()) < 0.9 * before
     path = tmp_path / f"{name}.safetensors"
     slimtorch.save_model(model, path)
-    loaded = slimtorch.load_model(path, TRANSFORMERS[name]).eval()
+    loaded = slimtorch.load_model(path, TRANSFORMERS[name]).model.eval()
     assert torch.equal(main_output(loaded(*example(name))), out)
 
 

@@ -82,7 +82,7 @@ def quantized(scheme: str) -> nn.Module:
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # int8-dynamic says it leaves the convolution float
-        return slimtorch.quantize(EveryLayer().eval(), scheme, keep_sensitive=False)
+        return slimtorch.quantize(EveryLayer().eval(), scheme, keep_sensitive=False).model
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_compiled_layers_follow_changing_batch_and_sequence_sizes():
 
 
 def test_a_copied_layer_compiles_as_its_own_layer_not_its_originals():
-    model = slimtorch.quantize(nn.Sequential(nn.Linear(WIDTH, WIDTH)).eval(), "int8-weight")
+    model = slimtorch.quantize(nn.Sequential(nn.Linear(WIDTH, WIDTH)).eval(), "int8-weight").model
     twin = copy.deepcopy(model)
     twin[0].weight_scale.mul_(2)  # the copy now computes twice the original's product
     x = torch.randn(3, WIDTH)
@@ -145,7 +145,9 @@ def test_a_copied_layer_compiles_as_its_own_layer_not_its_originals():
 
 def test_compiled_recurrent_layer_takes_an_initial_state_and_unbatched_input():
     torch.manual_seed(0)
-    lstm = slimtorch.quantize(nn.Sequential(nn.LSTM(16, 8)).eval(), "int8-dynamic", keep_sensitive=False)[0]
+    lstm = slimtorch.quantize(
+        nn.Sequential(nn.LSTM(16, 8)).eval(), "int8-dynamic", keep_sensitive=False
+    ).model[0]
     compiled = torch.compile(lstm, fullgraph=True, backend="aot_eager")
     x, state = torch.randn(5, 16), (torch.randn(1, 8), torch.randn(1, 8))
     (out, (h, c)), (eager_out, (eager_h, eager_c)) = compiled(x, state), lstm(x, state)

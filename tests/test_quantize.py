@@ -52,7 +52,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_each_scheme_swaps_every_layer_and_agrees_with_the_float_model(scheme: str) -> None:
     model = TokenMLP().eval()
     expected = model(_ids())
-    _, report = slimtorch.quantize_with_report(model, scheme, calibration=[_ids()])
+    report = slimtorch.quantize(model, scheme, calibration=[_ids()])
     kinds = {type(m).__name__ for m in (model.embed, model.up, model.down, model.head)}
     assert all(kind.startswith("Int") for kind in kinds), kinds
     assert _cosine(model(_ids()), expected) >= WORST_COSINE[scheme]
@@ -62,8 +62,8 @@ def test_each_scheme_swaps_every_layer_and_agrees_with_the_float_model(scheme: s
 
 
 def test_int8_shrinks_weights_4x_and_int4_at_most_016x_of_fp32() -> None:
-    _, int8 = slimtorch.quantize_with_report(TokenMLP(), "int8-dynamic")
-    _, int4 = slimtorch.quantize_with_report(TokenMLP(), "int4-weight", group_size=128)
+    int8 = slimtorch.quantize(TokenMLP(), "int8-dynamic")
+    int4 = slimtorch.quantize(TokenMLP(), "int4-weight", group_size=128)
     assert 0.25 < int8.weight_ratio < 0.26  # one byte a weight plus a float32 scale a row
     assert int4.weight_ratio <= 0.16
     assert int4.after_bytes < int8.after_bytes < 0.3 * int8.before_bytes
@@ -71,12 +71,13 @@ def test_int8_shrinks_weights_4x_and_int4_at_most_016x_of_fp32() -> None:
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_save_then_load_model_gives_identical_outputs_and_quantized_layers(scheme: str, tmp_path) -> None:
-    model = slimtorch.quantize(TokenMLP().eval(), scheme, group_size=64)
+    model = slimtorch.quantize(TokenMLP().eval(), scheme, group_size=64).model
     expected = model(_ids())
     report = slimtorch.save_model(model, tmp_path / "q.safetensors")
     chains = {t.name: t.chain for t in report.tensors}
     assert chains["up.weight"] == ("int8" if scheme.startswith("int8") else "int4")
-    loaded, profile = slimtorch.load_model_profiled(tmp_path / "q.safetensors", TokenMLP)
+    profile = slimtorch.load_model(tmp_path / "q.safetensors", TokenMLP)
+    loaded = profile.model
     assert type(loaded.up) is type(model.up) and type(loaded.embed) is type(model.embed)
     assert torch.equal(loaded(_ids()), expected)
     parts = sum(len(type(m).SLIM_PARTS) for m in loaded.modules() if hasattr(type(m), "SLIM_PARTS"))
@@ -87,8 +88,8 @@ def test_save_then_load_model_gives_identical_outputs_and_quantized_layers(schem
 def test_a_quantized_file_still_decodes_to_float_weights_for_any_slim_reader(tmp_path) -> None:
     model = TokenMLP()
     original = model.up.weight.detach().clone()
-    slimtorch.save_model(slimtorch.quantize(model, "int8-weight"), tmp_path / "q.safetensors")
-    weights = slimtorch.load(tmp_path / "q.safetensors")
+    slimtorch.save_model(slimtorch.quantize(model, "int8-weight").model, tmp_path / "q.safetensors")
+    weights = slimtorch.load(tmp_path / "q.safetensors").tensors
     assert weights["up.weight"].dtype == torch.float32 and weights["up.weight"].shape == original.shape
     assert (weights["up.weight"] - original).abs().max() <= original.abs().amax(1).max() / 254 + 1e-7
 
@@ -100,14 +101,14 @@ def test_hugging_face_bert_and_gpt2_round_trip_quantized(tmp_path) -> None:
     for name in ("bert", "gpt2"):
         model = TRANSFORMERS[name]().eval()
         expected = main_output(model(*example(name)))
-        _, report = slimtorch.quantize_with_report(model, "int8-dynamic")
+        report = slimtorch.quantize(model, "int8-dynamic")
         assert _cosine(main_output(model(*example(name))), expected) > 0.99
         if name == "gpt2":  # Conv1D layers are quantized; the tied embedding and LM head are not
             assert type(model.transformer.h[0].attn.c_attn) is Int8DynamicLinear
             assert "tied" in report.skipped["transformer.wte"]
         quantized = main_output(model(*example(name)))
         slimtorch.save_model(model, tmp_path / f"{name}.safetensors")
-        loaded = slimtorch.load_model(tmp_path / f"{name}.safetensors", TRANSFORMERS[name]).eval()
+        loaded = slimtorch.load_model(tmp_path / f"{name}.safetensors", TRANSFORMERS[name]).model.eval()
         assert torch.equal(main_output(loaded(*example(name))), quantized)
 
 
@@ -118,7 +119,7 @@ def test_pruned_zeros_stay_sparse_in_the_codes_and_load_back_exactly(tmp_path) -
     expected = model(_ids())
     report = slimtorch.save_model(model, tmp_path / "q.safetensors")
     assert {t.name: t.chain for t in report.tensors}["up.weight"] == "int8+sparse"
-    loaded = slimtorch.load_model(tmp_path / "q.safetensors", TokenMLP)
+    loaded = slimtorch.load_model(tmp_path / "q.safetensors", TokenMLP).model
     assert torch.equal(loaded(_ids()), expected)
 
 
@@ -129,7 +130,9 @@ def test_int8_dynamic_kernels_give_bit_identical_outputs() -> None:
     for kernel in Int8DynamicLinear.KERNELS:
         if kernel == "onednn" and not kernels.onednn_available():
             continue
-        quantized = slimtorch.quantize(nn.Sequential(copy.deepcopy(layer)), "int8-dynamic", kernel=kernel)
+        quantized = slimtorch.quantize(
+            nn.Sequential(copy.deepcopy(layer)), "int8-dynamic", kernel=kernel
+        ).model
         outputs[kernel] = quantized(x)
     assert set(outputs) >= {"int_mm", "reference"}
     assert all(torch.equal(out, outputs["int_mm"]) for out in outputs.values())
@@ -143,7 +146,7 @@ def test_weight_only_kernels_agree_with_dequantize(dtype: torch.dtype) -> None:
     for scheme, cls in (("int8-weight", Int8WeightLinear), ("int4-weight", Int4WeightLinear)):
         results = {}
         for kernel in cls.KERNELS:
-            quantized = slimtorch.quantize(nn.Sequential(copy.deepcopy(layer)), scheme, kernel=kernel)
+            quantized = slimtorch.quantize(nn.Sequential(copy.deepcopy(layer)), scheme, kernel=kernel).model
             results[kernel] = quantized(x)
         assert all(r.dtype == dtype for r in results.values())
         reference = results["dequantize"].float()
@@ -156,9 +159,9 @@ def test_weight_only_kernels_agree_with_dequantize(dtype: torch.dtype) -> None:
 
 def test_fused_weight_only_kernels_run_on_weights_mapped_unaligned_from_a_file(tmp_path) -> None:
     # safetensors aligns data to 8 bytes; torch's bfloat16 int8 kernel would crash on such a weight
-    model = slimtorch.quantize(TokenMLP().eval(), "int8-weight")
+    model = slimtorch.quantize(TokenMLP().eval(), "int8-weight").model
     slimtorch.save_model(model, tmp_path / "q.safetensors")
-    loaded = slimtorch.load_model(tmp_path / "q.safetensors", TokenMLP)
+    loaded = slimtorch.load_model(tmp_path / "q.safetensors", TokenMLP).model
     assert any(m.qweight.data_ptr() % 64 for m in (loaded.up, loaded.down, loaded.head))
     for layer in (loaded.up, loaded.down, loaded.head):
         layer.kernel = "int8pack-bf16"
@@ -171,11 +174,11 @@ def test_no_deprecation_or_other_warning_from_quantize_forward_save_and_load(tmp
         warnings.simplefilter("error")  # torch's quantized tensors warn on creation: none may be made
         for scheme in SCHEMES:
             kernels.CHOICES.clear()
-            model = slimtorch.quantize(TokenMLP().eval(), scheme, calibration=[_ids()])
+            model = slimtorch.quantize(TokenMLP().eval(), scheme, calibration=[_ids()]).model
             model(_ids(1, 1))
             model(_ids(8, 128))
             slimtorch.save_model(model, tmp_path / f"{scheme}.safetensors")
-            slimtorch.load_model(tmp_path / f"{scheme}.safetensors", TokenMLP)(_ids())
+            slimtorch.load_model(tmp_path / f"{scheme}.safetensors", TokenMLP).model(_ids())
 
 
 def test_kernel_choice_takes_the_fastest_agreeing_candidate_and_remembers_it() -> None:
@@ -221,7 +224,7 @@ def test_shared_input_codes_follow_in_place_changes() -> None:
 
 
 def test_quantized_model_can_be_deep_copied_after_running() -> None:
-    model = slimtorch.quantize(TokenMLP().eval(), "int8-dynamic")
+    model = slimtorch.quantize(TokenMLP().eval(), "int8-dynamic").model
     expected = model(_ids())
     assert torch.equal(copy.deepcopy(model)(_ids()), expected)
 
@@ -240,7 +243,7 @@ def test_layers_that_stay_float_are_reported_with_the_reason() -> None:
     model["tied"] = tied
     model["tied2"] = nn.Linear(10, 64)
     model["tied2"].weight = tied.weight
-    _, report = slimtorch.quantize_with_report(model, "int8-dynamic", skip=["kee*"])
+    report = slimtorch.quantize(model, "int8-dynamic", skip=["kee*"])
     assert "no convolution kernel" in report.skipped["conv"]
     assert "NonDynamicallyQuantizableLinear" in report.skipped["attn.out_proj"]
     assert "skip pattern 'kee*'" in report.skipped["keep"]
@@ -249,11 +252,11 @@ def test_layers_that_stay_float_are_reported_with_the_reason() -> None:
 
 
 def test_bfloat16_model_stays_bfloat16_and_round_trips(tmp_path) -> None:
-    model = slimtorch.quantize(TokenMLP().to(torch.bfloat16).eval(), "int4-weight")
+    model = slimtorch.quantize(TokenMLP().to(torch.bfloat16).eval(), "int4-weight").model
     out = model(_ids())
     assert out.dtype == torch.bfloat16
     slimtorch.save_model(model, tmp_path / "bf16.safetensors")
-    loaded = slimtorch.load_model(tmp_path / "bf16.safetensors", lambda: TokenMLP().to(torch.bfloat16))
+    loaded = slimtorch.load_model(tmp_path / "bf16.safetensors", lambda: TokenMLP().to(torch.bfloat16)).model
     assert torch.equal(loaded(_ids()), out)
 
 
@@ -268,7 +271,7 @@ def test_bad_options_are_clear_errors() -> None:
 
 def test_a_float_file_into_a_quantized_model_is_refused_naming_the_layer(tmp_path) -> None:
     slimtorch.save_model(TokenMLP(), tmp_path / "float.safetensors")
-    quantized = slimtorch.quantize(TokenMLP(), "int8-dynamic")
+    quantized = slimtorch.quantize(TokenMLP(), "int8-dynamic").model
     with pytest.raises(slimtorch.FormatError, match=r"'embed.weight' is stored unquantized.*then quantize"):
         slimtorch.load_model(tmp_path / "float.safetensors", quantized)
     torch.save(TokenMLP().state_dict(), tmp_path / "float.pt")
@@ -277,7 +280,7 @@ def test_a_float_file_into_a_quantized_model_is_refused_naming_the_layer(tmp_pat
 
 
 def test_an_unknown_scheme_in_a_file_is_refused_with_exit_2(tmp_path, capsys) -> None:
-    slimtorch.save_model(slimtorch.quantize(TokenMLP(), "int8-dynamic"), tmp_path / "q.safetensors")
+    slimtorch.save_model(slimtorch.quantize(TokenMLP(), "int8-dynamic").model, tmp_path / "q.safetensors")
     from safetensors.torch import load_file, save_file
 
     from slimtorch.format.container import read_metadata
@@ -297,7 +300,7 @@ def test_an_unknown_scheme_in_a_file_is_refused_with_exit_2(tmp_path, capsys) ->
 
 def test_int4_codes_of_a_layer_equal_what_the_codec_writes() -> None:
     layer = nn.Linear(256, 64)
-    quantized = slimtorch.quantize(nn.Sequential(layer), "int4-weight", group_size=64)[0]
+    quantized = slimtorch.quantize(nn.Sequential(layer), "int4-weight", group_size=64).model[0]
     encoded = encode(layer.weight.detach(), [("int4", {"group_size": 64, "flat": False})])
     assert all(torch.equal(quantized.parts()[role], part) for role, part in encoded.parts.items())
 
@@ -308,7 +311,7 @@ def test_cli_quantizes_reports_and_writes_a_file_load_model_reads(tmp_path, caps
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "cosine similarity" in text and "Int8DynamicLinear" in text and "wrote" in text
-    loaded = slimtorch.load_model(out, MLP)
+    loaded = slimtorch.load_model(out, MLP).model
     assert type(loaded.layers[0]) is Int8DynamicLinear
     assert main([*args, "--scheme", "int4-weight", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -343,11 +346,11 @@ def test_gptq_codes_cut_the_output_error_of_int4_on_inputs_it_never_saw() -> Non
     layer = nn.Linear(128, 96).requires_grad_(False)
     held_out = _correlated_inputs(256, seed=2)
     expected = layer(held_out)
-    rounded = slimtorch.quantize(nn.Sequential(copy.deepcopy(layer)), "int4-weight", group_size=32)
+    rounded = slimtorch.quantize(nn.Sequential(copy.deepcopy(layer)), "int4-weight", group_size=32).model
     calibration = [_correlated_inputs(64, seed=s) for s in (10, 11, 12, 13)]
     gptq = slimtorch.quantize(
         nn.Sequential(copy.deepcopy(layer)), "int4-weight", group_size=32, calibration=calibration
-    )
+    ).model
 
     def error(model: nn.Module) -> float:
         difference = torch.linalg.vector_norm(model(held_out) - expected)
@@ -359,12 +362,13 @@ def test_gptq_codes_cut_the_output_error_of_int4_on_inputs_it_never_saw() -> Non
 def test_gptq_parts_are_plain_int4_codec_parts_that_decode_to_what_the_layer_computes(tmp_path) -> None:
     model = slimtorch.quantize(
         TokenMLP().eval(), "int4-weight", group_size=64, calibration=[_ids()], kernel="dequantize"
-    )
+    ).model
     x = torch.randn(3, 256)
     by_hand = F.linear(x, decode(*_decode_args(model.up)), model.up.bias)
     assert torch.allclose(model.up(x), by_hand, atol=1e-5)
     slimtorch.save_model(model, tmp_path / "gptq.safetensors")
-    assert torch.equal(slimtorch.load(tmp_path / "gptq.safetensors")["up.weight"], model.up.dequantized())
+    stored = slimtorch.load(tmp_path / "gptq.safetensors").tensors
+    assert torch.equal(stored["up.weight"], model.up.dequantized())
 
 
 def _decode_args(layer) -> tuple:
@@ -374,10 +378,10 @@ def _decode_args(layer) -> tuple:
 
 def test_gptq_falls_back_to_rounding_where_groups_do_not_tile_the_inputs() -> None:
     layer = nn.Linear(100, 16)  # 100 inputs: not a whole number of groups of 64
-    expected = slimtorch.quantize(nn.Sequential(copy.deepcopy(layer)), "int4-weight", group_size=64)
+    expected = slimtorch.quantize(nn.Sequential(copy.deepcopy(layer)), "int4-weight", group_size=64).model
     with_data = slimtorch.quantize(
         nn.Sequential(copy.deepcopy(layer)), "int4-weight", group_size=64, calibration=[torch.randn(8, 100)]
-    )
+    ).model
     pairs = zip(expected[0].parts().values(), with_data[0].parts().values(), strict=True)
     assert all(torch.equal(a, b) for a, b in pairs)
 
@@ -387,14 +391,14 @@ def test_int8_dynamic_outputs_are_bit_identical_after_loading_in_another_process
     import subprocess
     import sys
 
-    model = slimtorch.quantize(TokenMLP().eval(), "int8-dynamic")
+    model = slimtorch.quantize(TokenMLP().eval(), "int8-dynamic").model
     slimtorch.save_model(model, tmp_path / "q.safetensors")
     torch.save({"ids": _ids(), "out": model(_ids())}, tmp_path / "expected.pt")
     script = (
         "import sys, torch, slimtorch\n"
         "from tests.test_quantize import TokenMLP\n"
         f"expected = torch.load({str(tmp_path / 'expected.pt')!r})\n"
-        f"model = slimtorch.load_model({str(tmp_path / 'q.safetensors')!r}, TokenMLP)\n"
+        f"model = slimtorch.load_model({str(tmp_path / 'q.safetensors')!r}, TokenMLP).model\n"
         "sys.exit(0 if torch.equal(model(expected['ids']), expected['out']) else 1)\n"
     )
     root = Path(__file__).resolve().parent.parent
@@ -411,13 +415,13 @@ def test_weight_only_schemes_quantize_convolutions_and_round_trip_them(scheme: s
     model = SmallCNN().eval()
     images = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(3))
     expected = model(images)
-    _, report = slimtorch.quantize_with_report(model, scheme, group_size=32)
+    report = slimtorch.quantize(model, scheme, group_size=32)
     assert {layer.name for layer in report.layers} == {"features.0", "features.3", "head"}
     assert type(model.features[0]).__name__.endswith("WeightConv")
     assert _cosine(model(images), expected) > (0.999 if scheme == "int8-weight" else 0.98)
     quantized = model(images)
     slimtorch.save_model(model, tmp_path / "cnn.safetensors")
-    loaded = slimtorch.load_model(tmp_path / "cnn.safetensors", SmallCNN).eval()
+    loaded = slimtorch.load_model(tmp_path / "cnn.safetensors", SmallCNN).model.eval()
     assert type(loaded.features[3]) is type(model.features[3])
     assert torch.equal(loaded(images), quantized)
 
@@ -425,7 +429,7 @@ def test_weight_only_schemes_quantize_convolutions_and_round_trip_them(scheme: s
 def test_int8_dynamic_leaves_convolutions_float_and_says_why() -> None:
     from tests.zoo.models import SmallCNN
 
-    _, report = slimtorch.quantize_with_report(SmallCNN(), "int8-dynamic")
+    report = slimtorch.quantize(SmallCNN(), "int8-dynamic")
     assert "no convolution kernel" in report.skipped["features.0"]
     assert [layer.name for layer in report.layers] == ["head"]
 
@@ -434,7 +438,7 @@ def test_a_weight_holding_inf_stays_float_with_the_reason() -> None:
     model = TokenMLP()
     with torch.no_grad():
         model.down.weight[0, 0] = float("inf")
-    _, report = slimtorch.quantize_with_report(model, "int8-dynamic")
+    report = slimtorch.quantize(model, "int8-dynamic")
     assert "cannot be quantized" in report.skipped["down"] and type(model.down) is nn.Linear
     assert type(model.up) is Int8DynamicLinear
 
@@ -449,7 +453,9 @@ def test_quantize_and_run_under_inference_mode(scheme: str) -> None:
 
 
 def test_a_packed_weight_survives_new_batch_sizes_once_its_kernel_was_chosen() -> None:
-    layer = slimtorch.quantize(nn.Sequential(nn.Linear(256, 128)), "int4-weight", kernel="int4pack-bf16")[0]
+    layer = slimtorch.quantize(
+        nn.Sequential(nn.Linear(256, 128)), "int4-weight", kernel="int4pack-bf16"
+    ).model[0]
     layer.kernel = None
     kernels.CHOICES.clear()
     built = []

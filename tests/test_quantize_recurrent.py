@@ -97,7 +97,7 @@ def test_lstm_and_gru_become_int8_layers_that_agree_with_float_on_every_kernel(
     model = Recurrent(mode, **options).eval()
     x = _sequence(model.batch_first)
     expected = model.rnn(x)
-    _, report = slimtorch.quantize_with_report(model, "int8-dynamic", keep_sensitive=False)
+    report = slimtorch.quantize(model, "int8-dynamic", keep_sensitive=False)
     assert type(model.rnn) is Int8DynamicRecurrent and report.layers[0].kind == f"Int8Dynamic{mode}"
     assert all(model.rnn.parts(m)["q"].dtype == torch.int8 for m in model.rnn.stages)
     assert len(model.rnn.stages) == 2 * options.get("num_layers", 1) * (
@@ -114,12 +114,13 @@ def test_a_quantized_lstm_round_trips_through_save_and_load_with_its_int8_codes(
 ) -> None:
     model = slimtorch.quantize(
         Recurrent("LSTM", num_layers=2).eval(), "int8-dynamic", skip=["rnn.weight_ih_l0"]
-    )
+    ).model
     model.rnn.kernel = kernel
     x = _sequence(False)
     expected = model(x)
     slimtorch.save_model(model, tmp_path / "lstm.safetensors")
-    loaded = slimtorch.load_model(tmp_path / "lstm.safetensors", lambda: Recurrent("LSTM", num_layers=2))
+    lstm = slimtorch.load_model(tmp_path / "lstm.safetensors", lambda: Recurrent("LSTM", num_layers=2))
+    loaded = lstm.model
     assert type(loaded.rnn) is Int8DynamicRecurrent and list(loaded.rnn.stages) == list(model.rnn.stages)
     for matrix in model.rnn.stages:
         assert torch.equal(loaded.rnn.parts(matrix)["q"], model.rnn.parts(matrix)["q"])
@@ -129,7 +130,7 @@ def test_a_quantized_lstm_round_trips_through_save_and_load_with_its_int8_codes(
     with slimtorch.open(tmp_path / "lstm.safetensors") as source:
         assert source.info("rnn.weight_hh_l1").codec == "int8"
         assert source.info("rnn.weight_ih_l0").codec == "raw"  # the skipped matrix is stored float
-    weights = slimtorch.load(tmp_path / "lstm.safetensors")
+    weights = slimtorch.load(tmp_path / "lstm.safetensors").tensors
     assert torch.equal(weights["rnn.weight_hh_l1"], model.rnn.dequantized(torch.float32, "weight_hh_l1"))
     assert torch.equal(weights["rnn.weight_ih_l0"], model.rnn.weight_ih_l0)
 
@@ -160,20 +161,20 @@ def test_int8_dynamic_takes_one_scale_per_matrix_only_where_rows_have_like_range
     layer.kernel = "quantized_rnn"
     assert _cosine(model(x), expected) >= 0.999
     slimtorch.save_model(model, tmp_path / "gru.safetensors")
-    loaded = slimtorch.load_model(tmp_path / "gru.safetensors", lambda: Recurrent("GRU", num_layers=2))
+    loaded = slimtorch.load_model(tmp_path / "gru.safetensors", lambda: Recurrent("GRU", num_layers=2)).model
     assert _qscheme(loaded.rnn, "weight_hh_l0") == torch.per_tensor_affine
     loaded.rnn.kernel = "quantized_rnn"
     assert torch.equal(loaded(x), model(x))
 
 
 def test_weight_only_schemes_keep_a_scale_per_row_in_every_matrix() -> None:
-    layer = slimtorch.quantize(Recurrent("GRU").eval(), "int8-weight", keep_sensitive=False).rnn
+    layer = slimtorch.quantize(Recurrent("GRU").eval(), "int8-weight", keep_sensitive=False).model.rnn
     assert all(len(set(layer.parts(m)["scale"].tolist())) > 1 for m in layer.stages)
 
 
 def test_unbatched_input_a_given_state_and_packed_sequences_run_like_nn_lstm() -> None:
     float_lstm = nn.LSTM(24, 48, 2).eval()
-    model = slimtorch.quantize(nn.Sequential(copy.deepcopy(float_lstm)), "int8-dynamic")
+    model = slimtorch.quantize(nn.Sequential(copy.deepcopy(float_lstm)), "int8-dynamic").model
     lstm = model[0]
     x = _sequence(False, batch=1)[:, 0]
     state = (torch.randn(2, 48), torch.randn(2, 48))
@@ -188,7 +189,7 @@ def test_unbatched_input_a_given_state_and_packed_sequences_run_like_nn_lstm() -
 
 
 def test_a_model_of_only_an_lstm_is_quantized_and_reported_not_left_float_at_1x() -> None:
-    _, report = slimtorch.quantize_with_report(OnlyLSTM(), "int8-dynamic")
+    report = slimtorch.quantize(OnlyLSTM(), "int8-dynamic")
     assert [(layer.name, layer.kind) for layer in report.layers] == [("lstm", "Int8DynamicLSTM")]
     assert report.kept_float == [] and report.ratio < 0.3
 
@@ -204,12 +205,12 @@ def test_weight_only_schemes_quantize_lstm_matrices_and_round_trip(
     assert isinstance(model.rnn, QuantizedRecurrent) and scheme == model.rnn.SCHEME
     assert _cosine(model(x), expected) >= worst
     slimtorch.save_model(model, tmp_path / "gru.safetensors")
-    loaded = slimtorch.load_model(tmp_path / "gru.safetensors", lambda: Recurrent("GRU", num_layers=2))
+    loaded = slimtorch.load_model(tmp_path / "gru.safetensors", lambda: Recurrent("GRU", num_layers=2)).model
     assert torch.equal(loaded(x), model(x))
 
 
 def test_a_quantized_lstm_deep_copies_after_running_and_dequantizes_to_nn_lstm() -> None:
-    model = slimtorch.quantize(OnlyLSTM(), "int8-dynamic", kernel="quantized_rnn")
+    model = slimtorch.quantize(OnlyLSTM(), "int8-dynamic", kernel="quantized_rnn").model
     x = torch.randn(10, 2, 32)
     expected = model(x)
     assert torch.equal(copy.deepcopy(model)(x), expected)
@@ -223,7 +224,7 @@ def test_torch_int8_rnn_kernel_is_never_chosen_where_it_disagrees_with_the_float
     lstm = nn.LSTM(16, 32).eval()
     with torch.no_grad():
         lstm.weight_ih_l0.div_(SCALES)
-    model = slimtorch.quantize(nn.Sequential(lstm), "int8-dynamic", keep_sensitive=False)
+    model = slimtorch.quantize(nn.Sequential(lstm), "int8-dynamic", keep_sensitive=False).model
     x = torch.randn(30, 2, 16) * SCALES
     outputs = {}
     for kernel in KERNELS:
@@ -236,7 +237,9 @@ def test_torch_int8_rnn_kernel_is_never_chosen_where_it_disagrees_with_the_float
     model(x)
     assert set(kernels.CHOICES.measured().values()) == {"dequantize"}
     # an LSTM of the same shape that reads ordinary features gets its own verdict, not this one's
-    other = slimtorch.quantize(nn.Sequential(nn.LSTM(16, 32).eval()), "int8-dynamic", keep_sensitive=False)
+    other = slimtorch.quantize(
+        nn.Sequential(nn.LSTM(16, 32).eval()), "int8-dynamic", keep_sensitive=False
+    ).model
     other(torch.randn(30, 2, 16))
     assert len(kernels.CHOICES.measured()) == 2
 
@@ -253,7 +256,7 @@ def test_layers_left_float_are_listed_with_their_size_and_reason() -> None:
         }
     )
     model.register_parameter("table", nn.Parameter(torch.randn(64, 64)))
-    _, report = slimtorch.quantize_with_report(model, "int8-dynamic")
+    report = slimtorch.quantize(model, "int8-dynamic")
     assert [layer.name for layer in report.layers] == ["linear"]
     kept = {layer.name: layer for layer in report.kept_float}
     assert set(kept) == {"conv", "attn", "attn.out_proj", "normed", "rnn", "projected", ""}
@@ -304,16 +307,14 @@ def test_the_outlier_layer_stays_float_judged_by_its_outputs_or_by_its_weights()
     expected = base(held_out)
     calibration = [_features(32, seed=s) for s in (10, 11)]
     for inputs in (calibration, None):
-        model, report = slimtorch.quantize_with_report(
-            copy.deepcopy(base), "int8-dynamic", calibration=inputs
-        )
+        report = slimtorch.quantize(copy.deepcopy(base), "int8-dynamic", calibration=inputs)
+        model = report.model
         assert [layer.name for layer in report.kept_float] == ["layers.0"]
         assert "the median" in report.kept_float[0].reason and "--quantize-all" in report.kept_float[0].reason
         assert type(model.layers[0]) is nn.Linear and len(report.layers) == 5
         assert _cosine(model(held_out), expected) > 0.999
-    everything, report = slimtorch.quantize_with_report(
-        copy.deepcopy(base), "int8-dynamic", keep_sensitive=False
-    )
+    report = slimtorch.quantize(copy.deepcopy(base), "int8-dynamic", keep_sensitive=False)
+    everything = report.model
     assert report.kept_float == [] and _cosine(everything(held_out), expected) < 0.99
 
 
@@ -333,10 +334,10 @@ def test_no_deprecation_or_other_warning_from_quantized_lstm_forward_save_and_lo
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch's int8 RNN kernel is deprecated: it must not say so here
         for kernel in KERNELS:
-            model = slimtorch.quantize(OnlyLSTM(), "int8-dynamic", kernel=kernel)
+            model = slimtorch.quantize(OnlyLSTM(), "int8-dynamic", kernel=kernel).model
             model(torch.randn(5, 2, 32))
             slimtorch.save_model(model, tmp_path / f"{kernel}.safetensors")
-            slimtorch.load_model(tmp_path / f"{kernel}.safetensors", OnlyLSTM)(torch.randn(5, 2, 32))
+            slimtorch.load_model(tmp_path / f"{kernel}.safetensors", OnlyLSTM).model(torch.randn(5, 2, 32))
 
 
 # -- resemblyzer ------------------------------------------------------------------------------------------
@@ -361,11 +362,12 @@ def test_resemblyzer_keeps_its_first_lstm_input_matrix_float_and_embeds_within_0
     build, partials = speaker_encoder
     expected = build()(partials)
     for calibration in ([partials[:4]], None):
-        model, report = slimtorch.quantize_with_report(build(), "int8-dynamic", calibration=calibration)
+        report = slimtorch.quantize(build(), "int8-dynamic", calibration=calibration)
+        model = report.model
         assert [layer.name for layer in report.kept_float] == ["lstm.weight_ih_l0"]
         assert type(model.lstm) is Int8DynamicRecurrent and len(model.lstm.stages) == 5
         assert F.cosine_similarity(model(partials), expected).min() >= 0.99
-    everything = slimtorch.quantize(build(), "int8-dynamic", keep_sensitive=False)
+    everything = slimtorch.quantize(build(), "int8-dynamic", keep_sensitive=False).model
     assert F.cosine_similarity(everything(partials), expected).min() < 0.9
 
 
@@ -375,5 +377,5 @@ def test_cli_quantizes_an_lstm_model_into_a_file_load_model_reads(tmp_path, caps
     assert main([*args, "--runs", "2"]) == 0
     text = capsys.readouterr().out
     assert "Int8DynamicLSTM" in text and "cosine similarity" in text and "kept float" not in text
-    loaded = slimtorch.load_model(out, OnlyLSTM)
+    loaded = slimtorch.load_model(out, OnlyLSTM).model
     assert type(loaded.lstm) is Int8DynamicRecurrent and len(loaded.lstm.stages) == 4

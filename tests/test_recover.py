@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
 
 import slimtorch
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.progress import Recorder
 from slimtorch.prune import weights
 from slimtorch.prune.unstructured import sparsity_of
+from slimtorch.recovery import RecoverOptions, RecoverReport
 from slimtorch.recovery.training import distillation_loss, recalibrate_batchnorm, recover
 
 
@@ -102,3 +106,45 @@ def test_distillation_loss_is_zero_for_identical_outputs_and_scaled_by_t_squared
 def test_bad_arguments_are_clear_errors(kwargs, words) -> None:
     with pytest.raises(SlimtorchError, match=words):
         recover(_mlp(), BATCHES, **kwargs)
+
+
+def test_recover_options_by_dataclass_and_by_override_train_the_same() -> None:
+    reports = []
+    for how in ("options", "overrides"):
+        torch.manual_seed(0)
+        model = _mlp()
+        if how == "options":
+            reports.append(recover(model, BATCHES, RecoverOptions(steps=12, lr=1e-2), eval_fn=_accuracy))
+        else:
+            reports.append(recover(model, BATCHES, steps=12, lr=1e-2, eval_fn=_accuracy))
+        assert reports[-1].model is model
+    assert reports[0] == reports[1] and reports[0].steps == 12
+
+
+def test_a_bad_recover_option_fails_when_the_options_are_made() -> None:
+    with pytest.raises(OptionError, match="exactly one of steps or epochs"):
+        RecoverOptions(steps=3, epochs=1)
+    with pytest.raises(OptionError, match="temperature positive"):
+        RecoverOptions(steps=3, temperature=0)
+    with pytest.raises(OptionError, match=r"unknown option 'epoch'.*RecoverOptions has: alpha, epochs"):
+        recover(_mlp(), BATCHES, epoch=1)
+
+
+def test_the_recover_report_holds_the_model_its_json_fits_the_schema_and_progress_counts_steps() -> None:
+    model, recorder = _mlp(), Recorder()
+    report = recover(model, BATCHES, steps=4, eval_fn=_accuracy, eval_every=2, progress=recorder)
+    assert isinstance(report, RecoverReport) and report.model is model
+    data = json.loads(json.dumps(report.to_dict()))
+    assert set(data) <= set(RecoverReport.json_schema()["properties"])
+    assert data == {
+        "schema": "slimtorch.recover/1",
+        "steps": 4,
+        "final_loss": report.final_loss,
+        "metrics": [list(pair) for pair in report.metrics],
+        "stopped_early": False,
+    }
+    assert [step for step, _ in report.metrics] == [2, 4]
+    assert (
+        recorder.events[0] == ("begin", "recovering", 4, "steps")
+        and recorder.events.count(("advance", 1)) == 4
+    )

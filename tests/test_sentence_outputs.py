@@ -12,7 +12,7 @@ import torch
 from slimtorch.cli.main import main
 from slimtorch.format.policy import ShrinkOptions
 from slimtorch.loading import open_model
-from slimtorch.loading.loader import load_model_profiled
+from slimtorch.loading.loader import load_model
 from slimtorch.loading.opening import _built_on_meta
 from slimtorch.shrinking.saving import shrink
 
@@ -128,10 +128,9 @@ def test_the_old_layout_with_the_transformer_in_a_sub_folder_comes_out_flat(fold
 
 def test_load_model_builds_a_sentence_transformer_factory_on_meta_and_fills_it(folder, tmp_path) -> None:
     shrink(folder, tmp_path / "out")
-    model, profile = load_model_profiled(
-        tmp_path / "out", lambda: st.SentenceTransformer(str(folder), device="cpu")
-    )
-    assert profile.notes == []  # built with its parameters on meta, not loaded twice
+    report = load_model(tmp_path / "out", lambda: st.SentenceTransformer(str(folder), device="cpu"))
+    model = report.model
+    assert report.notes == []  # built with its parameters on meta, not loaded twice
     embeddings = model.encode(SENTENCES, convert_to_tensor=True)
     assert torch.equal(embeddings, st_embeddings(folder))
 

@@ -65,7 +65,7 @@ def test_training_checkpoint_keeps_only_the_model_under_its_own_names(training, 
 
     report = _shrink(capsys, str(path), "-o", str(out))
 
-    loaded = slimtorch.load(out)
+    loaded = slimtorch.load(out).tensors
     assert set(loaded) == set(TinyGPT().state_dict())  # no optimizer, no masks, no "model." prefix
     assert report["renamed_prefix"] == "model."
     assert any(name.startswith("optimizer.state.") for name in report["dropped"])
@@ -84,7 +84,7 @@ def test_pruning_masks_are_folded_into_their_weights_exactly(training, tmp_path)
 
     slimtorch.shrink(path, out)
 
-    loaded, state = slimtorch.load(out), checkpoint["model"]
+    loaded, state = slimtorch.load(out).tensors, checkpoint["model"]
     for name in PRUNED:
         folded = state[name + "_orig"] * state[name + "_mask"]
         assert torch.equal(loaded[name], folded), name
@@ -100,7 +100,7 @@ def test_tied_weights_are_stored_once_and_tied_on_load(training, tmp_path):
 
     assert report.ties == {"head.weight": "embed.weight"}
     assert not any(key.startswith("head.weight") for key in _physical(out))
-    loaded = slimtorch.load(out)
+    loaded = slimtorch.load(out).tensors
     assert loaded["head.weight"] is loaded["embed.weight"]
     assert torch.equal(loaded["embed.weight"], checkpoint["model"]["embed.weight"])
 
@@ -132,7 +132,7 @@ def test_keep_optimizer_keeps_training_state_and_the_names(training, tmp_path, c
 
     report = _shrink(capsys, str(path), "-o", str(out), "--keep-optimizer")
 
-    loaded = slimtorch.load(out)
+    loaded = slimtorch.load(out).tensors
     assert report["dropped"] == [] and report["renamed_prefix"] is None
     for index, state in checkpoint["optimizer"]["state"].items():
         for key, value in state.items():
@@ -147,7 +147,7 @@ def test_keep_names_keeps_the_wrapper_prefix(training, tmp_path, capsys):
 
     report = _shrink(capsys, str(path), "-o", str(out), "--keep-names")
 
-    loaded = slimtorch.load(out)
+    loaded = slimtorch.load(out).tensors
     assert report["renamed_prefix"] is None
     assert all(name.startswith("model.") for name in loaded)
     assert not any(name.startswith("optimizer.") for name in loaded)
@@ -169,7 +169,7 @@ def test_equal_tensors_are_stored_once_and_load_as_separate_tensors_even_after_a
         assert report.copies == {"decoder.bias": "encoder.bias"}
         assert report.ties == {"head.weight": "fc.weight"}
         assert sorted(_physical(out)) == ["encoder.bias", "fc.weight"]
-        loaded = slimtorch.load(out)
+        loaded = slimtorch.load(out).tensors
         assert loaded["decoder.bias"] is not loaded["encoder.bias"]
         assert torch.equal(loaded["decoder.bias"], bias) and torch.equal(loaded["encoder.bias"], bias)
         assert loaded["head.weight"] is loaded["fc.weight"]
@@ -237,7 +237,7 @@ def test_90pct_pruned_model_shrinks_to_a_small_share_of_its_dense_size(
     report = slimtorch.shrink(paths[form], out, options=slimtorch.ShrinkOptions(quantize=quantize))
 
     assert out.stat().st_size == report.after_bytes <= share * dense
-    loaded = slimtorch.load(out)
+    loaded = slimtorch.load(out).tensors
     if quantize is None:
         assert all(torch.equal(loaded[name], state[name]) for name in state)
     else:
@@ -293,7 +293,7 @@ def test_int8_quantizes_weights_and_embeddings_and_keeps_the_rest_exact(tagger, 
     codecs = _codecs(out)
     assert {name for name, codec in codecs.items() if codec == "int8"} == QUANTIZED
     assert all(codecs[name] == "raw" for name in state if name not in QUANTIZED)
-    _exact(slimtorch.load(out), state, set(state) - QUANTIZED)  # norms, biases, small.weight, steps
+    _exact(slimtorch.load(out).tensors, state, set(state) - QUANTIZED)  # norms, biases, small.weight, steps
 
 
 def test_keep_embeddings_leaves_embeddings_unquantized(tagger, tmp_path, capsys):
@@ -304,7 +304,7 @@ def test_keep_embeddings_leaves_embeddings_unquantized(tagger, tmp_path, capsys)
 
     codecs = _codecs(out)
     assert codecs["embed.weight"] == "raw" and codecs["fc.weight"] == "int8"
-    _exact(slimtorch.load(out), state, ["embed.weight"])
+    _exact(slimtorch.load(out).tensors, state, ["embed.weight"])
 
 
 def test_skip_pattern_keeps_matching_tensors_exact(tagger, tmp_path, capsys):
@@ -313,7 +313,7 @@ def test_skip_pattern_keeps_matching_tensors_exact(tagger, tmp_path, capsys):
 
     _shrink(capsys, str(path), "-o", str(out), "--quantize", "int8", "--dtype", "fp16", "--skip", "fc*")
 
-    loaded = slimtorch.load(out)
+    loaded = slimtorch.load(out).tensors
     _exact(loaded, state, ["fc.weight", "fc.bias"])
     assert _codecs(out)["embed.weight"] == "int8"
     assert loaded["embed.weight"].dtype == torch.float16
@@ -325,7 +325,7 @@ def test_dtype_fp16_loads_back_as_float16(tagger, tmp_path, capsys):
 
     _shrink(capsys, str(path), "-o", str(out), "--dtype", "fp16")
 
-    loaded = slimtorch.load(out)
+    loaded = slimtorch.load(out).tensors
     for name, tensor in state.items():
         if tensor.dtype.is_floating_point:
             assert loaded[name].dtype == torch.float16, name
@@ -347,7 +347,7 @@ def test_json_report_has_sizes_and_the_error_of_lossy_tensors_only(tagger, tmp_p
     assert report["after_bytes"] == out.stat().st_size
     assert report["ratio"] == pytest.approx(report["after_bytes"] / report["before_bytes"])
     assert report["files"] == [str(out)]
-    loaded = slimtorch.load(out)
+    loaded = slimtorch.load(out).tensors
     tensors = {t["name"]: t for t in report["tensors"]}
     assert set(tensors) == set(state)
     for name, entry in tensors.items():
@@ -389,7 +389,7 @@ def test_hugging_face_folder_shrinks_to_a_folder_its_model_loads_back_from(bert,
     assert (out / "config.json").read_bytes() == (folder / "config.json").read_bytes()
     assert (out / "model.safetensors").is_file()
     assert str(out / "config.json") in report["files"]
-    loaded = slimtorch.load(out)
+    loaded = slimtorch.load(out).tensors
     assert set(loaded) == set(model.state_dict())
     fresh = transformers.BertModel(config).eval()
     fresh.load_state_dict(loaded)
@@ -419,7 +419,7 @@ def test_hugging_face_folder_keeps_a_model_prefix_shared_by_every_weight(tmp_pat
     report = slimtorch.shrink(folder, tmp_path / "slim")
 
     assert report.renamed_prefix is None
-    assert sorted(slimtorch.load(tmp_path / "slim")) == sorted(names)
+    assert sorted(slimtorch.load(tmp_path / "slim").tensors) == sorted(names)
 
 
 # -- the command line ---------------------------------------------------------------------------------------

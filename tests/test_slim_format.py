@@ -134,7 +134,7 @@ def test_lossless_default_round_trip_is_exact_including_integer_buffers(tmp_path
 
     slimtorch.save(state, path)
 
-    loaded = slimtorch.load(path)
+    loaded = slimtorch.load(path).tensors
     _assert_same(loaded, state)
     assert loaded["features.1.num_batches_tracked"].dtype == torch.int64
     assert slimtorch.open(path).info("features.0.weight").codec == "sparse"
@@ -174,7 +174,7 @@ def test_lossy_round_trip_stays_within_the_documented_bound(tmp_path, options, b
 
     slimtorch.save({"fc.weight": weight, "fc.bias": bias}, path, **options)
 
-    loaded = slimtorch.load(path)
+    loaded = slimtorch.load(path).tensors
     assert loaded["fc.weight"].dtype == dtype
     error = (loaded["fc.weight"].float() - weight).abs()
     assert bool((error <= bound(weight) * (1 + 1e-5) + 1e-12).all())
@@ -194,7 +194,7 @@ def test_tied_tensors_are_stored_once_and_come_back_as_one_tensor(tmp_path, quan
 
     assert not any(key.startswith("head.weight") for key in _physical(path))
     assert _slim_metadata(path)["ties"] == {"head.weight": "embed.weight"}
-    loaded = slimtorch.load(path)
+    loaded = slimtorch.load(path).tensors
     assert loaded["head.weight"] is loaded["embed.weight"]
     assert set(loaded) == set(state)
     if quantize is None:
@@ -296,7 +296,7 @@ def _damaged(tmp_path, damage: str):
 
 def _sharded(tmp_path, name: str = "sharded"):
     folder = tmp_path / name
-    slimtorch.save(TinyGPT().state_dict(), folder, shard_size=100_000)
+    slimtorch.save(TinyGPT().state_dict(), folder, shard_bytes=100_000)
     shards = sorted(folder.glob("model-*-of-*.safetensors"))
     assert len(shards) >= 3
     return folder, shards
@@ -377,7 +377,7 @@ def test_shrinking_a_damaged_slim_file_fails_and_writes_nothing(tmp_path, capsys
 def test_verify_false_skips_the_checksums(tmp_path):
     path, _ = _damaged(tmp_path, "flipped byte in a raw tensor")
 
-    loaded = slimtorch.load(path, verify=False)
+    loaded = slimtorch.load(path, verify=False).tensors
 
     assert not torch.equal(loaded["norm.weight"], _mixed()["norm.weight"])
 
@@ -387,7 +387,7 @@ def test_sharded_save_writes_numbered_shards_and_an_index_covering_every_part(tm
     state = TinyGPT().state_dict()
     folder = tmp_path / "gpt"
 
-    report = slimtorch.save(state, folder, shard_size=100_000, quantize="int8")
+    report = slimtorch.save(state, folder, shard_bytes=100_000, quantize="int8")
 
     shards = sorted(folder.glob("*.safetensors"))
     numbers = [SHARD.fullmatch(p.name) for p in shards]
@@ -405,7 +405,7 @@ def test_sharded_save_writes_numbered_shards_and_an_index_covering_every_part(tm
     checkpoints = {_slim_metadata(shard)["checkpoint"] for shard in shards}
     assert checkpoints == {index["metadata"]["checkpoint"]}
 
-    loaded = slimtorch.load(folder)
+    loaded = slimtorch.load(folder).tensors
     assert set(loaded) == set(state)
     assert loaded["head.weight"] is loaded["embed.weight"]
     assert slimtorch.open(folder).format == f"slim ({len(shards)} shards)"
@@ -415,9 +415,9 @@ def test_sharded_lossless_folder_loads_back_equal(tmp_path):
     state = TinyGPT().state_dict()
     folder = tmp_path / "gpt"
 
-    slimtorch.save(state, folder, shard_size=100_000)
+    slimtorch.save(state, folder, shard_bytes=100_000)
 
-    loaded = slimtorch.load(folder)
+    loaded = slimtorch.load(folder).tensors
     _assert_same({name: loaded[name] for name in state}, state)
     assert loaded["head.weight"] is loaded["embed.weight"]
 
@@ -432,15 +432,15 @@ def test_shrink_with_small_shards_writes_a_sharded_folder_that_loads_back(tmp_pa
 
     assert len(list(folder.glob("model-*-of-*.safetensors"))) >= 2
     assert (folder / "model.safetensors.index.json").is_file()
-    _assert_same(slimtorch.load(folder), model.state_dict())
+    _assert_same(slimtorch.load(folder).tensors, model.state_dict())
 
 
 def test_sharded_folder_without_its_index_loads_from_its_shards(tmp_path):
     folder, _ = _sharded(tmp_path)
-    expected = slimtorch.load(folder)
+    expected = slimtorch.load(folder).tensors
     (folder / "model.safetensors.index.json").unlink()
 
-    _assert_same(slimtorch.load(folder), expected)
+    _assert_same(slimtorch.load(folder).tensors, expected)
 
 
 def test_single_shard_folder_is_model_safetensors_without_an_index(tmp_path):
@@ -450,7 +450,7 @@ def test_single_shard_folder_is_model_safetensors_without_an_index(tmp_path):
     slimtorch.save(state, folder)
 
     assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors"]
-    _assert_same(slimtorch.load(folder), state)
+    _assert_same(slimtorch.load(folder).tensors, state)
 
 
 # -- atomic writes -----------------------------------------------------------------------------------------
@@ -494,7 +494,7 @@ def test_interrupted_save_leaves_the_previous_file_byte_identical_and_no_temp_fi
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert _leftovers(tmp_path) == []
-    _assert_same(slimtorch.load(path), old)
+    _assert_same(slimtorch.load(path).tensors, old)
 
 
 def test_interrupted_sharded_save_leaves_the_previous_folder_as_it_was(tmp_path, monkeypatch):
@@ -503,7 +503,7 @@ def test_interrupted_sharded_save_leaves_the_previous_folder_as_it_was(tmp_path,
     _interrupt_while_writing(monkeypatch, after_calls=2)
 
     with pytest.raises(KeyboardInterrupt):
-        slimtorch.save(TinyGPT().state_dict(), folder, shard_size=100_000)
+        slimtorch.save(TinyGPT().state_dict(), folder, shard_bytes=100_000)
 
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
@@ -518,7 +518,7 @@ def test_saving_over_a_slim_folder_replaces_it_whole_and_leaves_no_temp_folder(t
     slimtorch.save(new, folder)
 
     assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors"]  # no stale shards or index
-    _assert_same(slimtorch.load(folder), new)
+    _assert_same(slimtorch.load(folder).tensors, new)
     assert _leftovers(tmp_path) == []
 
 
@@ -572,5 +572,5 @@ def test_training_checkpoint_round_trip_through_shrink_and_load(tmp_path):
     slimtorch.shrink(checkpoint, out)
 
     fresh = SmallCNN()
-    fresh.load_state_dict(slimtorch.load(out))
+    fresh.load_state_dict(slimtorch.load(out).tensors)
     _assert_same(fresh.state_dict(), model.state_dict())

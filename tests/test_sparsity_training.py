@@ -119,7 +119,7 @@ def _all_zeros(model: nn.Module) -> float:
 
 @pytest.mark.skipif(not RESEMBLYZER.is_file(), reason="resemblyzer's checkpoint is not installed")
 def test_resemblyzers_real_lstm_checkpoint_really_gets_90pct_zeros_and_the_report_is_the_models() -> None:
-    state = slimtorch.load(RESEMBLYZER)
+    state = slimtorch.load(RESEMBLYZER).tensors
     model = SpeakerEncoder()
     prefix = "model_state."
     model.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})

@@ -123,10 +123,10 @@ def test_load_model_sends_every_tensor_through_the_stager_and_converts_after_it(
         return stagers[-1]
 
     monkeypatch.setattr(loader, "stager_for", small_stager)
-    staged = slimtorch.load_model(path, SmallCNN, device="cpu", dtype=torch.float64)
+    staged = slimtorch.load_model(path, SmallCNN, device="cpu", dtype=torch.float64).model
     (stager,) = stagers
     monkeypatch.undo()
-    expected = slimtorch.load_model(path, SmallCNN, dtype=torch.float64)
+    expected = slimtorch.load_model(path, SmallCNN, dtype=torch.float64).model
     # What crosses is the file's float32 (converted to float64 only on the far side), every tensor once.
     assert stager.bytes_staged == sum(t.numel() * t.element_size() for t in cnn.state_dict().values())
     assert RecordingEvent.log[-1][0] == "sync"  # finish() waited for the last copies

@@ -38,13 +38,21 @@ from slimtorch.errors import (
     deprecated,
 )
 from slimtorch.format.source import ObjectInfo, TensorInfo, TensorSource
-from slimtorch.inspection import InspectReport, inspect
-from slimtorch.loading import LoadProfile, ModelInput, load, load_model, load_model_profiled, open_model
-from slimtorch.quant import QuantizeReport, quantize, quantize_with_report
-from slimtorch.recovery import RecoverReport, recover
+from slimtorch.inspection import InspectOptions, InspectReport, inspect
+from slimtorch.loading import (
+    LoadOptions,
+    LoadProfile,
+    LoadReport,
+    ModelInput,
+    load,
+    load_model,
+    load_model_profiled,
+    open_model,
+)
+from slimtorch.quant import QuantizeOptions, QuantizeReport, quantize, quantize_with_report
+from slimtorch.recovery import RecoverOptions, RecoverReport, recover
 from slimtorch.shrinking import ShrinkOptions, ShrinkReport, save, save_model, save_pretrained, shrink
-from slimtorch.sources import open_checkpoint
-from slimtorch.sources.objects import load_objects
+from slimtorch.sources import load_objects, open_checkpoint
 
 # Names the API moved, kept working for one release (each warns once per call site).
 prune.save_pretrained = deprecated(  # type: ignore[attr-defined]
@@ -80,12 +88,17 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "FormatError",
+    "InspectOptions",
     "InspectReport",
+    "LoadOptions",
     "LoadProfile",
+    "LoadReport",
     "ModelInput",
     "ObjectInfo",
     "OptionError",
+    "QuantizeOptions",
     "QuantizeReport",
+    "RecoverOptions",
     "RecoverReport",
     "ShrinkOptions",
     "ShrinkReport",

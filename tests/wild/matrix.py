@@ -213,7 +213,7 @@ def shrink_lossless(model: WildModel, workdir: Path) -> Outcome:
     """Every stored tensor equal to the library's own reading of it; the model loaded from the slim file
     gives identical outputs."""
     out, report = shrunk(model, workdir, None)
-    slim, original = slimtorch.load(out), file_tensors(model.path)
+    slim, original = slimtorch.load(out).tensors, file_tensors(model.path)
     prefix = next((p for p in _prefixes(original) if all(p + n in original for n in slim)), None)
     if prefix is None:
         missing = sorted(n for n in slim if n not in original)[:3]
@@ -251,7 +251,7 @@ def shrink_quantized(model: WildModel, workdir: Path, quantize: str) -> Outcome:
 def reloaded(model: WildModel, slim: Path, command: str, sizes: dict[str, int]) -> Outcome:
     """The slim file into the real class, compared; a refused load keeps the sizes the shrink reached."""
     try:
-        network = slimtorch.load_model(slim, model.build, **model.load)
+        network = slimtorch.load_model(slim, model.build, **model.load).model
     except SlimtorchError as exc:
         return Outcome(model.name, command, "refused", message=str(exc), **sizes)
     return compared(model, network, command, **sizes)
@@ -259,13 +259,14 @@ def reloaded(model: WildModel, slim: Path, command: str, sizes: dict[str, int]) 
 
 def load_model(model: WildModel, workdir: Path) -> Outcome:
     """The original file into the real class (built on the meta device): identical outputs."""
-    return compared(model, slimtorch.load_model(model.path, model.build, **model.load), "load_model")
+    return compared(model, slimtorch.load_model(model.path, model.build, **model.load).model, "load_model")
 
 
 def quantize(model: WildModel, workdir: Path) -> Outcome:
     """int8-dynamic on the loaded model: its layers quantized, its output within the cosine bar."""
     network = _original(model)
-    network, report = slimtorch.quantize_with_report(network, "int8-dynamic")
+    report = slimtorch.quantize(network, "int8-dynamic")
+    network = report.model
     message = f"{len(report.layers)} layers int8"
     if not report.layers:
         return Outcome(model.name, "quantize", "mismatch", message=f"nothing quantized: {report.skipped}")
@@ -283,9 +284,8 @@ def prune(model: WildModel, workdir: Path) -> Outcome:
     """Structured channels at a quarter: the model still runs and its output keeps its shape."""
     network = _original(model)
     args, expected = reference(model)
-    network, report = slimtorch.prune.channels_with_report(
-        network, args, ratio=PRUNE_RATIO, example_kwargs=model.keywords
-    )
+    report = slimtorch.prune.channels(network, args, ratio=PRUNE_RATIO, example_kwargs=model.keywords)
+    network = report.model
     got = rows_of(model, network, args)
     share = report.params_after / report.params_before
     message = f"{report.pruned_groups}/{report.groups} groups, params {share:.3f}x"

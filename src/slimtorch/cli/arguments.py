@@ -74,3 +74,13 @@ def print_json(data: dict[str, Any]) -> None:
     """A report's ``to_dict()`` on stdout, indented, with a final newline."""
     json.dump(data, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def add_runs(parser: argparse.ArgumentParser) -> None:
+    """``--runs``: the rounds of the interleaved before/after latency comparison (prune, quantize)."""
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=10,
+        help="interleaved latency rounds, about 2 s in all (default 10; 0: none)",
+    )

@@ -14,7 +14,7 @@ from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
 from slimtorch.cli.progress import TerminalProgress
 from slimtorch.cli.views.inspect_view import output_console
-from slimtorch.deploy import FP32, INT8, ExportReport, Tolerance, export
+from slimtorch.deploy import FP32, INT8, ExportOptions, ExportReport, Tolerance, export
 from slimtorch.deploy.runner import BundleError, read_inputs
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.units import format_bytes
@@ -99,19 +99,15 @@ def run(args: argparse.Namespace) -> int:
         atol = base.atol if args.atol is None else args.atol
         rtol = base.rtol if args.rtol is None else args.rtol
         tolerance = Tolerance(atol, rtol, f"given: within {atol:g} + {rtol:g} x max|eager|")
+    options = ExportOptions(
+        format=args.format,
+        quantize_to=args.quantize,
+        dynamic_batch=args.dynamic_batch,
+        samples=max(1, args.samples),
+        tolerance=tolerance,
+    )
     with TerminalProgress(enabled=not args.json) as status:
-        report = export(
-            model,
-            example,
-            args.output,
-            format=args.format,
-            quantize_to=args.quantize,
-            dynamic_batch=args.dynamic_batch,
-            samples=max(1, args.samples),
-            tolerance=tolerance,
-            progress=status,
-            tokenizer=tokenizer,
-        )
+        report = export(model, example, args.output, options, tokenizer=tokenizer, progress=status)
     if args.json:
         print_json(report.to_dict())
     else:

@@ -11,7 +11,7 @@ from rich.table import Table
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.progress import TerminalProgress
 from slimtorch.cli.views.inspect_view import output_console
-from slimtorch.deploy.footprint import Baseline, FootprintReport, footprint
+from slimtorch.deploy.footprint import Baseline, FootprintOptions, FootprintReport, footprint
 from slimtorch.format.units import format_bytes
 
 HELP = "measure a deployment bundle's runtime on disk in a clean venv, beside torch's, and run its sample"
@@ -63,16 +63,15 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
 
 def run(args: argparse.Namespace) -> int:
     console = output_console()
+    options = FootprintOptions(
+        baseline=not args.no_baseline,
+        refresh_baseline=args.refresh_baseline,
+        python=args.python,
+        keep=args.keep,
+        compile_bytecode=args.compile,
+    )
     with TerminalProgress(enabled=not args.json) as progress:
-        report = footprint(
-            args.bundle,
-            baseline=not args.no_baseline,
-            refresh_baseline=args.refresh_baseline,
-            python=args.python,
-            keep=args.keep,
-            compile_bytecode=args.compile,
-            progress=progress,
-        )
+        report = footprint(args.bundle, options, progress=progress)
     if args.json:
         print_json(report.to_dict())
     else:

@@ -9,6 +9,7 @@ from slimtorch.cli.model_spec import PATH_HELP
 from slimtorch.cli.progress import TerminalProgress
 from slimtorch.cli.views.inspect_view import output_console, render_inspect
 from slimtorch.inspection.breakdown import inspect
+from slimtorch.inspection.options import InspectOptions
 from slimtorch.sources import open_checkpoint
 
 HELP = "where a checkpoint's bytes go, and what could be saved"
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         open_checkpoint(args.path, allow_globals=args.allow_global) as source,
         TerminalProgress(enabled=args.scan) as bar,
     ):
-        report = inspect(source, depth=args.depth, top=args.top, scan=args.scan, progress=bar)
+        report = inspect(source, InspectOptions(depth=args.depth, top=args.top, scan=args.scan), progress=bar)
     if args.json:
         print_json(report.to_dict())
     else:

@@ -6,11 +6,13 @@ import argparse
 
 from slimtorch.cli.arguments import add_allow_global, add_command, print_json
 from slimtorch.cli.model_spec import PATH_HELP, SPEC_HELP, resolve_factory
+from slimtorch.cli.progress import TerminalProgress
 from slimtorch.cli.views.inspect_view import output_console
 from slimtorch.cli.views.load_view import render_load
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.names import file_groups
-from slimtorch.loading.loader import LoadProfile, load_model_profiled, load_profiled
+from slimtorch.loading.loader import load, load_model
+from slimtorch.loading.options import LoadOptions, LoadReport
 
 HELP = "load a checkpoint (into a model), verify every checksum, and show where the time went"
 DESCRIPTION = """\
@@ -66,67 +68,67 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         help="with --model: file names starting OLD (after the prefix) start NEW instead; repeatable",
     )
     parser.add_argument("--profile", action="store_true", help="show the time of each phase")
-    parser.add_argument("--json", action="store_true", help="print the profile as JSON")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
     add_allow_global(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
-    common = {
-        "verify": args.verify,
-        "threads": args.threads,
-        "allow_globals": tuple(args.allow_global),
-    }
-    if args.model:
-        factory = resolve_factory(args.model)
-        _, profile = load_model_profiled(
-            args.path,
-            factory,
-            device=args.device,
-            dtype=dtype,
-            strict=args.strict,
-            prefix=args.prefix,
-            rename=args.rename,
-            **common,
-        )
-    else:
-        if args.device or dtype or args.prefix is not None or args.rename:
-            raise SlimtorchError(
-                "--device, --dtype, --prefix and --rename need --model (without it, tensors load as stored)"
-            )
-        _, profile = load_profiled(args.path, **common)
+    options = _options(args)
+    with TerminalProgress() as bar:
+        if args.model:
+            report = load_model(args.path, resolve_factory(args.model), options, progress=bar)
+        else:
+            report = load(args.path, options, progress=bar)
     if args.json:
-        print_json(profile.to_dict())
+        print_json(report.to_dict())
     else:
         console = output_console()
-        render_load(profile, console, show_phases=args.profile)
-        if profile.model is not None:
-            for line in name_lines(profile, every=args.profile):
+        render_load(report, console, show_phases=args.profile)
+        if report.model_class is not None:
+            for line in name_lines(report, every=args.profile):
                 console.print(line, highlight=False, markup=False)
     return 0
 
 
-def name_lines(profile: LoadProfile, *, every: bool) -> list[str]:
+def _options(args: argparse.Namespace) -> LoadOptions:
+    """The command line as :class:`LoadOptions`; name matching needs a model to match against."""
+    import torch
+
+    if not args.model and (not args.strict or args.prefix is not None or args.rename):
+        raise SlimtorchError(
+            "--non-strict, --prefix and --rename match the file's names to a model's: they need --model"
+        )
+    return LoadOptions(
+        device=args.device,
+        dtype=getattr(torch, DTYPES[args.dtype]) if args.dtype else None,
+        strict=args.strict,
+        verify=args.verify,
+        threads=args.threads,
+        allow_globals=tuple(args.allow_global),
+        prefix=args.prefix,
+        rename=tuple(args.rename),
+    )
+
+
+def name_lines(report: LoadReport, *, every: bool) -> list[str]:
     """One line per kind of name a load left out (every kind with ``every``, else those that happened)."""
     lines = []
-    if every or profile.prefix or profile.model_prefix:
-        where = f"under {profile.prefix!r}" if profile.prefix else "as they are"
-        if profile.model_prefix:
-            where = f"as the model's names after {profile.model_prefix!r}"
-        outside = profile.outside_prefix
+    if every or report.prefix or report.model_prefix:
+        where = f"under {report.prefix!r}" if report.prefix else "as they are"
+        if report.model_prefix:
+            where = f"as the model's names after {report.model_prefix!r}"
+        outside = report.outside_prefix
         rest = f"; {len(outside)} other tensors: {file_groups(outside)}" if outside else ""
         lines.append(f"names: read {where}{rest}")
     kinds = (
-        ("ignored", [f"{s.name} ({s.reason})" for s in profile.ignored]),
-        ("unmatched", profile.unmatched),
-        ("missing", profile.missing),
+        ("ignored", [f"{s.name} ({s.reason})" for s in report.ignored]),
+        ("unmatched", report.unmatched),
+        ("missing", report.missing),
     )
     for label, names in kinds:
         if names or every:
             shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
             lines.append(f"{label}: {len(names)}" + (f" ({shown})" if names else ""))
-    lines += [f"note: {note}" for note in profile.notes]
+    lines += [f"note: {note}" for note in report.notes]
     return lines

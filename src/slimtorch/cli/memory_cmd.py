@@ -10,10 +10,11 @@ from rich.table import Table
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import MODEL_HELP, add_input_shape, meta_model
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.cli.progress import TerminalProgress
 from slimtorch.cli.views.inspect_view import output_console
 from slimtorch.cli.views.memory_chart import write_chart
 from slimtorch.format.units import format_bytes, format_share, parse_size
-from slimtorch.memory import CATEGORIES, OPTIMIZERS, PRECISIONS, MemoryReport, estimate
+from slimtorch.memory import CATEGORIES, OPTIMIZERS, PRECISIONS, MemoryReport, StepOptions, estimate
 
 HELP = "predict a training (or inference) step's peak memory, and what it is made of, without running it"
 DESCRIPTION = """\
@@ -75,20 +76,16 @@ def run(args: argparse.Namespace) -> int:
     if args.chart:
         check_output(args.chart, model_inputs(args.model))
     loaded = meta_model(args)
-    model, example = loaded.model, loaded.example
-    checkpointing = args.checkpointing
-    if checkpointing == ["blocks"]:
-        checkpointing = "blocks"
-    report = estimate(
-        model,
-        example,
-        batch_sizes=args.batch,
+    step = StepOptions(
         mode=args.mode,
         optimizer=args.optimizer,
         precision=args.precision,
-        checkpointing=checkpointing,
+        checkpointing=args.checkpointing,  # ["blocks"] is "blocks"
         device=args.device,
+        batch_sizes=args.batch,
     )
+    with TerminalProgress() as bar:
+        report = estimate(loaded.model, loaded.example, step, progress=bar)
     fits = _largest_batch(report, args.budget) if args.budget else None
     chart = None
     if args.chart:

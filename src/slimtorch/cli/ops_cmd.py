@@ -9,7 +9,7 @@ from pathlib import Path
 from slimtorch.cli.arguments import add_command, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.deploy.ops import operators
+from slimtorch.deploy.ops import OperatorOptions, operators
 from slimtorch.format.writer import write_atomic_text
 
 HELP = "list the operators a model uses, as the YAML PyTorch's selective build reads (a minimal libtorch)"
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         check_output(args.output, model_inputs(args.model, args.weights))
     loaded = command_model(args)
-    found = operators(loaded.model, loaded.positional(), training=args.training)
+    found = operators(loaded.model, loaded.positional(), OperatorOptions(training=args.training))
     for note in found.notes:
         print(f"slimtorch: note: {note}", file=sys.stderr)
     if args.output:

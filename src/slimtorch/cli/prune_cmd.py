@@ -8,13 +8,14 @@ from pathlib import Path
 
 from rich.table import Table
 
-from slimtorch.cli.arguments import add_command, add_layout, print_json
+from slimtorch.cli.arguments import add_command, add_layout, add_runs, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.cli.progress import TerminalProgress
 from slimtorch.cli.views.inspect_view import output_console
 from slimtorch.format.units import format_bytes
 from slimtorch.inspection.measure import compare, measure
-from slimtorch.prune import channels_with_report
+from slimtorch.prune import ChannelOptions, channels
 from slimtorch.shrinking.pretrained import save_pretrained
 from slimtorch.shrinking.saving import save_model
 from slimtorch.sources.companions import source_provenance
@@ -62,12 +63,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         "--ignore", nargs="+", default=[], metavar="MODULE", help="modules whose outputs stay"
     )
     parser.add_argument("--quantize", choices=("int8", "int4"), help="also quantize the saved weights")
-    parser.add_argument(
-        "--runs",
-        type=int,
-        default=10,
-        help="interleaved latency rounds, about 2 s in all (default 10; 0: none)",
-    )
+    add_runs(parser)
     add_layout(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
@@ -97,10 +93,7 @@ def run(args: argparse.Namespace) -> int:
     model.eval()
     before = measure(model, example)
     original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the pruned model, in turns
-    _, report = channels_with_report(
-        model,
-        loaded.args,
-        example_kwargs=loaded.kwargs,
+    options = ChannelOptions(
         ratio=args.ratio,
         target_params=args.target_params,
         target_macs=args.target_macs,
@@ -108,8 +101,10 @@ def run(args: argparse.Namespace) -> int:
         importance=args.importance,
         scope=args.scope,
         round_to=args.round_to,
-        ignore=args.ignore,
+        ignore=tuple(args.ignore),
     )
+    with TerminalProgress() as progress:
+        report = channels(model, loaded.args, options, example_kwargs=loaded.kwargs, progress=progress)
     after = measure(model, example)
     latency = (
         None if original is None else compare(original, model, loaded.args, loaded.kwargs, rounds=args.runs)
@@ -119,10 +114,15 @@ def run(args: argparse.Namespace) -> int:
     if hugging_face:
         companions = output_companions(loaded.folder)
         provenance = source_provenance("prune", loaded.folder)
-        update = save_pretrained(
-            model, args.output, companions, quantize=args.quantize, layout=args.layout, metadata=provenance
+        saved = save_pretrained(
+            model,
+            args.output,
+            companions=companions,
+            metadata=provenance,
+            quantize=args.quantize,
+            layout=args.layout,
         )
-        problems = update.problems
+        problems = saved.config_update.problems
         files = sorted(str(path) for path in Path(args.output).iterdir())
     else:
         files = save_model(model, args.output, quantize=args.quantize, layout=args.layout).files

@@ -8,15 +8,16 @@ from pathlib import Path
 
 from rich.table import Table
 
-from slimtorch.cli.arguments import add_command, add_layout, print_json
+from slimtorch.cli.arguments import add_command, add_layout, add_runs, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.cli.progress import TerminalProgress
 from slimtorch.cli.views.inspect_view import output_console
 from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE
 from slimtorch.format.hf_layout import resolve_layout
 from slimtorch.format.units import format_bytes
 from slimtorch.inspection.measure import LatencyComparison, compare
-from slimtorch.quant import SCHEMES, QuantizeReport, quantize_with_report
+from slimtorch.quant import SCHEMES, QuantizeOptions, QuantizeReport, quantize
 from slimtorch.shrinking.saving import save_model
 from slimtorch.sources.companions import source_provenance
 
@@ -77,12 +78,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         "--samples", type=int, default=4, metavar="N", help="random inputs to compare on (default 4)"
     )
     parser.add_argument("--layers", type=int, default=10, metavar="N", help="layers listed, worst first")
-    parser.add_argument(
-        "--runs",
-        type=int,
-        default=10,
-        help="interleaved latency rounds, about 2 s in all (default 10; 0: none)",
-    )
+    add_runs(parser)
     add_layout(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
@@ -90,6 +86,13 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
 
 def run(args: argparse.Namespace) -> int:
     check_output(args.output, model_inputs(args.model, args.weights))
+    options = QuantizeOptions(  # a bad option fails before the model loads
+        args.scheme,
+        group_size=args.group_size,
+        skip=args.skip,
+        embeddings=not args.no_embeddings,
+        keep_sensitive=not args.quantize_all,
+    )
     loaded = command_model(args)
     out = Path(args.output)
     folder_out = loaded.folder is not None and out.suffix != ".safetensors"
@@ -98,16 +101,9 @@ def run(args: argparse.Namespace) -> int:
     model = loaded.model.eval()
     samples = loaded.samples(max(1, args.samples))
     original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the quantized model, in turns
-    _, report = quantize_with_report(
-        model,
-        args.scheme,
-        group_size=args.group_size,
-        skip=args.skip,
-        calibration=samples,
-        embeddings=not args.no_embeddings,
-        keep_sensitive=not args.quantize_all,
-        symmetric=layout == "hf",  # int4 codes compressed-tensors reads as they are
-    )
+    with TerminalProgress() as bar:
+        # int4 codes on the grid compressed-tensors reads as they are, for a Hugging Face folder
+        report = quantize(model, options, calibration=samples, progress=bar, symmetric=layout == "hf")
     latency = (
         None if original is None else compare(original, model, loaded.args, loaded.kwargs, rounds=args.runs)
     )

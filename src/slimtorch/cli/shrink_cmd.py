@@ -118,21 +118,16 @@ def run(args: argparse.Namespace) -> int:
         quantize_embeddings=not args.keep_embeddings,
         skip=args.skip,
         quantize_all=args.quantize_all,
+        layout=args.layout,
+        shard_bytes=args.shard_size,
+        keep_optimizer=args.keep_optimizer,
+        keep_names=args.keep_names,
+        keep_objects=not args.no_objects,
+        allow_globals=args.allow_global,
     )
     check_output(args.output, [args.source])
     with TerminalProgress() as bar:
-        report = shrink(
-            args.source,
-            args.output,
-            options=options,
-            keep_optimizer=args.keep_optimizer,
-            keep_names=args.keep_names,
-            keep_objects=not args.no_objects,
-            shard_bytes=args.shard_size,
-            allow_globals=args.allow_global,
-            progress=bar,
-            layout=args.layout,
-        )
+        report = shrink(args.source, args.output, options, progress=bar)
     if args.json:
         print_json(report.to_dict())
     else:

@@ -3,19 +3,18 @@
 The model is captured once by ``torch.export``; from that program come ``model.onnx`` (through
 ``torch.onnx.export(dynamo=True)``, optionally int8 through onnxruntime) or ``model.pt2`` (an
 ``ExportedProgram``, for torch-only deployments). The exported file is then run by its own runtime on
-the example and on fresh inputs like it, and compared with eager PyTorch.
+the example and on fresh inputs like it, and compared with eager PyTorch (:mod:`slimtorch.deploy.tolerance`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -25,41 +24,75 @@ from torch.utils._pytree import GetAttrKey, MappingKey, SequenceKey, tree_flatte
 from slimtorch.deploy import fidelity, onnx_model, runner
 from slimtorch.deploy import text as text_bundle
 from slimtorch.deploy.bundle import BundleWriter
-from slimtorch.deploy.noise import NOISE_FACTOR, rounding_noise
 from slimtorch.deploy.program import BATCH, export_program
+from slimtorch.deploy.requirements import NO_DEPS, requirements, versions
+from slimtorch.deploy.tolerance import (
+    FP32,
+    INT8,
+    INT8_TEXT,
+    OutputError,
+    Tolerance,
+    default_tolerance,
+    noise_aware,
+    output_errors,
+)
 from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.format.progress import Progress, announcer
+from slimtorch.format.verbs import Report, resolve
 from slimtorch.graph.capture import as_args, random_like, without_cache
 from slimtorch.models.examples import forward_names
 from slimtorch.quant import QuantizedWeight, dequantize, model_bytes, quantize
 
+__all__ = [
+    "FORMATS",
+    "FP32",
+    "INT8",
+    "INT8_TEXT",
+    "ExportOptions",
+    "ExportReport",
+    "OutputError",
+    "TensorSpec",
+    "Tolerance",
+    "export",
+]
+
 FORMATS = ("onnx", "pt2")
 MODEL_FILE = {"onnx": "model.onnx", "pt2": "model.pt2"}
-RUNTIME = {"onnx": ("onnxruntime", "numpy"), "pt2": ("torch", "numpy")}
 
 
 @dataclass(frozen=True)
-class Tolerance:
-    """Pass when ``max |exported - eager| <= atol + rtol * max |eager|`` on every output; or, with
-    ``min_cosine``, when every text's embedding has at least that cosine to eager (each output's error is
-    then reported, not decided on). ``meaning`` says which decides."""
+class ExportOptions:
+    """How :func:`export` exports and verifies a model; every field has the CLI's default.
 
-    atol: float
-    rtol: float
-    meaning: str
-    min_cosine: float | None = None
+    Example:
+        >>> ExportOptions(format="pt2", quantize_to="int8").samples
+        3
+    """
 
+    format: str = "onnx"
+    """``"onnx"`` (runs on onnxruntime, no torch) or ``"pt2"`` (a ``torch.export`` program)."""
+    quantize_to: str | None = None
+    """``"int8"``: for ONNX per-channel int8 weights and per-token int8 activations
+    (:mod:`slimtorch.deploy.token_int8`), for pt2 slimtorch's int8 weights; None keeps the model's own."""
+    dynamic_batch: bool = False
+    """The first dimension of every input may vary (checked at another batch size too)."""
+    samples: int = 3
+    """Inputs compared with eager PyTorch: the example, then random ones like it."""
+    tolerance: Tolerance | None = None
+    """The agreement required; None: :data:`FP32` (widened to a model's own float32 rounding noise where
+    that exceeds it), quantized :data:`INT8_TEXT` for a text model, else :data:`INT8`."""
 
-FP32 = Tolerance(1e-4, 1e-5, "fp32: within 1e-4 (+1e-5 of the output's largest magnitude) of eager")
-INT8 = Tolerance(0.0, 0.1, "quantized: within 10% of the output's largest magnitude of eager")
-INT8_TEXT = Tolerance(
-    0.0,
-    0.1,
-    f"quantized text model: decided by the sentence embedding, cosine to eager >= {fidelity.MIN_COSINE:g} "
-    "for every text; each output's largest error is reported beside it (10% of its largest magnitude "
-    "marks it), not decided on",
-    fidelity.MIN_COSINE,
-)
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise OptionError(f"unknown format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if self.quantize_to not in (None, "int8"):
+            raise OptionError(f"quantize_to takes 'int8' or None, not {self.quantize_to!r}")
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
+            raise OptionError(
+                f"samples is how many inputs are compared, a count of 1 or more, not {self.samples!r}"
+            )
+        if self.tolerance is not None and not isinstance(self.tolerance, Tolerance):
+            raise OptionError(f"tolerance must be a Tolerance or None, not {type(self.tolerance).__name__}")
 
 
 @dataclass(frozen=True)
@@ -71,19 +104,11 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class OutputError:
-    """The largest difference from eager over all samples, absolute and relative to the output's scale."""
-
-    name: str
-    max_abs: float
-    max_rel: float
-    scale: float
-    passed: bool
-
-
-@dataclass(frozen=True)
-class ExportReport:
+class ExportReport(Report):
     """What was exported, where, how big, and how closely it agrees with eager PyTorch."""
+
+    SCHEMA: ClassVar[str] = "slimtorch.export/1"
+    DERIVED: ClassVar[dict[str, dict[str, Any]]] = {"passed": {"type": "boolean"}}
 
     bundle: str
     format: str
@@ -109,22 +134,17 @@ class ExportReport:
             return self.embedding.passed
         return all(e.passed for e in self.errors)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": "slimtorch.export/1", **asdict(self), "passed": self.passed}
-
 
 def export(
     model: nn.Module,
     example_inputs: Sequence[Any] | Any,
     out: str | os.PathLike[str],
+    /,
+    options: ExportOptions | None = None,
     *,
-    format: str = "onnx",
-    quantize_to: str | None = None,
-    dynamic_batch: bool = False,
-    samples: int = 3,
-    tolerance: Tolerance | None = None,
-    progress: Progress | None = None,
     tokenizer: str | os.PathLike[str] | None = None,
+    progress: Progress | None = None,
+    **overrides: Any,
 ) -> ExportReport:
     """Export ``model`` to the bundle folder ``out`` and verify it against eager PyTorch.
 
@@ -134,28 +154,20 @@ def export(
         example_inputs: a tensor, a tuple of positional tensors, or a dict of keyword tensors (a text
             model's ``input_ids``, ``attention_mask`` ...: the bundle's inputs get those names).
         out: the bundle folder (replaced if it is a bundle; refused if it holds anything else).
-        format: ``"onnx"`` (runs on onnxruntime, no torch) or ``"pt2"`` (a ``torch.export`` program).
-        quantize_to: ``"int8"``: for ONNX per-channel int8 weights and per-token int8 activations
-            (:mod:`slimtorch.deploy.token_int8`), for pt2 slimtorch's int8 weights.
-        dynamic_batch: the first dimension of every input may vary.
-        samples: inputs compared (the example, then random ones like it).
-        tolerance: the agreement required (default :data:`FP32`; quantized, :data:`INT8_TEXT` for a text
-            model, decided by its sentence embedding's cosine, else :data:`INT8`).
-        progress: told each stage as it starts (:mod:`slimtorch.format.progress`).
+        options: how to export (:class:`ExportOptions`); ``overrides`` replace single fields
+            (``format="pt2"``, ``quantize_to="int8"``, ``dynamic_batch=True``, ``samples``, ``tolerance``).
         tokenizer: a folder with the model's ``tokenizer.json``: a text bundle (see
             :mod:`slimtorch.deploy.text`), whose inputs are the token inputs the model takes, dynamic in
             batch and sequence, checked at several lengths, and whose ``predict.py`` takes ``--text``.
+        progress: told each stage as it starts (:mod:`slimtorch.format.progress`).
 
     Example:
         >>> report = export(nn.Sequential(nn.Linear(8, 4)), torch.randn(1, 8), "bundle")  # doctest: +SKIP
         >>> report.passed, report.errors[0].max_abs < 1e-4  # doctest: +SKIP
         (True, True)
     """
-    if format not in FORMATS:
-        raise OptionError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    if quantize_to not in (None, "int8"):
-        raise OptionError(f"--quantize takes int8, not {quantize_to!r}")
-    if format == "onnx":
+    how = resolve(ExportOptions, options, overrides, "export")
+    if how.format == "onnx":
         onnx_model.require_onnx()  # before a long capture, not after it
     say = announcer(progress)
     model.eval()
@@ -163,28 +175,30 @@ def export(
     text = text_bundle.text_inputs(tokenizer, model, example_inputs) if tokenizer is not None else None
     model, args, names_in, kwargs = _by_name(model, text.example if text else example_inputs, kwargs)
     held = sorted({m.SCHEME for m in model.modules() if isinstance(m, QuantizedWeight)})
-    int8 = quantize_to == "int8" or (format == "onnx" and any(s.startswith("int8") for s in held))
-    notes = _notes(format, held) + ((text.note(),) if text else ())
-    target = _prepared(model, format, quantize_to, held)
+    int8 = how.quantize_to == "int8" or (how.format == "onnx" and any(s.startswith("int8") for s in held))
+    notes = _notes(how.format, held) + ((text.note(),) if text else ())
+    target = _prepared(model, how.format, how.quantize_to, held)
     bound = _Bound(target, kwargs) if kwargs else target
-    inputs = (
-        text_bundle.verification_inputs(text, samples) if text else _samples(args, samples, dynamic_batch)
-    )
+    if text:
+        inputs = text_bundle.verification_inputs(text, how.samples)
+    else:
+        inputs = _samples(args, how.samples, how.dynamic_batch)
     seconds: dict[str, float] = {}
 
     say("capturing the model with torch.export")
     start = time.perf_counter()
-    traced = text_bundle.trace_inputs(text) if text else _export_args(args, dynamic_batch)
+    traced = text_bundle.trace_inputs(text) if text else _export_args(args, how.dynamic_batch)
     sequence = text.max_length if text else None
-    program = export_program(bound, traced, {}, dynamic_batch=dynamic_batch, sequence=sequence)
+    program = export_program(bound, traced, {}, dynamic_batch=how.dynamic_batch, sequence=sequence)
     seconds["capture"] = time.perf_counter() - start
     say("running the model in PyTorch")
     expected = [_outputs(_call(model, a, kwargs, i), text) for i, a in enumerate(inputs)]
     names_out = [name for name, _ in expected[0]]
+    wanted = [{n: _numpy(t) for n, t in e} for e in expected]
     with BundleWriter(out) as bundle:
-        path = bundle.path(MODEL_FILE[format])
+        path = bundle.path(MODEL_FILE[how.format])
         start = time.perf_counter()
-        if format == "onnx":
+        if how.format == "onnx":
             run = _to_onnx(program, path, names_in, names_out, model_bytes(target), int8, say, seconds)
         else:
             say("saving the ExportedProgram")
@@ -195,67 +209,75 @@ def export(
         start = time.perf_counter()
         actual = [run([_numpy(t) for t in a]) for a in inputs]
         source = fidelity.embedding_source(names_in, [(n, tuple(t.shape)) for n, t in expected[0]])
-        quantized = bool(int8 or held or quantize_to)
-        given, tolerance = tolerance, tolerance or _default_tolerance(quantized, source)
-        errors = _errors(names_out, expected, actual, tolerance)
-        embedding = _embedding(source, names_in, names_out, inputs, expected, actual, tolerance)
-        if given is None and tolerance is FP32 and not all(e.passed for e in errors):
+        quantized = bool(int8 or held or how.quantize_to)
+        tolerance = how.tolerance or default_tolerance(quantized, source)
+        errors = output_errors(names_out, wanted, actual, tolerance)
+        embedding = _embedding(source, names_in, names_out, inputs, wanted, actual, tolerance)
+        if how.tolerance is None and tolerance is FP32 and not all(e.passed for e in errors):
             say("measuring the model's own float32 rounding noise (a float64 copy)")
-            tolerance, note = _noise_aware(model, inputs, kwargs, expected)
+            found = [[t for _, t in e] for e in expected]
+            tolerance, note = noise_aware(model, inputs, kwargs, found, _flatten)
             notes += (note,)
-            errors = _errors(names_out, expected, actual, tolerance)
+            errors = output_errors(names_out, wanted, actual, tolerance)
         seconds["verify"] = time.perf_counter() - start
         files = sorted(p.name for p in bundle.staging.iterdir() if p.name.startswith("model."))
-        size = sum(bundle.path(f).stat().st_size for f in files)
-        spec_in = _specs(names_in, inputs, dynamic_batch, text)
-        spec_out = _specs(names_out, [[t for _, t in e] for e in expected], dynamic_batch, text)
         report = ExportReport(
-            str(out),
-            format,
-            MODEL_FILE[format],
-            size,
-            model_bytes(model),
-            "int8" if int8 else (",".join(held) or None),
-            spec_in,
-            spec_out,
-            errors,
-            len(inputs),
-            tolerance,
-            seconds,
-            notes,
-            embedding,
+            bundle=str(out),
+            format=how.format,
+            model_file=MODEL_FILE[how.format],
+            model_bytes=sum(bundle.path(f).stat().st_size for f in files),
+            eager_bytes=model_bytes(model),
+            quantized="int8" if int8 else (",".join(held) or None),
+            inputs=_specs(names_in, inputs, how.dynamic_batch, text),
+            outputs=_specs(names_out, [[t for _, t in e] for e in expected], how.dynamic_batch, text),
+            errors=errors,
+            samples=len(inputs),
+            tolerance=tolerance,
+            seconds=seconds,
+            notes=notes,
+            embedding=embedding,
         )
-        manifest = {
-            "model": {"file": MODEL_FILE[format], "files": files, "format": format, "bytes": size},
-            "quantized": report.quantized,
-            "inputs": [asdict(s) for s in spec_in],
-            "outputs": [asdict(s) for s in spec_out],
-            "tolerance": asdict(tolerance),
-            "verification": {
-                "passed": report.passed,
-                "samples": len(inputs),
-                "outputs": [asdict(e) for e in errors],
-                "embedding": asdict(embedding) if embedding else None,
-                "embedding_source": asdict(source) if source and embedding else None,
-            },
-            "created_by": _versions(format),
-        }
         if text:
-            manifest["text"] = text.manifest()
             text.copy_files(bundle.path)
         sample = {n: _numpy(t) for n, t in zip(names_in, inputs[0], strict=False)}
-        requirements = _requirements(format, text is not None)
-        if text and format == "onnx":
-            manifest["pip_options"] = NO_DEPS  # the requirements are the whole runtime, pinned
-        bundle.commit(manifest, requirements, sample, {n: _numpy(t) for n, t in expected[0]})
+        manifest = _manifest(report, files, source, text)
+        bundle.commit(manifest, requirements(how.format, text is not None), sample, wanted[0])
     return report
 
 
-def _default_tolerance(quantized: bool, source: fidelity.EmbeddingSource | None) -> Tolerance:
-    """:data:`FP32`; quantized, :data:`INT8_TEXT` for a model with a sentence embedding, else :data:`INT8`."""
-    if not quantized:
-        return FP32
-    return INT8_TEXT if source is not None else INT8
+def _manifest(
+    report: ExportReport,
+    files: list[str],
+    source: fidelity.EmbeddingSource | None,
+    text: text_bundle.TextInputs | None,
+) -> dict[str, Any]:
+    """The bundle's ``manifest.json``: what the model is, its inputs and outputs, how it was verified."""
+    embedding = report.embedding
+    manifest: dict[str, Any] = {
+        "model": {
+            "file": report.model_file,
+            "files": files,
+            "format": report.format,
+            "bytes": report.model_bytes,
+        },
+        "quantized": report.quantized,
+        "inputs": [asdict(s) for s in report.inputs],
+        "outputs": [asdict(s) for s in report.outputs],
+        "tolerance": asdict(report.tolerance),
+        "verification": {
+            "passed": report.passed,
+            "samples": report.samples,
+            "outputs": [asdict(e) for e in report.errors],
+            "embedding": asdict(embedding) if embedding else None,
+            "embedding_source": asdict(source) if source and embedding else None,
+        },
+        "created_by": versions(report.format),
+    }
+    if text:
+        manifest["text"] = text.manifest()
+        if report.format == "onnx":
+            manifest["pip_options"] = NO_DEPS  # the requirements are the whole runtime, pinned
+    return manifest
 
 
 def _embedding(
@@ -263,8 +285,8 @@ def _embedding(
     names_in: Sequence[str],
     names_out: Sequence[str],
     inputs: list[tuple],
-    expected: list,
-    actual: list,
+    expected: list[dict[str, np.ndarray]],
+    actual: list[list[np.ndarray]],
     tolerance: Tolerance,
 ) -> fidelity.EmbeddingAgreement | None:
     """The sentence embeddings' agreement over every sample, for a text model (None for any other)."""
@@ -273,34 +295,9 @@ def _embedding(
     return fidelity.embedding_agreement(
         source,
         [{n: _numpy(t) for n, t in zip(names_in, a, strict=False)} for a in inputs],
-        [{n: _numpy(t) for n, t in want} for want in expected],
+        expected,
         [dict(zip(names_out, got, strict=False)) for got in actual],
         tolerance.min_cosine or fidelity.MIN_COSINE,
-    )
-
-
-def _noise_aware(
-    model: nn.Module, inputs: list[tuple], kwargs: dict[str, Any], expected: list
-) -> tuple[Tolerance, str]:
-    """:data:`FP32` widened to the model's own rounding noise, and a note saying what was measured."""
-    noise = rounding_noise(
-        model, inputs, [[t for _, t in e] for e in expected], lambda m, a: m(*a, **kwargs), _flatten
-    )
-    if noise is None:
-        return FP32, "the model cannot run in float64, so the fp32 tolerance is the default 1e-4"
-    if NOISE_FACTOR * noise <= FP32.atol:
-        return FP32, f"eager fp32 is within {noise:.2g} of fp64: the default fp32 tolerance stands"
-    atol = NOISE_FACTOR * noise
-    return (
-        Tolerance(
-            atol,
-            FP32.rtol,
-            f"fp32, noise-aware: within {atol:.3g} (+1e-5 of the output's largest magnitude) of eager: "
-            f"{NOISE_FACTOR:g} x the model's own rounding noise, max|eager fp32 - eager fp64| = "
-            f"{noise:.3g}, which exceeds the default 1e-4",
-        ),
-        f"eager fp32 is itself {noise:.2g} from fp64 on this model, so verification allows "
-        f"{NOISE_FACTOR:g} x that ({atol:.2g}) instead of 1e-4",
     )
 
 
@@ -336,7 +333,7 @@ def _prepared(model: nn.Module, format: str, quantize_to: str | None, held: list
         dequantize(target)
         return target
     if format == "pt2" and quantize_to == "int8":
-        return quantize(copy.deepcopy(model), "int8-weight", progress=False)
+        return quantize(copy.deepcopy(model), "int8-weight").model
     return model
 
 
@@ -445,28 +442,6 @@ def _key(entry: Any) -> str:
     return str(entry)
 
 
-def _errors(names: list[str], expected: list, actual: list, tolerance: Tolerance) -> tuple[OutputError, ...]:
-    """Each output's worst agreement over the samples."""
-    found = []
-    for want, got in zip(expected, actual, strict=False):
-        if len(got) != len(want):
-            raise SlimtorchError(f"the exported model gives {len(got)} output(s), eager PyTorch {len(want)}")
-        found.append(
-            runner.compare_outputs({n: _numpy(t) for n, t in want}, dict(zip(names, got, strict=False)))
-        )
-    limits = asdict(tolerance)
-    return tuple(
-        OutputError(
-            name,
-            max(f[name]["max_abs"] for f in found),
-            max(f[name]["max_rel"] for f in found),
-            max(f[name]["scale"] for f in found),
-            all(runner.passes(f[name], limits) for f in found),
-        )
-        for name in names
-    )
-
-
 def _specs(
     names: Sequence[str], samples: list, dynamic_batch: bool, text: text_bundle.TextInputs | None
 ) -> tuple[TensorSpec, ...]:
@@ -490,60 +465,3 @@ def _spec(name: str, tensor: torch.Tensor, dynamic_batch: bool) -> TensorSpec:
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().cpu().numpy()
-
-
-def _requirements(format: str, text: bool = False) -> list[str]:
-    """The runtime, pinned to the versions the check ran on; ``tokenizers`` for a text bundle.
-
-    A text bundle lists its whole runtime, every dependency pinned, to be installed with ``--no-deps``
-    (:data:`NO_DEPS`): ``tokenizers`` declares ``huggingface_hub``, which the runner never imports and which
-    would bring about 21 MiB (hf-xet, httpx, PyYAML ...) into every deployment.
-    """
-    from importlib.metadata import version
-
-    if format == "onnx" and text:
-        return [f"{name}=={version(name)}" for name in _closure(("onnxruntime", "numpy", "tokenizers"))]
-    tokenizers = [f"tokenizers=={version('tokenizers')}"] if text else []
-    if format == "onnx":
-        return [f"onnxruntime=={version('onnxruntime')}", "numpy>=1.24", *tokenizers]
-    return [f"torch=={torch.__version__.split('+')[0]}", "numpy>=1.24", *tokenizers]
-
-
-# Declared dependencies a bundle's runner never imports: left out of a text bundle's pinned runtime.
-UNUSED_DEPENDENCIES = {"tokenizers": {"huggingface-hub"}}
-NO_DEPS = ["--no-deps"]
-
-
-def _closure(roots: tuple[str, ...]) -> list[str]:
-    """``roots`` and every package they need here (markers evaluated for this interpreter), less
-    :data:`UNUSED_DEPENDENCIES`; sorted, by distribution name."""
-    from importlib.metadata import requires
-
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
-    found: set[str] = set()
-    todo = [canonicalize_name(r) for r in roots]
-    while todo:
-        name = todo.pop()
-        if name in found:
-            continue
-        found.add(name)
-        skip = UNUSED_DEPENDENCIES.get(name, set())
-        for line in requires(name) or []:
-            needed = Requirement(line)
-            if needed.marker is not None and not needed.marker.evaluate({"extra": ""}):
-                continue
-            if canonicalize_name(needed.name) not in skip:
-                todo.append(canonicalize_name(needed.name))
-    return sorted(found)
-
-
-def _versions(format: str) -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {"torch": torch.__version__}
-    for package in ("onnx", "onnxscript", "onnxruntime") if format == "onnx" else ():
-        with contextlib.suppress(PackageNotFoundError):
-            found[package] = version(package)
-    return found

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from slimtorch.deploy.bundle import read_manifest
 from slimtorch.deploy.venv import (
@@ -41,6 +41,7 @@ from slimtorch.deploy.venv import weigh as weigh_venv
 from slimtorch.errors import CheckpointNotFoundError, FormatError, SlimtorchError
 from slimtorch.format.progress import Progress, announcer
 from slimtorch.format.untrusted import load_json
+from slimtorch.format.verbs import Report, resolve
 
 # Installers, not runtime: every fresh venv has them and a deployment image need not keep them.
 BUILD_TOOLS = frozenset({"pip", "setuptools", "wheel"})
@@ -67,6 +68,8 @@ class PackageBytes:
 class Baseline:
     """torch's footprint: ``requirement`` alone in a clean venv; ``cached``: read back, not measured now."""
 
+    DERIVED: ClassVar[dict[str, dict[str, Any]]] = {"bytecode_bytes": {"type": "integer"}}
+
     requirement: str
     packages: Packages
     runtime_bytes: int
@@ -88,12 +91,40 @@ class Baseline:
 
 
 @dataclass(frozen=True)
-class FootprintReport:
+class FootprintOptions:
+    """How :func:`footprint` measures a bundle; every field has the CLI's default.
+
+    Example:
+        >>> FootprintOptions(baseline=False).compile_bytecode
+        False
+    """
+
+    baseline: bool = True
+    """Measure torch's footprint beside the bundle's (from the cache when it is there)."""
+    refresh_baseline: bool = False
+    """Measure torch's footprint again, not from the cache (a minute and about 860 MB)."""
+    python: str | None = None
+    """The interpreter that makes the venvs; None: this one."""
+    keep: str | Path | None = None
+    """A new or empty folder to make the bundle's venv in and leave there; None: a temporary one."""
+    compile_bytecode: bool = False
+    """Install as plain ``pip install`` does, every module compiled to bytecode, not ``--no-compile``."""
+
+
+@dataclass(frozen=True)
+class FootprintReport(Report):
     """A bundle's runtime on disk, its model, whether its sample ran, and torch's footprint to compare.
 
     ``packages`` (largest first) add up to ``runtime_bytes``; ``excluded``: pip, setuptools and wheel.
     ``site_packages_bytes`` is all of site-packages, a cross-check; ``install_seconds``: venv and pip.
     """
+
+    SCHEMA: ClassVar[str] = "slimtorch.footprint/1"
+    DERIVED: ClassVar[dict[str, dict[str, Any]]] = {
+        "total_bytes": {"type": "integer"},
+        "bytecode_bytes": {"type": "integer"},
+        "ratio": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+    }
 
     bundle: str
     packages: Packages
@@ -123,27 +154,14 @@ class FootprintReport:
         torch = self.baseline.runtime_bytes if self.baseline else 0
         return self.runtime_bytes / torch if torch else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **asdict(self),
-            "packages": [p.to_dict() for p in self.packages],
-            "excluded": [p.to_dict() for p in self.excluded],
-            "baseline": None if self.baseline is None else self.baseline.to_dict(),
-            "total_bytes": self.total_bytes,
-            "bytecode_bytes": self.bytecode_bytes,
-            "ratio": self.ratio,
-        }
-
 
 def footprint(
     bundle: str | Path,
+    /,
+    options: FootprintOptions | None = None,
     *,
-    baseline: bool = True,
-    refresh_baseline: bool = False,
-    python: str | None = None,
-    keep: str | Path | None = None,
-    compile_bytecode: bool = False,
     progress: Progress | None = None,
+    **overrides: Any,
 ) -> FootprintReport:
     """Install the bundle's requirements alone in a fresh venv, run its sample check, weigh the install.
 
@@ -153,26 +171,28 @@ def footprint(
     bytecode Python wrote for them. ``compile_bytecode`` installs as plain ``pip install`` does, every
     module compiled (about 12% more for numpy and onnxruntime).
 
-    ``python`` makes the venv (default: this one); ``keep``, a new or empty folder, keeps it. A failing
-    sample is reported (``sample_ok`` False), not raised; what pip cannot install raises
-    :class:`SlimtorchError`. ``progress`` is told each stage as it starts (:mod:`slimtorch.format.progress`).
+    ``options`` (:class:`FootprintOptions`, or single fields as keywords: ``baseline=False``,
+    ``keep="venv"`` ...) say how. A failing sample is reported (``sample_ok`` False), not raised; what pip
+    cannot install raises :class:`SlimtorchError`. ``progress`` is told each stage as it starts
+    (:mod:`slimtorch.format.progress`).
 
     Example:
         >>> report = footprint("resnet-bundle", baseline=False)  # doctest: +SKIP
         >>> [(p.name, p.bytes) for p in report.packages][:2]  # doctest: +SKIP
         [('onnxruntime', 52340123), ('numpy', 38012345)]
     """
+    how = resolve(FootprintOptions, options, overrides, "footprint")
     folder = _bundle_folder(bundle)
     model_bytes = sum(path.stat().st_size for path in _model_files(folder))
     say = announcer(progress)
-    python = python or sys.executable
-    with venv_folder(keep) as venv:
+    python = how.python or sys.executable
+    with venv_folder(how.keep) as venv:
         started = time.perf_counter()
         say("creating a virtual environment")
         venv_python = create_venv(python, Path(venv))
         say("installing requirements.txt")
-        options = [*([] if compile_bytecode else ["--no-compile"]), *_pip_options(folder)]
-        pip_install(venv_python, [*options, "-r", "requirements.txt"], cwd=folder, what=str(folder))
+        flags = [*([] if how.compile_bytecode else ["--no-compile"]), *_pip_options(folder)]
+        pip_install(venv_python, [*flags, "-r", "requirements.txt"], cwd=folder, what=str(folder))
         install_seconds = time.perf_counter() - started
         say("running the sample")
         sample_ok, sample_output, sample_error = _run_sample(venv_python, folder)
@@ -180,9 +200,12 @@ def footprint(
         packages, site_packages_bytes = _weigh(venv_python)
     runtime, excluded = _split_build_tools(packages)
     torch = None
-    if baseline:
+    if how.baseline:
         torch = torch_baseline(
-            refresh=refresh_baseline, python=python, compile_bytecode=compile_bytecode, progress=progress
+            refresh=how.refresh_baseline,
+            python=python,
+            compile_bytecode=how.compile_bytecode,
+            progress=progress,
         )
     return FootprintReport(
         bundle=str(folder),

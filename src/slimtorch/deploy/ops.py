@@ -25,13 +25,14 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 from torch.autograd.profiler import profile
 
 from slimtorch.errors import SlimtorchError
+from slimtorch.format.verbs import Report, resolve
 from slimtorch.graph.capture import as_args, capture
 
 # Kineto writes "USDT:2026-01-01 10:00:00 123:123 File.cpp:52] profiler_start" on stderr at each start/stop.
@@ -56,8 +57,28 @@ class Operator:
 
 
 @dataclass(frozen=True)
-class OperatorList:
+class OperatorOptions:
+    """How :func:`operators` runs the model to record what it needs.
+
+    Example:
+        >>> OperatorOptions(training=True).training
+        True
+    """
+
+    training: bool = False
+    """Run in train mode with a backward pass too, so the list holds what on-device training needs."""
+
+
+@dataclass(frozen=True)
+class OperatorList(Report):
     """The operators a model uses, roots first; ``to_yaml`` gives the file selective build reads."""
+
+    SCHEMA: ClassVar[str] = "slimtorch.operators/1"
+    DERIVED: ClassVar[dict[str, dict[str, Any]]] = {
+        "total": {"type": "integer"},
+        "roots": {"type": "integer"},
+        "torch": {"type": "string"},
+    }
 
     operators: tuple[Operator, ...]
     notes: tuple[str, ...] = ()
@@ -66,18 +87,19 @@ class OperatorList:
     """recorded with a backward pass too: the build is for training on device"""
 
     @property
+    def total(self) -> int:
+        """How many operators the build keeps."""
+        return len(self.operators)
+
+    @property
     def roots(self) -> int:
+        """Of :attr:`total`, those the model's forward calls itself."""
         return sum(op.root for op in self.operators)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "operators": [op.to_dict() for op in self.operators],
-            "total": len(self.operators),
-            "roots": self.roots,
-            "training": self.training,
-            "torch": torch.__version__,
-            "notes": list(self.notes),
-        }
+    @property
+    def torch(self) -> str:
+        """The torch the operators were recorded with (names and overloads change between versions)."""
+        return torch.__version__
 
     def to_yaml(self, model_name: str) -> str:
         """The model operator list for ``SELECTED_OP_LIST``, with a comment that says how to use it.
@@ -87,7 +109,7 @@ class OperatorList:
             >>> '"aten::addmm":' in text, "include_all_operators: false" in text
             (True, True)
         """
-        name, total = " ".join(model_name.split()), len(self.operators)
+        name, total = " ".join(model_name.split()), self.total
         header = [
             f"# The operators {name} uses, as the operator list of PyTorch's selective build.",
             f"# Written by slimtorch with torch {torch.__version__}: {total} operators, {self.roots} called",
@@ -116,18 +138,24 @@ class OperatorList:
 
 
 def operators(
-    model: nn.Module, example_inputs: Sequence[Any] | Any, *, training: bool = False
+    model: nn.Module,
+    example_inputs: Sequence[Any] | Any,
+    /,
+    options: OperatorOptions | None = None,
+    **overrides: Any,
 ) -> OperatorList:
     """The operators ``model(*example_inputs)`` needs: those its forward calls and those called inside them.
 
-    The model runs in eval mode under ``torch.no_grad()``, or with ``training=True`` in train mode with a
-    backward pass (so backward operators are listed too); it is left as it was: modes, buffers, gradients.
+    The model runs in eval mode under ``torch.no_grad()``, or with ``training=True`` (an
+    :class:`OperatorOptions` field) in train mode with a backward pass (so backward operators are listed
+    too); it is left as it was: modes, buffers, gradients.
 
     Example:
         >>> ops = operators(nn.Linear(4, 2), torch.randn(1, 4))
         >>> [(op.name, op.root) for op in ops.operators if op.name in ("aten::linear", "aten::addmm")]
         [('aten::linear', True), ('aten::addmm', False)]
     """
+    training = resolve(OperatorOptions, options, overrides, "operators").training
     args = as_args(example_inputs)
     with _left_as_it_was(model, training):
         calls, with_overloads = _dispatched(model, args, training)

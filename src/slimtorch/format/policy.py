@@ -1,5 +1,8 @@
 """Which codec chain each tensor gets: the rules ``slimtorch.save`` and ``slimtorch shrink`` share.
 
+:class:`ShrinkOptions` holds the user's choices; :class:`TensorPolicy` is what the codec functions follow:
+those choices plus what a run derives (``unquantized``, ``stored_as``, the layout written, ``hf_weights``).
+
 - Integers, booleans and anything matched by ``skip`` stay exact (sparse where that is smaller). A
   ``skip`` pattern that matches no tensor is an error (:func:`check_patterns`): a typo would otherwise
   quantize what it meant to keep.
@@ -27,7 +30,7 @@ import fnmatch
 import math
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -53,26 +56,24 @@ _CASTS = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat1
 
 
 @dataclass(frozen=True)
-class ShrinkOptions:
-    """What to do to each tensor; the defaults are lossless (drop nothing, convert nothing)."""
+class CodecChoices:
+    """The choices every tensor's codec follows, checked once: what :class:`ShrinkOptions` (the user's) and
+    :class:`TensorPolicy` (a run's) share."""
 
     dtype: torch.dtype | None = None
+    """Convert floating-point tensors: ``"fp16"``, ``"bf16"`` (or the torch dtype); None keeps them."""
     quantize: str | None = None
+    """Quantize weights: ``"int8"`` (per output channel) or ``"int4"`` (in groups); None keeps them."""
     group_size: int = SHRINK_INT4_GROUP_SIZE
+    """Values per int4 group."""
     sparse: str = "auto"
+    """``"auto"``: store zeros as bitmask + non-zeros where that is smaller; ``"off"``: always dense."""
     entropy: bool = False
+    """Add zstandard over the stored parts where it saves at least 5% (slower load)."""
     quantize_embeddings: bool = True
-    skip: Sequence[str] = field(default_factory=tuple)
-    quantize_all: bool = False
-    """Quantize every weight, even those whose error would dominate (see ``unquantized``)."""
-    unquantized: Collection[str] = field(default_factory=frozenset)
-    """Exact tensor names left unquantized (still converted by ``dtype``)."""
-    stored_as: Mapping[str, str] = field(default_factory=dict)
-    """Exact tensor names stored as ``"int8"`` or ``"float16"`` instead of ``quantize``."""
-    layout: str = "slim"
-    """``"hf"``: parts transformers reads as they are (see the module docstring); ``"slim"``: any codec."""
-    hf_weights: Collection[str] = field(default_factory=frozenset)
-    """Under ``layout="hf"``, the weights compressed-tensors can hold quantized."""
+    """Quantize embeddings per row like any weight; False keeps their precision."""
+    skip: Sequence[str] = ()
+    """Glob patterns of tensor names kept exact (no conversion, no quantization); each must match."""
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str):
@@ -84,14 +85,90 @@ class ShrinkOptions:
         if self.sparse not in ("auto", "off"):
             raise OptionError(f"sparse must be auto or off, not {self.sparse!r}")
         check_group_size(self.group_size)
-        object.__setattr__(self, "skip", tuple(self.skip))
-        object.__setattr__(self, "unquantized", frozenset(self.unquantized))
-        if any(kind not in ("int8", "float16") for kind in self.stored_as.values()):
-            raise OptionError(f"stored_as takes int8 or float16, not {sorted(set(self.stored_as.values()))}")
-        object.__setattr__(self, "stored_as", dict(self.stored_as))
-        if self.layout not in ("hf", "slim"):
+        _as_tuple(self, "skip")
+
+
+@dataclass(frozen=True)
+class ShrinkOptions(CodecChoices):
+    """How :func:`slimtorch.shrink`, :func:`slimtorch.save`, :func:`slimtorch.save_model` and
+    :func:`slimtorch.save_pretrained` store tensors, and how ``shrink`` reads its checkpoint: the user's
+    choices, what a recipe records. The defaults are lossless (drop nothing, convert nothing).
+
+    Example:
+        >>> ShrinkOptions(quantize="int8", skip=["lm_head.*"]).skip
+        ('lm_head.*',)
+    """
+
+    quantize_all: bool = False
+    """Quantize every weight, even the few whose error would dominate (stored at a higher precision by
+    default, see :mod:`slimtorch.format.sensitive`)."""
+    layout: str | None = None
+    """A folder output's layout: ``"hf"`` (``from_pretrained`` reads it), ``"slim"`` (any codec); None:
+    ``hf`` where a ``config.json`` goes with the weights, else ``slim`` (see
+    :mod:`slimtorch.format.hf_layout`)."""
+    shard_bytes: int | None = None
+    """Largest shard of a folder output (None: 2 GB; a ``.safetensors`` output is one file)."""
+    keep_optimizer: bool = False
+    """``shrink`` only: keep optimizer and training state (dropped by default)."""
+    keep_names: bool = False
+    """``shrink`` only: keep a training wrapper prefix such as ``model.`` (removed by default)."""
+    keep_objects: bool = True
+    """``shrink`` only: keep the checkpoint's non-tensor values that are plain data (a config, an epoch)
+    as JSON; False drops them all."""
+    allow_globals: Sequence[str] = ()
+    """``shrink`` only: extra globals trusted in pickles, as for :func:`slimtorch.open`."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.layout not in (None, "hf", "slim"):
             raise OptionError(f"layout must be hf or slim, not {self.layout!r}")
-        object.__setattr__(self, "hf_weights", frozenset(self.hf_weights))
+        if self.shard_bytes is not None and (isinstance(self.shard_bytes, bool) or self.shard_bytes < 1):
+            raise OptionError(f"shard_bytes must be a positive number of bytes, not {self.shard_bytes!r}")
+        _as_tuple(self, "allow_globals")
+
+    def reading_given(self) -> str | None:
+        """The first of shrink's reading choices set to other than its default (None: none is): the
+        save verbs take a state dict or a model, so they have nothing to read and refuse them."""
+        return next((name for name, default in READING.items() if getattr(self, name) != default), None)
+
+
+def _as_tuple(options: CodecChoices, name: str) -> None:
+    """A sequence option held as a tuple (frozen options hash and compare); one string is refused, for it
+    would be read as its characters."""
+    value = getattr(options, name)
+    if isinstance(value, str):
+        raise OptionError(f"{name} takes a list, not the string {value!r}")
+    object.__setattr__(options, name, tuple(value))
+
+
+READING: dict[str, object] = {
+    "keep_optimizer": False,
+    "keep_names": False,
+    "keep_objects": True,
+    "allow_globals": (),
+}
+"""Shrink's choices about reading a checkpoint, with their defaults."""
+
+
+@dataclass(frozen=True)
+class TensorPolicy(CodecChoices):
+    """What the codec functions below follow: the codec choices of a :class:`ShrinkOptions`, plus what a
+    run derives from the model and its weights (never a user's choice, so never in a recipe)."""
+
+    unquantized: frozenset[str] = frozenset()
+    """Exact tensor names left unquantized (still converted by ``dtype``)."""
+    stored_as: Mapping[str, str] = field(default_factory=dict)
+    """Exact tensor names stored as ``"int8"`` or ``"float16"`` instead of ``quantize``: the weights
+    quantizing would hurt most, chosen per run."""
+    layout: str = "slim"
+    """The layout being written: ``"hf"`` (parts transformers reads as they are) or ``"slim"``."""
+    hf_weights: frozenset[str] = frozenset()
+    """Under ``layout="hf"``, the weights compressed-tensors can hold quantized."""
+
+    @classmethod
+    def of(cls, options: ShrinkOptions) -> TensorPolicy:
+        """The policy of ``options``' codec choices, before a run adds what it derives."""
+        return cls(**{f.name: getattr(options, f.name) for f in fields(CodecChoices)})
 
     @property
     def lossless(self) -> bool:
@@ -137,21 +214,21 @@ def weight_like(category: str, dtype: torch.dtype, shape: Sequence[int]) -> bool
     )
 
 
-def quantizable(name: str, x: torch.Tensor, category: str, options: ShrinkOptions) -> bool:
+def quantizable(name: str, x: torch.Tensor, category: str, policy: TensorPolicy) -> bool:
     return (
-        options.quantize is not None
+        policy.quantize is not None
         and weight_like(category, x.dtype, tuple(x.shape))
-        and not options.skipped(name)
-        and name not in options.unquantized
-        and (options.quantize_embeddings or not EMBEDDING.search(name))
-        and (options.layout != "hf" or name in options.hf_weights)
+        and not policy.skipped(name)
+        and name not in policy.unquantized
+        and (policy.quantize_embeddings or not EMBEDDING.search(name))
+        and (policy.layout != "hf" or name in policy.hf_weights)
     )
 
 
-def convert(name: str, x: torch.Tensor, options: ShrinkOptions) -> torch.Tensor:
+def convert(name: str, x: torch.Tensor, policy: TensorPolicy) -> torch.Tensor:
     """The tensor in the dtype it will load as (``dtype`` applies to floats wider than it, not skipped)."""
-    target = options.dtype
-    if target is None or not x.dtype.is_floating_point or options.skipped(name):
+    target = policy.dtype
+    if target is None or not x.dtype.is_floating_point or policy.skipped(name):
         return x
     if x.dtype.itemsize <= target.itemsize or x.dtype not in (torch.float32, torch.float64, torch.float16):
         return x
@@ -161,37 +238,37 @@ def convert(name: str, x: torch.Tensor, options: ShrinkOptions) -> torch.Tensor:
     return converted
 
 
-def encode_tensor(name: str, x: torch.Tensor, category: str, options: ShrinkOptions) -> Encoded:
+def encode_tensor(name: str, x: torch.Tensor, category: str, policy: TensorPolicy) -> Encoded:
     """Encode one tensor (already converted by :func:`convert`) by the rules above."""
     x = x.detach().contiguous()
     if x.dtype not in _STORABLE:
         return encode(x, ["bytes"])
-    sparse = options.sparse == "auto" and options.layout != "hf"
+    sparse = policy.sparse == "auto" and policy.layout != "hf"
     encoded = None
-    if quantizable(name, x, category, options):
+    if quantizable(name, x, category, policy):
         try:
-            encoded = _quantized(x, options.stored_as.get(name, options.quantize), options, sparse)
+            encoded = _quantized(x, policy.stored_as.get(name, policy.quantize), policy, sparse)
         except CodecError:
             encoded = None  # inf or nan in the weight: a scale cannot hold them, store it exactly
     if encoded is None:
         encoded = Encoded({"": x}, [])
         if sparse and _sparse_pays(x.numel(), count_zeros(x), x.element_size()):
             encoded = extend(encoded, "sparse")
-    if options.entropy:
+    if policy.entropy:
         encoded = extend(encoded, "zstd")
     return encoded
 
 
-def _quantized(x: torch.Tensor, kind: str, options: ShrinkOptions, sparse: bool) -> Encoded | None:
+def _quantized(x: torch.Tensor, kind: str, policy: TensorPolicy, sparse: bool) -> Encoded | None:
     if kind == "float16":
         # Cast back to the weight's dtype on load; a weight already 16-bit stays as it is.
         return encode(x, [("cast", {"to": "float16"})]) if x.dtype.itemsize > 2 else None
-    if kind == "int8" and options.layout == "hf" and options.quantize == "int4":
+    if kind == "int8" and policy.layout == "hf" and policy.quantize == "int4":
         return None  # one compressed-tensors format a folder: int8 codes beside int4 ones would go dense
     if kind == "int8":
         return _sparse_codes(encode(x, ["int8"]), sparse)
-    group = options.group_size
-    if options.layout == "hf":  # compressed-tensors' int4: symmetric, whole groups along rows, or float
+    group = policy.group_size
+    if policy.layout == "hf":  # compressed-tensors' int4: symmetric, whole groups along rows, or float
         fits = int4_fits(tuple(x.shape), group)
         return encode(x, [("int4", {"group_size": group, "symmetric": True})]) if fits else None
     zeros = count_zeros(x) if sparse else 0
@@ -208,10 +285,10 @@ def _sparse_codes(encoded: Encoded, sparse: bool) -> Encoded:
     return encoded
 
 
-def finish_coded(encoded: Encoded, options: ShrinkOptions) -> Encoded:
+def finish_coded(encoded: Encoded, policy: TensorPolicy) -> Encoded:
     """A tensor that arrives encoded (a quantized layer's parts): sparse int8 codes and zstd, as asked."""
-    encoded = _sparse_codes(encoded, options.sparse == "auto" and options.layout != "hf")
-    return extend(encoded, "zstd") if options.entropy else encoded
+    encoded = _sparse_codes(encoded, policy.sparse == "auto" and policy.layout != "hf")
+    return extend(encoded, "zstd") if policy.entropy else encoded
 
 
 # -- sizes: what the codecs above store, shared with inspect's "what you could save" -----------------------

@@ -249,6 +249,20 @@ class TensorSource:
         self.info(name)
         return "raw"
 
+    def stages(self, name: str) -> list[dict[str, Any]]:
+        """The codec stages tensor ``name`` went through, first first, as the file records them (``[]``:
+        stored as is, as plain formats store every tensor)."""
+        self.info(name)
+        return []
+
+    def part(self, name: str, role: str) -> torch.Tensor:
+        """Part ``role`` of tensor ``name`` as the first codec stage made it (a quantized layer's codes or
+        scales), never decoded further; a plain format's tensor is its one part, role ``""``."""
+        parts = self.parts(name)
+        if role not in parts:
+            raise KeyError(f"{self.path}: tensor {name!r} has no part {role!r}")
+        return parts[role]
+
     def parts(self, name: str) -> dict[str, torch.Tensor]:
         """The stored parts of tensor ``name`` by role, mapped from the file (and verified where the format
         has checksums); a plain format's tensor is its one part, role ``""``."""

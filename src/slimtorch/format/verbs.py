@@ -1,4 +1,4 @@
-"""The one shape every public verb has: ``verb(model_or_path, options=None, /, **overrides) -> Report``.
+"""The one shape every public verb has: ``verb(model_or_path, /, options=None, **overrides) -> Report``.
 
 - ``options`` is the step's frozen options dataclass (``QuantizeOptions``, ``LoadOptions`` ...), or None
   for its defaults; keyword ``overrides`` replace single fields (``quantize(model, scheme="int4-weight")``).

@@ -3,5 +3,6 @@
 (:mod:`~slimtorch.inspection.measure`)."""
 
 from slimtorch.inspection.breakdown import InspectReport, inspect
+from slimtorch.inspection.options import InspectOptions
 
-__all__ = ["InspectReport", "inspect"]
+__all__ = ["InspectOptions", "InspectReport", "inspect"]

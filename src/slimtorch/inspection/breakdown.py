@@ -12,14 +12,17 @@ import os
 import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from slimtorch.errors import OptionError
 from slimtorch.format.progress import Progress, task
 from slimtorch.format.scan import count_masked_zeros, count_zeros, find_duplicates
 from slimtorch.format.source import ObjectInfo, TensorInfo, TensorSource, dtype_name
+from slimtorch.format.verbs import Report, resolve
 from slimtorch.inspection.estimates import Saving, TensorCost, estimate_savings
+from slimtorch.inspection.options import InspectOptions
 from slimtorch.sources import open_checkpoint
 
 SCHEMA = "slimtorch.inspect/1"
@@ -87,9 +90,15 @@ class PrefixNode:
         return asdict(self)
 
 
+_COUNTS = {"type": "object", "properties": {"tensors": {"type": "integer"}, "bytes": {"type": "integer"}}}
+_BY_NAME = {"type": "object", "additionalProperties": _COUNTS}
+
+
 @dataclass(frozen=True)
-class InspectReport:
+class InspectReport(Report):
     """The result of :func:`inspect`; ``to_dict()`` is the stable ``--json`` schema (docs/inspect-json.md)."""
+
+    SCHEMA: ClassVar[str] = SCHEMA
 
     path: str
     format: str
@@ -112,55 +121,62 @@ class InspectReport:
         return next((b.bytes for b in self.categories if b.name == name), 0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "path": self.path,
-            "format": self.format,
-            "file_bytes": self.file_bytes,
-            "tensor_bytes": self.tensor_bytes,
-            "stored_bytes": self.stored_bytes,
-            "categories": {b.name: {"tensors": b.tensors, "bytes": b.bytes} for b in self.categories},
-            "tied": {"tensors": self.tied.tensors, "bytes": self.tied.bytes},
-            "by_dtype": {b.name: {"tensors": b.tensors, "bytes": b.bytes} for b in self.by_dtype},
-            "tree": [n.to_dict() for n in self.tree],
-            "largest": [t.to_dict() for t in self.largest],
-            "tensors": [t.to_dict() for t in self.tensors],
-            "objects": [o.to_dict() for o in self.objects],
-            "savings": {"estimates": False, "actions": [s.to_dict() for s in self.savings]},
-            "scanned": self.scanned,
-            "notes": list(self.notes),
-        }
+        """The fields, with buckets by name and the savings under ``actions`` (the JSON's shape since 1)."""
+        values = super().to_dict()
+        for name in ("categories", "by_dtype"):
+            values[name] = {b.name: {"tensors": b.tensors, "bytes": b.bytes} for b in getattr(self, name)}
+        values["tied"] = {"tensors": self.tied.tensors, "bytes": self.tied.bytes}
+        values["savings"] = {"estimates": False, "actions": values["savings"]}
+        return values
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        schema = super().json_schema()
+        actions = schema["properties"]["savings"]
+        schema["properties"].update(
+            categories=_BY_NAME,
+            by_dtype=_BY_NAME,
+            tied=_COUNTS,
+            savings={
+                "type": "object",
+                "properties": {"estimates": {"type": "boolean"}, "actions": actions},
+            },
+        )
+        return schema
 
 
 def inspect(
     path_or_source: str | os.PathLike[str] | TensorSource,
+    /,
+    options: InspectOptions | None = None,
     *,
-    depth: int = 3,
-    top: int = 10,
-    scan: bool = True,
-    allow_globals: Iterable[str] = (),
     progress: Progress | None = None,
+    **overrides: Any,
 ) -> InspectReport:
     """Where a checkpoint's bytes go, and what each shrinking action would save.
 
     Args:
         path_or_source: a checkpoint path (any format :func:`slimtorch.open` reads) or an open source.
-        depth: depth of the module-prefix tree (``model.encoder.layer`` is depth 3).
-        top: how many of the largest tensors to list.
-        scan: read tensor data to count zeros and find duplicated storages (streamed, tensor by tensor).
-        allow_globals: extra globals trusted in pickles, as for :func:`slimtorch.open`.
+        options: what to show and read (:class:`~slimtorch.inspection.options.InspectOptions`: ``depth``,
+            ``top``, ``scan``, ``allow_globals``); ``overrides`` replace single fields.
         progress: told how many bytes the scan got through (:mod:`slimtorch.format.progress`).
 
     Example:
         >>> import slimtorch
-        >>> report = slimtorch.inspect("checkpoint.pt")  # doctest: +SKIP
+        >>> report = slimtorch.inspect("checkpoint.pt", depth=2)  # doctest: +SKIP
         >>> report.category("optimizer_state") / report.file_bytes  # doctest: +SKIP
         0.66
     """
+    options = resolve(InspectOptions, options, overrides, "inspect")
     if isinstance(path_or_source, TensorSource):
-        return _build(path_or_source, depth, top, scan, progress)
-    with open_checkpoint(path_or_source, allow_globals=allow_globals) as source:
-        return _build(source, depth, top, scan, progress)
+        if options.allow_globals:
+            raise OptionError(
+                "inspect: allow_globals applies when inspect opens a path; this source is open already "
+                "(give it to slimtorch.open)"
+            )
+        return _build(path_or_source, options, progress)
+    with open_checkpoint(path_or_source, allow_globals=options.allow_globals) as source:
+        return _build(source, options, progress)
 
 
 def classify(infos: list[TensorInfo], objects: list[ObjectInfo]) -> dict[str, str]:
@@ -209,9 +225,8 @@ def _under_optimizer_state(parts: list[str], roots: dict) -> bool:
     return False
 
 
-def _build(
-    source: TensorSource, depth: int, top: int, scan: bool, progress: Progress | None
-) -> InspectReport:
+def _build(source: TensorSource, options: InspectOptions, progress: Progress | None) -> InspectReport:
+    depth, top, scan = options.depth, options.top, options.scan
     infos = source.infos()
     categories = classify(infos, source.objects)
     stored, shares_with, unreferenced = _attribute_bytes(infos)

@@ -1,11 +1,15 @@
-"""Load: tensors and models out of any checkpoint (:func:`load`, :func:`load_model`), and the model a
-command works on (:func:`open_model`)."""
+"""Load: tensors and models out of any checkpoint (:func:`load`, :func:`load_model`, told how by
+:class:`LoadOptions`, telling back a :class:`LoadReport`), and the model a command works on
+(:func:`open_model`)."""
 
-from slimtorch.loading.loader import LoadProfile, load, load_model, load_model_profiled, load_profiled
+from slimtorch.loading.loader import load, load_model, load_model_profiled, load_profiled
 from slimtorch.loading.opening import ModelInput, open_meta_model, open_model
+from slimtorch.loading.options import LoadOptions, LoadProfile, LoadReport
 
 __all__ = [
+    "LoadOptions",
     "LoadProfile",
+    "LoadReport",
     "ModelInput",
     "load",
     "load_model",

@@ -22,21 +22,21 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from slimtorch.errors import FormatError, OptionError, SlimtorchError
+from slimtorch.errors import FormatError, OptionError, SlimtorchError, deprecated
 from slimtorch.format.delta import StructuralDelta, apply_delta
-from slimtorch.format.names import Rename, Skipped
 from slimtorch.format.progress import Progress
 from slimtorch.format.progress import task as progress_task
 from slimtorch.format.source import TensorSource
+from slimtorch.format.verbs import resolve
 from slimtorch.graph.slots import Slot, model_slots
 from slimtorch.loading.construct import build_model, intended_device
 from slimtorch.loading.model_slots import (
-    Matching,
     assign,
     file_slots,
     fills_in_place,
@@ -44,8 +44,19 @@ from slimtorch.loading.model_slots import (
     place_the_rest,
     target_dtype,
 )
+from slimtorch.loading.options import LoadOptions, LoadProfile, LoadReport
 from slimtorch.loading.staging import Stager
 from slimtorch.sources import open_checkpoint
+
+__all__ = [
+    "LoadOptions",
+    "LoadProfile",
+    "LoadReport",
+    "load",
+    "load_model",
+    "load_model_profiled",
+    "load_profiled",
+]
 
 DECODE_THREADS = min(4, os.cpu_count() or 1)
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
@@ -53,104 +64,44 @@ ModelOrFactory = nn.Module | Callable[[], nn.Module]
 
 def load(
     path: str | os.PathLike[str],
+    /,
+    options: LoadOptions | None = None,
     *,
-    verify: bool = True,
-    threads: int | None = None,
     progress: Progress | None = None,
-    allow_globals: tuple[str, ...] = (),
-) -> dict[str, torch.Tensor]:
-    """Load every tensor of a checkpoint (slim or any format :func:`slimtorch.open` reads) as a dict.
+    **overrides: Any,
+) -> LoadReport:
+    """Load every tensor of a checkpoint (slim or any format :func:`slimtorch.open` reads) as a dict: the
+    report's ``tensors``.
 
     Tensors stored as is come memory-mapped from the file (copy-on-write); coded ones are decoded on a
     thread pool. A slim file's parts are checked against their CRC-32 first (``verify=False`` skips
     that); a mismatch raises :class:`slimtorch.FormatError` naming the tensor. Tied tensors come back as
-    one tensor under several names, equal copies as separate tensors.
+    one tensor under several names, equal copies as separate tensors. ``device`` and ``dtype`` apply as
+    in :func:`load_model`; the options that match names to a model (``strict``, ``prefix``, ``rename``)
+    are refused, for there is no model.
 
     Example:
         >>> import slimtorch
-        >>> state = slimtorch.load("model.safetensors")  # doctest: +SKIP
+        >>> state = slimtorch.load("model.safetensors").tensors  # doctest: +SKIP
         >>> model.load_state_dict(state)  # doctest: +SKIP
     """
-    state, _ = load_profiled(
-        path, verify=verify, threads=threads, progress=progress, allow_globals=allow_globals
-    )
-    return state
-
-
-def load_profiled(
-    path: str | os.PathLike[str],
-    *,
-    verify: bool = True,
-    threads: int | None = None,
-    progress: Progress | None = None,
-    allow_globals: tuple[str, ...] = (),
-) -> tuple[dict[str, torch.Tensor], LoadProfile]:
-    """:func:`load`, plus a :class:`LoadProfile` of where the time went."""
+    options = resolve(LoadOptions, options, overrides, "load")
+    given = options.model_only_given()
+    if given is not None:
+        raise OptionError(
+            f"load: {given!r} matches a file's names to a model's, and load has no model: use "
+            "load_model (slimtorch load --model)"
+        )
     started = time.perf_counter()
-    source, profile = _open(path, None, verify, threads, allow_globals)
-    with source, ThreadPoolExecutor(profile.threads) as pool:
+    target = _device(options.device)
+    source, report = _open(path, target, options)
+    with source, ThreadPoolExecutor(report.threads) as pool:
         slots = file_slots(source)
-        _fill(source, slots, None, None, None, pool, {}, progress, profile)
-    profile.wall_s = time.perf_counter() - started
+        _fill(source, slots, target, options.dtype, stager_for(target), pool, {}, progress, report)
+    report.wall_s = time.perf_counter() - started
     by_name = {name: slot.tensor for slot in slots for name in slot.names}
-    return {name: by_name[name] for name in source.names()}, profile
-
-
-@dataclass
-class LoadProfile:
-    """Where the time of one :func:`load_model` went. Phase times are summed over the worker threads, so
-    they can add up to more than ``wall_s``; ``to_dict()`` is the ``--json`` output."""
-
-    path: str
-    format: str
-    device: str
-    threads: int
-    model: str | None = None
-    """The model's class (None: tensors loaded without a model)."""
-    tensors: int = 0
-    bytes: int = 0
-    """Bytes of the loaded tensors, as the model holds them."""
-    file_bytes: int = 0
-    zero_copy: int = 0
-    """Tensors that are the file's bytes themselves (memory-mapped, no copy)."""
-    decoded: int = 0
-    open_s: float = 0.0
-    """Parsing the file's structure (headers, index, pickle)."""
-    construct_s: float = 0.0
-    """Calling the model factory with parameters on the meta device."""
-    read_s: float = 0.0
-    """Mapping parts and verifying their checksums (which reads every stored byte)."""
-    decode_s: float = 0.0
-    copy_s: float = 0.0
-    """dtype conversion, copies into existing tensors, host-to-device transfer."""
-    assign_s: float = 0.0
-    """Putting the tensors into the model."""
-    wall_s: float = 0.0
-    by_codec: dict[str, int] = field(default_factory=dict)
-    prefix: str = ""
-    """The wrapper prefix the model's names were read under in the file (``model_state.``)."""
-    model_prefix: str = ""
-    """A prefix of the model's names that the file lacks (``bert.``: a base model saved alone)."""
-    ignored: list[Skipped] = field(default_factory=list)
-    """Names left out because the model declares it does without them, each with the reason."""
-    unmatched: list[str] = field(default_factory=list)
-    """File names under the prefix that the model lacks, left out (strict=False)."""
-    missing: list[str] = field(default_factory=list)
-    """Model names the file lacks, left at the model's own values (strict=False)."""
-    outside_prefix: list[str] = field(default_factory=list)
-    """File names outside the wrapper prefix (optimizer state, ...), not the model's."""
-    notes: list[str] = field(default_factory=list)
-    """What the load did differently from the fast path, and why."""
-
-    def record(self, matching: Matching) -> None:
-        """Keep what name matching decided."""
-        self.prefix, self.model_prefix = matching.prefix.file, matching.prefix.model
-        self.ignored, self.unmatched = matching.ignored, matching.unmatched
-        self.missing, self.outside_prefix = matching.missing, matching.outside
-        self.notes += matching.notes
-
-    def to_dict(self) -> dict:
-        return {"schema": "slimtorch.load-profile/1", **asdict(self)}
+    report.tensors = {name: by_name[name] for name in source.names()}
+    return report
 
 
 @dataclass
@@ -166,18 +117,14 @@ class _Fetched:
 def load_model(
     path: str | os.PathLike[str],
     model_or_factory: ModelOrFactory,
+    /,
+    options: LoadOptions | None = None,
     *,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
-    strict: bool = True,
-    verify: bool = True,
-    threads: int | None = None,
     progress: Progress | None = None,
-    allow_globals: tuple[str, ...] = (),
-    prefix: str | None = None,
-    rename: Rename = (),
-) -> nn.Module:
-    """Build a model and fill it from a checkpoint, fast and without holding the weights twice.
+    **overrides: Any,
+) -> LoadReport:
+    """Build a model and fill it from a checkpoint, fast and without holding the weights twice: the
+    report's ``model``, with where the time went (``slimtorch load --profile`` prints it).
 
     Args:
         path: any checkpoint :func:`slimtorch.open` reads (slim, safetensors, torch.save, Hugging Face
@@ -185,103 +132,95 @@ def load_model(
         model_or_factory: a callable returning the model (built with parameters on the meta device: no
             RAM, no random init), or a model. A model's real tensors are filled in place; its meta
             tensors are replaced.
-        device: where the tensors go ("cpu", "cuda", "cuda:1"); None: the CPU for meta tensors, and
-            where they already are for a built model.
-        dtype: floating-point tensors are converted to it; None: the dtype the model declares.
-        strict: refuse a file that lacks a tensor of the model or holds one the model does not have.
-            Parameters of a factory-built model must come from the file whatever ``strict`` says, and
-            a file that matches no name at all is refused either way. Names the model declares it
-            does without (its non-persistent buffers, Hugging Face's ``_keys_to_ignore_on_load_*``)
-            are left out and listed in the profile, never refused.
-        verify: check the CRC-32 of every part of a slim file (a mismatch names the tensor).
-        threads: decode threads (default: up to 4, one per core).
+        options: a :class:`LoadOptions` (device, dtype, strict, verify, threads, allow_globals, prefix,
+            rename), or its fields as keywords. Names the model declares it does without (its
+            non-persistent buffers, Hugging Face's ``_keys_to_ignore_on_load_*``) are left out and listed
+            in the report, never refused.
         progress: told how many bytes got loaded (:mod:`slimtorch.format.progress`); None: silent.
-        prefix: the wrapper the model's names sit under in the file (``"model_state."``); None: found
-            by matching (:func:`~slimtorch.format.names.find_prefix`), at any depth.
-        rename: (old, new) name prefixes, or a mapping, replaced in the file's names once the wrapper
-            prefix is off (``{"lstm.": "rnn."}``; ``{"": "bert."}`` puts a prefix in front of all).
 
     Example:
         >>> import slimtorch, torch
         >>> build = lambda: torch.nn.Linear(1024, 1024)
-        >>> model = slimtorch.load_model("linear.safetensors", build)  # doctest: +SKIP
-        >>> model = slimtorch.load_model("ckpt.pt", Net, rename={"lstm.": "rnn."})  # doctest: +SKIP
+        >>> model = slimtorch.load_model("linear.safetensors", build).model  # doctest: +SKIP
+        >>> report = slimtorch.load_model("ckpt.pt", Net, rename={"lstm.": "rnn."})  # doctest: +SKIP
     """
-    model, _ = load_model_profiled(
-        path,
-        model_or_factory,
-        device=device,
-        dtype=dtype,
-        strict=strict,
-        verify=verify,
-        threads=threads,
-        progress=progress,
-        allow_globals=allow_globals,
-        prefix=prefix,
-        rename=rename,
-    )
-    return model
-
-
-def load_model_profiled(
-    path: str | os.PathLike[str],
-    model_or_factory: ModelOrFactory,
-    *,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
-    strict: bool = True,
-    verify: bool = True,
-    threads: int | None = None,
-    progress: Progress | None = None,
-    allow_globals: tuple[str, ...] = (),
-    prefix: str | None = None,
-    rename: Rename = (),
-) -> tuple[nn.Module, LoadProfile]:
-    """:func:`load_model`, plus a :class:`LoadProfile` of where the time went (``slimtorch load
-    --profile`` prints it)."""
+    options = resolve(LoadOptions, options, overrides, "load_model")
     started = time.perf_counter()
-    target = _device(device)
-    source, profile = _open(path, target, verify, threads, allow_globals)
-    built = not isinstance(model_or_factory, nn.Module)
-    with source, ThreadPoolExecutor(profile.threads) as pool:
+    target = _device(options.device)
+    source, report = _open(path, target, options)
+    with source, ThreadPoolExecutor(report.threads) as pool:
         # The factory runs Python (holding the GIL) while the pool verifies and decodes (releasing it).
         stager = stager_for(target)
-        early = {} if stager else _prefetch(source, pool, dtype)
+        early = {} if stager else _prefetch(source, pool, options.dtype)
         try:
-            clock = time.perf_counter()
-            model, note = _model(model_or_factory)
-            profile.construct_s = time.perf_counter() - clock
-            profile.model = type(model).__name__
-            profile.notes += [note] if note else []
-            _reshape(source, model)
-            slots = model_slots(model)
-            matching = match(source, model, slots, strict=strict, built=built, prefix=prefix, rename=rename)
-            profile.record(matching)
-            if target is None:
-                _check_intended_devices(slots)
-            _fill(source, slots, target, dtype, stager, pool, early, progress, profile)
+            model, slots = _matched_model(source, model_or_factory, options, report)
+            _fill(source, slots, target, options.dtype, stager, pool, early, progress, report)
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)  # fail now, not after decoding the whole file
             raise
-        place_the_rest(model, target, dtype)
-    profile.wall_s = time.perf_counter() - started
-    return model, profile
+        place_the_rest(model, target, options.dtype)
+    report.wall_s = time.perf_counter() - started
+    report.model = model
+    return report
+
+
+def _matched_model(
+    source: TensorSource, model_or_factory: ModelOrFactory, options: LoadOptions, report: LoadReport
+) -> tuple[nn.Module, list[Slot]]:
+    """The model built (or given), reshaped to the file's structural delta, and its slots matched to the
+    file's names, shapes checked: everything decided before a tensor is put in."""
+    clock = time.perf_counter()
+    model, note = _model(model_or_factory)
+    report.construct_s = time.perf_counter() - clock
+    report.model_class = type(model).__name__
+    report.notes += [note] if note else []
+    _reshape(source, model)
+    slots = model_slots(model)
+    built = not isinstance(model_or_factory, nn.Module)
+    report.record(
+        match(
+            source,
+            model,
+            slots,
+            strict=options.strict,
+            built=built,
+            prefix=options.prefix,
+            rename=options.rename,
+        )
+    )
+    if options.device is None:
+        _check_intended_devices(slots)
+    return model, slots
+
+
+def _load_model_profiled(*args: Any, **kwargs: Any) -> tuple[nn.Module, LoadReport]:
+    report = load_model(*args, **kwargs)
+    return report.model, report  # type: ignore[return-value]
+
+
+def _load_profiled(*args: Any, **kwargs: Any) -> tuple[dict[str, torch.Tensor], LoadReport]:
+    report = load(*args, **kwargs)
+    return report.tensors, report  # type: ignore[return-value]
+
+
+load_model_profiled = deprecated(
+    _load_model_profiled, "slimtorch.load_model_profiled", "report = slimtorch.load_model(...); report.model"
+)
+load_profiled = deprecated(
+    _load_profiled, "slimtorch.load_profiled", "report = slimtorch.load(...); report.tensors"
+)
 
 
 def _open(
-    path: str | os.PathLike[str],
-    device: torch.device | None,
-    verify: bool,
-    threads: int | None,
-    allow_globals: tuple[str, ...],
-) -> tuple[TensorSource, LoadProfile]:
+    path: str | os.PathLike[str], device: torch.device | None, options: LoadOptions
+) -> tuple[TensorSource, LoadReport]:
     clock = time.perf_counter()
-    source = open_checkpoint(path, allow_globals=allow_globals)
-    source.verify = verify
-    profile = LoadProfile(str(path), source.format, str(device or "cpu"), threads or DECODE_THREADS)
-    profile.open_s = time.perf_counter() - clock
-    profile.file_bytes = source.file_bytes
-    return source, profile
+    source = open_checkpoint(path, allow_globals=options.allow_globals)
+    source.verify = options.verify
+    report = LoadReport(str(path), source.format, str(device or "cpu"), options.threads or DECODE_THREADS)
+    report.open_s = time.perf_counter() - clock
+    report.file_bytes = source.file_bytes
+    return source, report
 
 
 def _device(device: str | torch.device | None) -> torch.device | None:
@@ -381,7 +320,7 @@ def _fetch_part(source: TensorSource, slot: Slot) -> _Fetched:
     """A quantized layer's buffer: one part of a coded tensor, as stored (mapped, verified)."""
     clock = time.perf_counter()
     name, role = slot.file_name, slot.part[1]  # type: ignore[index]
-    tensor = source.part(name, role)  # type: ignore[union-attr]
+    tensor = source.part(name, role)  # type: ignore[arg-type]
     if tensor.numel() == slot.tensor.numel() and _squeezed(tensor.shape) == _squeezed(slot.tensor.shape):
         tensor = tensor.reshape(slot.tensor.shape)  # a scale per row stored as a column (compressed-tensors)
     if tuple(tensor.shape) != tuple(slot.tensor.shape):
@@ -407,7 +346,7 @@ def _fill(
     pool: ThreadPoolExecutor,
     early: dict[str, Future],
     progress: Progress | None,
-    profile: LoadProfile,
+    report: LoadReport,
 ) -> None:
     """Fetch every slot's tensor on the pool and put it into the model as it arrives.
 
@@ -426,7 +365,7 @@ def _fill(
         return started or (lambda: _fetch(source, slot.file_name, target_dtype(slot, dtype), convert))
 
     with progress_task(progress, "loading", total) as advance:
-        for slot, fetched in _bounded(pool, ((s, task(s)) for s in todo), window=2 * profile.threads):
+        for slot, fetched in _bounded(pool, ((s, task(s)) for s in todo), window=2 * report.threads):
             clock = time.perf_counter()
             tensor = _to_target(fetched.tensor, slot, device, dtype, stager)
             replaced = not fills_in_place(slot, tensor)
@@ -440,20 +379,20 @@ def _fill(
                 handed_out.add(key)
             copy = time.perf_counter() - clock
             assign(slot, tensor)
-            profile.tensors += 1
-            profile.bytes += tensor.numel() * tensor.element_size()
-            profile.zero_copy += zero_copy
-            profile.decoded += fetched.codec != "raw"
-            profile.by_codec[fetched.codec] = profile.by_codec.get(fetched.codec, 0) + 1
-            profile.read_s += fetched.read_s
-            profile.decode_s += fetched.decode_s
-            profile.copy_s += fetched.copy_s + copy
-            profile.assign_s += time.perf_counter() - clock - copy
+            report.tensor_count += 1
+            report.bytes += tensor.numel() * tensor.element_size()
+            report.zero_copy += zero_copy
+            report.decoded += fetched.codec != "raw"
+            report.by_codec[fetched.codec] = report.by_codec.get(fetched.codec, 0) + 1
+            report.read_s += fetched.read_s
+            report.decode_s += fetched.decode_s
+            report.copy_s += fetched.copy_s + copy
+            report.assign_s += time.perf_counter() - clock - copy
             advance(_stored_bytes(source, slot))
         if stager is not None:
             clock = time.perf_counter()
             stager.finish()
-            profile.copy_s += time.perf_counter() - clock
+            report.copy_s += time.perf_counter() - clock
     for unused in early.values():
         unused.cancel()
 

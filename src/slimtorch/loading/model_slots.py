@@ -60,7 +60,7 @@ def file_slots(source: TensorSource) -> list[Slot]:
 
 @dataclass
 class Matching:
-    """How the file's names were matched to the model's, and every name left out (``LoadProfile`` shows
+    """How the file's names were matched to the model's, and every name left out (``LoadReport`` shows
     them: nothing is left out silently)."""
 
     prefix: Prefix
@@ -241,15 +241,15 @@ def _check_part(source: TensorSource, slot: Slot) -> None:
             f"the model's {model_name!r} is part of a quantized layer, but {source.format} files store "
             "float weights: load them into the float model, then quantize it",
         )
-    entry = source.entry(name)  # type: ignore[arg-type]
+    stages = source.stages(name)  # type: ignore[arg-type]
     expected = module.stage_of(module.SLIM_PARTS[attr][0])  # an LSTM has a stage per matrix
-    if not entry.stages:
+    if not stages:
         raise FormatError(
             source.path,
             f"tensor {name!r} is stored unquantized, but the model's layer holds {expected['codec']} codes: "
             "load it into the float model, then quantize it",
         )
-    stored = entry.stages[0]
+    stored = stages[0]
     differs = [
         key for key in ("codec", "shape", "group_size", "flat") if stored.get(key) != expected.get(key)
     ]

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.loading.options import LoadReport
 from slimtorch.models import hub, sentence
 from slimtorch.models.examples import Example, check_accepts, example_for, forward_names, fresh
 from slimtorch.models.spec import resolve_factory
@@ -208,18 +209,10 @@ def _loaded(
     rename: Rename,
     allow_globals: tuple[str, ...],
 ) -> tuple[nn.Module, tuple[str, ...]]:
-    from slimtorch.loading import loader
+    from slimtorch.loading.loader import load_model  # looked up at each call: tests watch what it gets
 
-    # Name matching options go to the loader only when given, so a loader without them still serves the rest.
-    matching: dict[str, Any] = {}
-    if prefix is not None:
-        matching["prefix"] = prefix
-    if rename:
-        matching["rename"] = rename
-    model, profile = loader.load_model_profiled(
-        path, build, strict=strict, allow_globals=allow_globals, **matching
-    )
-    return model, _left_out(profile)
+    report = load_model(path, build, strict=strict, allow_globals=allow_globals, prefix=prefix, rename=rename)
+    return report.model, _left_out(report)  # type: ignore[return-value]
 
 
 def _transformers_renames(
@@ -234,19 +227,16 @@ def _transformers_renames(
     return hub.checkpoint_renames(model, names)
 
 
-def _left_out(profile: Any) -> tuple[str, ...]:
-    """What the load profile says it left out, as ``name (reason)`` lines (none from a loader that does not
-    report it)."""
-    found: list[str] = []
-    for item in getattr(profile, "ignored", None) or ():
-        name, reason = getattr(item, "name", item), getattr(item, "reason", "")
-        found.append(f"{name} ({reason})" if reason else str(name))
-    found += [f"{name} (not in the model)" for name in getattr(profile, "unmatched", None) or ()]
-    found += [f"{name} (not in the file: kept as built)" for name in getattr(profile, "missing", None) or ()]
-    outside = getattr(profile, "outside_prefix", None) or ()
+def _left_out(report: LoadReport) -> tuple[str, ...]:
+    """What the load report says it left out, as ``name (reason)`` lines."""
+    found = [f"{s.name} ({s.reason})" if s.reason else s.name for s in report.ignored]
+    found += [f"{name} (not in the model)" for name in report.unmatched]
+    found += [f"{name} (not in the file: kept as built)" for name in report.missing]
+    outside = report.outside_prefix
     if outside:
-        prefix = getattr(profile, "prefix", "")
-        found.append(f"{len(outside)} tensor(s) outside {prefix!r} (not the model's: {outside[0]}, ...)")
+        found.append(
+            f"{len(outside)} tensor(s) outside {report.prefix!r} (not the model's: {outside[0]}, ...)"
+        )
     return tuple(found)
 
 

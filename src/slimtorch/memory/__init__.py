@@ -6,23 +6,33 @@
 - :func:`find_batch_size`: the largest batch in a budget, predicted, then confirmed in a few real steps.
 - :func:`fit`: checkpointing, mixed precision and offload chosen to fit a budget, and applied.
 - :func:`default_device`: what ``device=None`` means everywhere here: CUDA if torch sees it, else the CPU.
+
+Each verb takes its options (:class:`StepOptions`, :class:`BatchSizeOptions`, :class:`FitOptions`) or
+their fields as keywords, and returns a report (:class:`MemoryReport`, :class:`BatchSizeResult`,
+:class:`FitPlan`).
 """
+
+import warnings
+from typing import Any
 
 from slimtorch.memory.batch_size import BatchSizeResult, find_batch_size, is_out_of_memory
 from slimtorch.memory.device import default_device
 from slimtorch.memory.estimating import CATEGORIES, MemoryReport, StepMemory, estimate, measure_peak, profile
-from slimtorch.memory.fit import FitPlan, fit
-from slimtorch.memory.step import OPTIMIZERS, PRECISIONS, StepPlan, checkpoint_blocks
+from slimtorch.memory.fitting import FitPlan, fit
+from slimtorch.memory.options import OPTIMIZERS, PRECISIONS, BatchSizeOptions, FitOptions, StepOptions
+from slimtorch.memory.step import checkpoint_blocks
 
 __all__ = [
     "CATEGORIES",
     "OPTIMIZERS",
     "PRECISIONS",
+    "BatchSizeOptions",
     "BatchSizeResult",
+    "FitOptions",
     "FitPlan",
     "MemoryReport",
     "StepMemory",
-    "StepPlan",
+    "StepOptions",
     "checkpoint_blocks",
     "default_device",
     "estimate",
@@ -32,3 +42,15 @@ __all__ = [
     "measure_peak",
     "profile",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``StepPlan``, the step's name before it became the verbs' options: :class:`StepOptions`, warned."""
+    if name == "StepPlan":
+        warnings.warn(
+            "slimtorch.memory.StepPlan is deprecated: use slimtorch.memory.StepOptions",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return StepOptions
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,14 +12,17 @@ smallest answer of all.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
 from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.progress import Progress, task
+from slimtorch.format.verbs import Report, resolve
 from slimtorch.memory.device import runnable_device
 from slimtorch.memory.estimating import MemoryReport, measure_peak
+from slimtorch.memory.options import BatchSizeOptions
 
 OOM_MESSAGES = (
     "out of memory",
@@ -39,15 +42,16 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class BatchSizeResult:
+class BatchSizeResult(Report):
+    """The batch size found, what the estimate alone predicted, and every real step that told it."""
+
+    SCHEMA: ClassVar[str] = "slimtorch.batch-size/1"
+
     batch_size: int
     predicted: int
     """what the estimate alone predicted"""
     budget_bytes: int
     trials: list[Trial] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": "slimtorch.batch-size/1", **asdict(self)}
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -64,48 +68,69 @@ def is_out_of_memory(error: BaseException) -> bool:
 def find_batch_size(
     train_step: Callable[[int], Any],
     report: MemoryReport,
+    /,
+    options: BatchSizeOptions | None = None,
     *,
-    budget: int | None = None,
-    margin: float = 0.02,
-    max_trials: int = 3,
-    device: str | None = None,
+    progress: Progress | None = None,
+    **overrides: Any,
 ) -> BatchSizeResult:
-    """The largest batch size whose training step fits ``budget``, in at most ``max_trials`` real steps.
+    """The largest batch size whose training step fits the budget, in at most ``max_trials`` real steps.
 
     Args:
         train_step: runs one real step at the batch size it is given (forward, backward, optimizer). On
             the CPU it should make what it needs besides the model (optimizer, batch) itself: its peak
             is measured as the heap it adds plus the model's weights.
         report: :func:`slimtorch.memory.estimate` of the step at two or more batch sizes.
-        budget: bytes the step may use; default: the CUDA device's free memory (required on the CPU).
-        margin: share of the budget kept free, for what a step's peak varies by.
-        max_trials: real steps at most (each measured; an out-of-memory error counts as one). The answer
-            is always a batch size a real step ran at within the budget.
-        device: where ``train_step`` runs (default: the report's device, itself this machine's unless the
-            estimate named one).
+        options: :class:`BatchSizeOptions` (budget, margin, max_trials, device); ``**overrides`` replace
+            its fields. The budget defaults to the CUDA device's free memory (required on the CPU); the
+            device to the report's, itself this machine's unless the estimate named one. The answer is
+            always a batch size a real step ran at within the budget.
+        progress: told of each real step (None: silent).
 
     Example:
         >>> report = slimtorch.memory.estimate(model, batch, batch_sizes=[8, 16])  # doctest: +SKIP
-        >>> find_batch_size(lambda n: step(model, data(n)), report).batch_size  # doctest: +SKIP
+        >>> found = find_batch_size(lambda n: step(model, data(n)), report, budget=2**35)  # doctest: +SKIP
+        >>> found.batch_size  # doctest: +SKIP
         112
     """
-    device = runnable_device(device or report.device, "find_batch_size")
-    budget = budget if budget is not None else _free_memory(device)
+    search = resolve(BatchSizeOptions, options, overrides, "find_batch_size")
+    device = runnable_device(search.device or report.device, "find_batch_size")
+    budget = search.budget if search.budget is not None else _free_memory(device)
     if not report.phase_lines:
         raise OptionError("find_batch_size needs an estimate at two or more batch sizes (batch_sizes=[...])")
-    usable = budget * (1 - margin)
-    resident = sum(report.steps[0].breakdown[k] for k in ("parameters", "buffers"))
+    usable = budget * (1 - search.margin)
     predicted = report.largest_batch(usable)
     if predicted < 1:
         raise SlimtorchError(
             f"even batch 1 is predicted to need {report.predict(1):,} bytes, over the budget of {budget:,}"
         )
+    with task(progress, "finding the batch size", search.max_trials, "steps") as advance:
+        trials = _search(train_step, report, predicted, budget, usable, search.max_trials, device, advance)
+    best = max((t.batch_size for t in trials if t.fits), default=0)
+    if best < 1:
+        raise SlimtorchError(f"no batch size fitted {budget:,} bytes in {len(trials)} trial steps")
+    return BatchSizeResult(_agreed(best), predicted, budget, trials)
+
+
+def _search(
+    train_step: Callable[[int], Any],
+    report: MemoryReport,
+    candidate: int,
+    budget: int,
+    usable: float,
+    max_trials: int,
+    device: str,
+    advance: Callable[[int], None],
+) -> list[Trial]:
+    """Real steps from the predicted ``candidate``: each measured peak rescales the estimate's lines, and
+    the next candidate is the largest batch they then fit, until it repeats or stops growing."""
+    resident = sum(report.steps[0].breakdown[k] for k in ("parameters", "buffers"))
     trials: list[Trial] = []
     best, too_big, scale = 0, None, 1.0
-    candidate = predicted
     for _ in range(max_trials):
         trial = _try(train_step, candidate, device, budget, resident)
         trials.append(trial)
+        advance(1)
         expected = report.predict(candidate)
         if trial.peak_bytes is not None:  # ran to the end: how far off the estimate was, there
             scale = trial.peak_bytes / expected
@@ -121,9 +146,7 @@ def find_batch_size(
         if following <= best or any(t.batch_size == following for t in trials):
             break
         candidate = following
-    if best < 1:
-        raise SlimtorchError(f"no batch size fitted {budget:,} bytes in {len(trials)} trial steps")
-    return BatchSizeResult(_agreed(best), predicted, budget, trials)
+    return trials
 
 
 def _try(train_step: Callable[[int], Any], batch_size: int, device: str, budget: int, resident: int) -> Trial:

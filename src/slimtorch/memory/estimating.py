@@ -12,16 +12,19 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.progress import Progress, task
+from slimtorch.format.verbs import Report, resolve
 from slimtorch.memory.device import default_device, runnable_device
-from slimtorch.memory.step import DONE, StepPlan, StepRecord, run_step
+from slimtorch.memory.options import StepOptions
+from slimtorch.memory.step import DONE, StepRecord, run_step
 from slimtorch.memory.timeline import StorageTimeline
 
 CURVE_POINTS = 1000
@@ -52,14 +55,17 @@ class StepMemory:
 
 
 @dataclass(frozen=True)
-class MemoryReport:
+class MemoryReport(Report):
     """Peaks at each batch size, and the peak as a line in the batch size (fixed + per-sample bytes)."""
+
+    SCHEMA: ClassVar[str] = "slimtorch.memory/1"
+    DERIVED: ClassVar[dict[str, dict[str, Any]]] = {"peak_bytes": {"type": "integer"}}
 
     mode: str
     precision: str
     optimizer: str | None
     device: str
-    checkpointing: Any
+    checkpointing: str | tuple[str, ...] | None
     steps: list[StepMemory] = field(default_factory=list)
     fixed_bytes: int | None = None
     per_sample_bytes: float | None = None
@@ -90,21 +96,16 @@ class MemoryReport:
             low, high = (middle, high) if scale * self.predict(middle) <= budget else (low, middle)
         return low
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": "slimtorch.memory/1", **asdict(self), "peak_bytes": self.peak_bytes}
-
 
 def estimate(
     model: nn.Module,
     example_inputs: Any,
+    /,
+    options: StepOptions | None = None,
     *,
-    batch_sizes: Sequence[int] | None = None,
-    mode: str = "train",
-    optimizer: str = "adamw",
-    precision: str = "fp32",
-    checkpointing: str | Sequence[str] | None = None,
-    device: str | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    progress: Progress | None = None,
+    **overrides: Any,
 ) -> MemoryReport:
     """Predict a training (or inference) step's peak memory without running it for real.
 
@@ -116,16 +117,11 @@ def estimate(
     Args:
         model: the model (its weights are never touched; a meta-device model is enough).
         example_inputs: one batch: a tensor, a tuple of arguments or a dict of keyword arguments.
-        batch_sizes: batch sizes to simulate (the inputs' first dimension is resized); None: as given.
-        mode: ``"train"`` (forward, backward, optimizer step) or ``"inference"`` (forward, no grad).
-        optimizer: ``"adamw"``, ``"adam"``, ``"sgd"``, ``"sgd-no-momentum"``, ``"adagrad"``, ``"rmsprop"``.
-        precision: ``"fp32"``, ``"bf16-mixed"`` / ``"fp16-mixed"`` (fp32 weights, autocast), ``"bf16"`` /
-            ``"fp16"`` (weights in that dtype).
-        checkpointing: None, ``"blocks"`` (each entry of the longest ``nn.ModuleList``, non-reentrant)
-            or module names.
-        device: ``"cuda"`` (sizes rounded as CUDA's caching allocator rounds them) or ``"cpu"``; None:
-            this machine's (CUDA if torch sees one). Any machine can plan for CUDA: nothing runs on it.
+        options: the step (:class:`StepOptions`: mode, optimizer, precision, checkpointing, device,
+            batch_sizes); ``**overrides`` replace its fields. Any machine can plan for CUDA
+            (``device="cuda"``): nothing runs on it.
         loss_fn: output -> scalar loss (default: the sum of the first floating-point output).
+        progress: told of each batch size's step (None: silent).
 
     Example:
         >>> import slimtorch, torch
@@ -136,59 +132,56 @@ def estimate(
         >>> held["optimizer_state"] // held["parameters"]  # AdamW: two moments per weight
         2
     """
-    plan = _plan(mode, optimizer, precision, checkpointing, device or default_device())
-    steps = [
-        _measured(run_step(model, example_inputs, b, plan, fake=True, loss_fn=loss_fn), b)
-        for b in _sizes(batch_sizes)
-    ]
-    return _report(plan, steps)
+    step = resolve(StepOptions, options, overrides, "estimate")
+    step = replace(step, device=step.device or default_device())
+    sizes = _sizes(step)
+    steps = []
+    with task(progress, "estimating memory", len(sizes), "steps") as advance:
+        for batch_size in sizes:
+            record = run_step(model, example_inputs, batch_size, step, fake=True, loss_fn=loss_fn)
+            steps.append(_measured(record, batch_size))
+            advance(1)
+    return _report(step, steps)
 
 
 def profile(
     model: nn.Module,
     example_inputs: Any,
+    /,
+    options: StepOptions | None = None,
     *,
-    batch_sizes: Sequence[int] | None = None,
-    mode: str = "train",
-    optimizer: str = "adamw",
-    precision: str = "fp32",
-    checkpointing: str | Sequence[str] | None = None,
-    device: str | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    progress: Progress | None = None,
+    **overrides: Any,
 ) -> MemoryReport:
-    """The same step as :func:`estimate`, run for real (on copies of the weights, on ``device``; None:
-    this machine's): the same breakdown, measured, plus the allocator's own high-water mark to check both
-    against.
+    """The same step as :func:`estimate`, run for real (on copies of the weights, on the options'
+    ``device``; None: this machine's): the same breakdown, measured, plus the allocator's own high-water
+    mark to check both against.
 
     Example:
         >>> report = slimtorch.memory.profile(model, torch.randn(8, 64))  # doctest: +SKIP
         >>> report.steps[0].peak_bytes, report.steps[0].allocator_peak_bytes  # doctest: +SKIP
         (1_179_648, 1_183_744)
     """
-    plan = _plan(mode, optimizer, precision, checkpointing, runnable_device(device, "profile"))
+    step = resolve(StepOptions, options, overrides, "profile")
+    step = replace(step, device=runnable_device(step.device, "profile"))
+    sizes = _sizes(step)
     steps = []
-    for batch_size in _sizes(batch_sizes):
-        sampler = _sampler(plan)
-        record = run_step(
-            model, example_inputs, batch_size, plan, fake=False, loss_fn=loss_fn, timeline=sampler
-        )
-        allocator = sampler.allocator_peak() if isinstance(sampler, _AllocatorSampler) else None
-        steps.append(_measured(record, batch_size, allocator))
-    return _report(plan, steps)
+    with task(progress, "profiling memory", len(sizes), "steps") as advance:
+        for batch_size in sizes:
+            sampler = _sampler(step)
+            record = run_step(
+                model, example_inputs, batch_size, step, fake=False, loss_fn=loss_fn, timeline=sampler
+            )
+            allocator = sampler.allocator_peak() if isinstance(sampler, _AllocatorSampler) else None
+            steps.append(_measured(record, batch_size, allocator))
+            advance(1)
+    return _report(step, steps)
 
 
-def _plan(mode: str, optimizer: str, precision: str, checkpointing: Any, device: str) -> StepPlan:
-    which = checkpointing if checkpointing is None or isinstance(checkpointing, str) else tuple(checkpointing)
-    return StepPlan(mode, optimizer, precision, which, device)
-
-
-def _sizes(batch_sizes: Sequence[int] | None) -> list[int | None]:
-    if batch_sizes is None:
-        return [None]
-    sizes = list(batch_sizes)
-    if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
-        raise OptionError(f"batch sizes must be positive integers, not {batch_sizes!r}")
-    return sizes
+def _sizes(step: StepOptions) -> list[int | None]:
+    """The batch sizes to step at: the options' own (checked there), or None for the inputs' as given."""
+    return [None] if step.batch_sizes is None else list(step.batch_sizes)
 
 
 def _measured(record: StepRecord, batch_size: int | None, allocator: int | None = None) -> StepMemory:
@@ -240,7 +233,7 @@ def _category(record: StepRecord, key: int) -> str:
     return "activations" if key in record.timeline.saved else "temporaries"
 
 
-def _report(plan: StepPlan, steps: list[StepMemory]) -> MemoryReport:
+def _report(plan: StepOptions, steps: list[StepMemory]) -> MemoryReport:
     sized = [s for s in steps if s.batch_size is not None]
     overall = _line([(s.batch_size, s.peak_bytes) for s in sized])  # type: ignore[misc]
     phases = {name for s in sized for name in s.phases if name not in ("setup", DONE)}
@@ -312,7 +305,7 @@ class _AllocatorSampler(StorageTimeline):
         return self._high - self._start
 
 
-def _sampler(plan: StepPlan) -> StorageTimeline:
+def _sampler(plan: StepOptions) -> StorageTimeline:
     if torch.device(plan.device).type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         return _AllocatorSampler(512, torch.cuda.memory_allocated)

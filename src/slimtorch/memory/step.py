@@ -28,53 +28,11 @@ from torch.utils.checkpoint import checkpoint
 
 from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.graph.capture import as_args
+from slimtorch.memory.options import OPTIMIZERS, StepOptions
 from slimtorch.memory.timeline import StorageTimeline
 
-OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "adamw": torch.optim.AdamW,
-    "adam": torch.optim.Adam,
-    "sgd": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
-    "sgd-no-momentum": lambda params: torch.optim.SGD(params, lr=0.01),
-    "adagrad": torch.optim.Adagrad,
-    "rmsprop": torch.optim.RMSprop,
-}
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16")
-MODES = ("train", "inference")
 CUDA_BLOCK = 512  # the CUDA caching allocator hands out multiples of 512 bytes
 DONE = "done"
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """How the step runs: what it does, in which precision, on which device, with which optimizer."""
-
-    mode: str = "train"
-    optimizer: str = "adamw"
-    precision: str = "fp32"
-    checkpointing: str | tuple[str, ...] | None = None
-    device: str = "cpu"
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise OptionError(f"mode must be train or inference, not {self.mode!r}")
-        if self.mode == "train" and self.optimizer not in OPTIMIZERS:
-            raise OptionError(f"unknown optimizer {self.optimizer!r} (known: {', '.join(OPTIMIZERS)})")
-        if self.precision not in PRECISIONS:
-            raise OptionError(f"unknown precision {self.precision!r} (known: {', '.join(PRECISIONS)})")
-        try:
-            kind = torch.device(self.device).type
-        except RuntimeError:
-            kind = None
-        if kind not in ("cpu", "cuda"):
-            raise OptionError(f"device must be cpu or cuda, not {self.device!r}")
-
-    @property
-    def weight_dtype(self) -> torch.dtype | None:
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-
-    @property
-    def autocast_dtype(self) -> torch.dtype | None:
-        return {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(self.precision)
 
 
 @dataclass
@@ -93,13 +51,14 @@ def run_step(
     model: nn.Module,
     example: Any,
     batch_size: int | None,
-    plan: StepPlan,
+    plan: StepOptions,
     *,
     fake: bool,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     timeline: StorageTimeline | None = None,
 ) -> StepRecord:
-    """Run one step of ``model`` on ``example`` (resized to ``batch_size`` rows) and record its memory."""
+    """Run one step of ``model`` on ``example`` (resized to ``batch_size`` rows) and record its memory;
+    ``plan.device`` is named (the verb resolves None to this machine's before it gets here)."""
     # Fake tensors live on the CPU whatever the plan's device (a CPU-only torch cannot run autograd on
     # fake CUDA tensors): CUDA shows in the allocator's rounding, and CPU autocast stands in for CUDA's.
     device = torch.device(plan.device) if not fake else torch.device("cpu")
@@ -161,7 +120,7 @@ def _forward_backward(
     tensors: dict[str, torch.Tensor],
     args: Any,
     kwargs: Any,
-    plan: StepPlan,
+    plan: StepOptions,
     device: torch.device,
     timeline: StorageTimeline,
     loss_fn: Callable[[Any], torch.Tensor] | None,
@@ -207,7 +166,7 @@ def default_loss(output: Any) -> torch.Tensor:
 
 # -- the step's tensors ---------------------------------------------------------------------------------
 def _step_tensors(
-    model: nn.Module, plan: StepPlan, device: torch.device, fake: bool
+    model: nn.Module, plan: StepOptions, device: torch.device, fake: bool
 ) -> dict[str, torch.Tensor]:
     """One new tensor per parameter and buffer of the model (tied names share one), in the plan's dtype."""
     made: dict[int, torch.Tensor] = {}
@@ -220,7 +179,7 @@ def _step_tensors(
     return tensors
 
 
-def _like(original: torch.Tensor, plan: StepPlan, device: torch.device, fake: bool) -> torch.Tensor:
+def _like(original: torch.Tensor, plan: StepOptions, device: torch.device, fake: bool) -> torch.Tensor:
     dtype = original.dtype
     if plan.weight_dtype is not None and dtype.is_floating_point:
         dtype = plan.weight_dtype

@@ -80,7 +80,8 @@ def _has_stats(piece: Slice, tensors: Mapping[str, torch.Tensor]) -> bool:
 BUILT_IN: dict[str, Importance] = {"l2": l2, "l1": l1, "bn_scale": bn_scale, "taylor": taylor}
 
 
-def resolve(importance: str | Importance) -> Importance:
+def scorer(importance: str | Importance) -> Importance:
+    """The scoring function an importance names (a callable is its own); an unknown name is an error."""
     if callable(importance):
         return importance
     try:

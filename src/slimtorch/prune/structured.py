@@ -3,35 +3,87 @@
 :func:`channels` captures the model's graph, finds its channel groups (:mod:`slimtorch.graph.channels`),
 scores each channel, removes the lowest-scoring ones from every weight, bias, running statistic and
 module attribute (``out_channels``, ``in_features``, ``num_features``, depthwise ``groups`` ...) of the
-group, and returns the same module object, smaller. What changed is recorded as a
-:class:`StructuralDelta`, the part of a pruned model that its class alone cannot rebuild.
+group (:mod:`slimtorch.prune.surgery`), and leaves the same module object, smaller. What changed is
+recorded as a :class:`StructuralDelta`, the part of a pruned model that its class alone cannot rebuild.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError, deprecated
 from slimtorch.format.delta import StructuralDelta, record
+from slimtorch.format.progress import Progress, task
+from slimtorch.format.verbs import NOT_JSON, Report, resolve
 from slimtorch.graph.capture import as_args, capture
 from slimtorch.graph.channels import channel_groups
-from slimtorch.graph.layers import head_size, is_hf_conv1d, query_width
+from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.graph.macs import count_macs
-from slimtorch.graph.slots import model_slots, replace
 from slimtorch.graph.spaces import ChannelGroup
 from slimtorch.prune.budget import ratio_for_budget
-from slimtorch.prune.importance import Importance, resolve
+from slimtorch.prune.importance import Importance, scorer
+from slimtorch.prune.surgery import RESIZABLE, cut, model_tensors
+
+BUDGETS = ("ratio", "target_params", "target_macs")
 
 
 @dataclass(frozen=True)
-class PruneReport:
-    """What :func:`channels` removed; ``to_dict()`` for ``--json``."""
+class ChannelOptions:
+    """How :func:`channels` prunes: how much (exactly one of ``ratio``, ``target_params``, ``target_macs``),
+    which channels go first, and what stays whole. Values are checked here, so a bad one fails at once.
+
+    Example:
+        >>> ChannelOptions(ratio=0.5, round_to=8).scope
+        'layer'
+    """
+
+    ratio: float | None = None
+    """share of channels to remove, 0 to below 1: of each group (``scope="layer"``), or of all channels,
+    the lowest normalised scores across groups (``scope="global"``)"""
+    target_params: int | None = None
+    """instead of ``ratio``: the smallest ratio that brings the parameter count to at most this"""
+    target_macs: int | None = None
+    """instead of ``ratio``: the smallest ratio that brings the MACs of the example to at most this"""
+    importance: str | Importance = "l2"
+    """``"l2"``, ``"l1"``, ``"bn_scale"``, ``"taylor"`` (needs gradients: run ``loss.backward()`` first) or
+    a callable ``(group, tensors) -> scores``"""
+    scope: str = "layer"
+    """``"layer"`` (each group loses ``ratio``) or ``"global"`` (the lowest scores across groups go)"""
+    round_to: int | None = None
+    """keep channel counts a multiple of this (hardware-friendly widths)"""
+    ignore: tuple[str | nn.Module, ...] = ()
+    """modules (or their names) whose output channels must stay (a classifier, a detector head)"""
+    iterative_steps: int = 1
+    """reach the ratio in this many steps, scoring the channels again after each"""
+
+    def __post_init__(self) -> None:
+        ignore = (self.ignore,) if isinstance(self.ignore, (str, nn.Module)) else tuple(self.ignore)
+        object.__setattr__(self, "ignore", ignore)
+        if sum(getattr(self, name) is not None for name in BUDGETS) > 1:
+            raise OptionError("give exactly one of ratio, target_params or target_macs")
+        if self.ratio is not None and not 0.0 <= self.ratio < 1.0:
+            raise OptionError(f"ratio must be at least 0 and below 1, not {self.ratio}")
+        if self.scope not in ("layer", "global"):
+            raise OptionError(f"scope must be 'layer' or 'global', not {self.scope!r}")
+        if self.round_to is not None and self.round_to < 1:
+            raise OptionError(f"round_to must be a positive integer, not {self.round_to}")
+        if self.iterative_steps < 1:
+            raise OptionError(f"iterative_steps must be at least 1, not {self.iterative_steps}")
+        scorer(self.importance)  # an unknown name fails here, not after the graph is captured
+
+
+@dataclass(frozen=True)
+class PruneReport(Report):
+    """What :func:`channels` removed and what it kept whole, with the pruned model; ``to_dict()`` for
+    ``--json``."""
+
+    SCHEMA = "slimtorch.prune/1"
 
     groups: int
     pruned_groups: int
@@ -42,116 +94,54 @@ class PruneReport:
     frozen: dict[str, int]
     """reason -> number of groups it kept from pruning"""
     delta: StructuralDelta
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    model: nn.Module | None = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
+    """the pruned model: the very module passed in, smaller"""
 
 
 def channels(
     model: nn.Module,
     example_inputs: Sequence[Any] | Any,
+    /,
+    options: ChannelOptions | None = None,
     *,
-    ratio: float | None = None,
-    target_params: int | None = None,
-    target_macs: int | None = None,
-    importance: str | Importance = "l2",
-    scope: str = "layer",
-    round_to: int | None = None,
-    ignore: Iterable[str | nn.Module] = (),
-    iterative_steps: int = 1,
     example_kwargs: Mapping[str, Any] | None = None,
-) -> nn.Module:
-    """Remove channels from every prunable group; returns ``model`` itself, physically smaller.
+    progress: Progress | None = None,
+    **overrides: Any,
+) -> PruneReport:
+    """Remove channels from every prunable group of ``model``, in place; the report says what went and
+    holds the model (``report.model`` is ``model``, physically smaller).
 
     Args:
         model: any module ``torch.export`` can trace with ``example_inputs`` (a no_grad trace).
-        ratio: share of channels to remove, 0 to 1: of each group (``scope="layer"``), or of all channels
-            with the lowest normalised scores across groups (``scope="global"``).
-        target_params, target_macs: instead of ``ratio``, the smallest ratio that brings the parameter
-            count (or the MACs of ``example_inputs``) to at most this.
-        importance: ``"l2"``, ``"l1"``, ``"bn_scale"``, ``"taylor"`` (needs gradients: run
-            ``loss.backward()`` first) or a callable ``(group, tensors) -> scores``.
-        round_to: keep channel counts a multiple of this (hardware-friendly widths).
-        ignore: modules (or their names) whose output channels must stay (a classifier, a detector head).
-        iterative_steps: reach the ratio in this many steps, scoring the channels again after each.
+        example_inputs, example_kwargs: an input the model accepts, to trace it and to check it still runs.
+        options: a :class:`ChannelOptions`; ``overrides`` replace its fields (``ratio=0.5``).
+        progress: told about the budget search and each pruning step (None: silent).
 
     Example:
         >>> from tests.zoo import resnet18  # doctest: +SKIP
-        >>> model = channels(resnet18(), torch.randn(1, 3, 224, 224), ratio=0.5)  # doctest: +SKIP
+        >>> report = channels(resnet18(), torch.randn(1, 3, 224, 224), ratio=0.5)  # doctest: +SKIP
+        >>> report.params_after / report.params_before  # doctest: +SKIP
+        0.26
     """
-    pruned, _ = channels_with_report(
-        model,
-        example_inputs,
-        ratio=ratio,
-        target_params=target_params,
-        target_macs=target_macs,
-        importance=importance,
-        scope=scope,
-        round_to=round_to,
-        ignore=ignore,
-        iterative_steps=iterative_steps,
-        example_kwargs=example_kwargs,
-    )
-    return pruned
-
-
-def channels_with_report(
-    model: nn.Module,
-    example_inputs: Sequence[Any] | Any,
-    *,
-    ratio: float | None = None,
-    target_params: int | None = None,
-    target_macs: int | None = None,
-    importance: str | Importance = "l2",
-    scope: str = "layer",
-    round_to: int | None = None,
-    ignore: Iterable[str | nn.Module] = (),
-    iterative_steps: int = 1,
-    example_kwargs: Mapping[str, Any] | None = None,
-) -> tuple[nn.Module, PruneReport]:
-    """:func:`channels`, plus a :class:`PruneReport` of what was removed and what could not be."""
-    _check(ratio, target_params, target_macs, scope, round_to, iterative_steps)
-    score = resolve(importance)
-    names = _ignored_names(model, ignore)
+    options = resolve(ChannelOptions, options, overrides, "prune.channels")
+    if all(getattr(options, name) is None for name in BUDGETS):
+        raise OptionError("give exactly one of ratio, target_params or target_macs")
+    example = _Example(example_inputs, example_kwargs, _ignored_names(model, options.ignore))
+    score = scorer(options.importance)
     params_before = sum(p.numel() for p in model.parameters())
+    ratio = options.ratio
     if ratio is None:
-        every, groups, scores = _analyse(model, example_inputs, example_kwargs, names, score)
-        _refuse_nothing_to_prune(model, every, groups)
-        measure = (
-            (lambda m: sum(p.numel() for p in m.parameters()))
-            if target_params is not None
-            else (lambda m: count_macs(m, example_inputs, example_kwargs))
-        )
-        target = target_params if target_params is not None else target_macs
-        ratio = ratio_for_budget(
-            model,
-            lambda trial, r: _apply(
-                trial, groups, _lowest(groups, scores, _keep(groups, scores, r, scope, round_to))
-            ),
-            measure,
-            int(target),  # type: ignore[arg-type]
-        )
-    originals: dict[str, int] = {}
-    delta, first = StructuralDelta(), None
-    for step in range(1, iterative_steps + 1):
-        every, groups, scores = _analyse(model, example_inputs, example_kwargs, names, score)
-        if first is None and ratio > 0:
-            _refuse_nothing_to_prune(model, every, groups)
-        first = first or every
-        for group in groups:
-            originals.setdefault(_identity(group), group.size)
-        keep = _keep(groups, scores, ratio * step / iterative_steps, scope, round_to, originals)
-        step_delta = _apply(model, groups, _lowest(groups, scores, keep))
-        record(model, step_delta)  # slimtorch.save_model writes it beside the weights
-        delta = delta.merge(step_delta)
-    _still_runs(model, example_inputs, example_kwargs)
+        with task(progress, "finding the ratio for the budget"):
+            ratio = _ratio_for_budget(model, example, score, options)
+    with task(progress, "pruning channels", options.iterative_steps, unit="steps") as advance:
+        first, originals, kept, delta = _prune_in_steps(model, example, score, ratio, options, advance)
+    _still_runs(model, example)
     frozen: dict[str, int] = {}
-    for group in first or []:
+    for group in first:
         if group.reason:
             frozen[group.reason] = frozen.get(group.reason, 0) + 1
-    kept = {_identity(g): keep[id(g)] for g in groups}  # the sizes the last step left
-    report = PruneReport(
-        groups=len(first or []),
+    return PruneReport(
+        groups=len(first),
         pruned_groups=sum(1 for key, size in originals.items() if kept.get(key, size) < size),
         channels_before=sum(originals.values()),
         channels_after=sum(kept.get(key, size) for key, size in originals.items()),
@@ -159,19 +149,89 @@ def channels_with_report(
         params_after=sum(p.numel() for p in model.parameters()),
         frozen=frozen,
         delta=delta,
+        model=model,
     )
-    return model, report
 
 
-def _still_runs(
-    model: nn.Module, example_inputs: Sequence[Any] | Any, example_kwargs: Mapping[str, Any] | None
-) -> None:
+def _channels_and_report(*args: Any, **kwargs: Any) -> tuple[nn.Module, PruneReport]:
+    """What ``channels_with_report`` returned: the pruned model and the report."""
+    report = channels(*args, **kwargs)
+    return report.model, report  # type: ignore[return-value]
+
+
+channels_with_report = deprecated(
+    _channels_and_report,
+    "slimtorch.prune.channels_with_report",
+    "slimtorch.prune.channels(...), whose report holds the model as .model",
+)
+
+
+@dataclass(frozen=True)
+class _Example:
+    """What every analysis of one pruning run traces with, and the modules it keeps whole."""
+
+    inputs: Sequence[Any] | Any
+    kwargs: Mapping[str, Any] | None
+    ignored: list[str]
+
+
+def _ratio_for_budget(
+    model: nn.Module, example: _Example, score: Importance, options: ChannelOptions
+) -> float:
+    """The smallest one-step ratio whose pruned model fits ``target_params`` or ``target_macs``."""
+    every, groups, scores = _analyse(model, example, score)
+    _refuse_nothing_to_prune(model, every, groups)
+    if options.target_params is not None:
+        target, measure = options.target_params, lambda m: sum(p.numel() for p in m.parameters())
+    else:
+        target, measure = options.target_macs, lambda m: count_macs(m, example.inputs, example.kwargs)
+    return ratio_for_budget(
+        model,
+        lambda trial, r: cut(
+            trial, groups, _lowest(groups, scores, _keep(groups, scores, r, options.scope, options.round_to))
+        ),
+        measure,
+        int(target),  # type: ignore[arg-type]
+    )
+
+
+def _prune_in_steps(
+    model: nn.Module,
+    example: _Example,
+    score: Importance,
+    ratio: float,
+    options: ChannelOptions,
+    advance: Callable[[int], None],
+) -> tuple[list[ChannelGroup], dict[str, int], dict[str, int], StructuralDelta]:
+    """Prune to ``ratio`` in ``options.iterative_steps`` steps, scoring again before each. Returns the
+    groups found first, each group's original and final channel count (by :func:`_identity`), and the
+    delta of all the steps together."""
+    originals: dict[str, int] = {}
+    delta, first, kept = StructuralDelta(), None, {}
+    for step in range(1, options.iterative_steps + 1):
+        every, groups, scores = _analyse(model, example, score)
+        if first is None and ratio > 0:
+            _refuse_nothing_to_prune(model, every, groups)
+        first = first or every
+        for group in groups:
+            originals.setdefault(_identity(group), group.size)
+        step_ratio = ratio * step / options.iterative_steps
+        keep = _keep(groups, scores, step_ratio, options.scope, options.round_to, originals)
+        step_delta = cut(model, groups, _lowest(groups, scores, keep))
+        record(model, step_delta)  # slimtorch.save_model writes it beside the weights
+        delta = delta.merge(step_delta)
+        kept = {_identity(g): keep[id(g)] for g in groups}  # the sizes the last step left
+        advance(1)
+    return first or [], originals, kept, delta
+
+
+def _still_runs(model: nn.Module, example: _Example) -> None:
     """One forward pass on the example: a module that keeps a size of its own in Python code we cannot see
     (``x.view(b, self.channels, -1)``) fails here, loudly, instead of in the user's next run."""
-    args = as_args(example_inputs)
+    args = as_args(example.inputs)
     try:
         with torch.no_grad():
-            model(*args, **dict(example_kwargs or {}))
+            model(*args, **dict(example.kwargs or {}))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SlimtorchError(
@@ -205,36 +265,12 @@ def _refuse_nothing_to_prune(
     )
 
 
-def _check(
-    ratio: float | None,
-    target_params: int | None,
-    target_macs: int | None,
-    scope: str,
-    round_to: int | None,
-    iterative_steps: int,
-) -> None:
-    if sum(x is not None for x in (ratio, target_params, target_macs)) != 1:
-        raise OptionError("give exactly one of ratio, target_params or target_macs")
-    if ratio is not None and not 0.0 <= ratio < 1.0:
-        raise OptionError(f"ratio must be at least 0 and below 1, not {ratio}")
-    if scope not in ("layer", "global"):
-        raise OptionError(f"scope must be 'layer' or 'global', not {scope!r}")
-    if round_to is not None and round_to < 1:
-        raise OptionError(f"round_to must be a positive integer, not {round_to}")
-    if iterative_steps < 1:
-        raise OptionError(f"iterative_steps must be at least 1, not {iterative_steps}")
-
-
 def _analyse(
-    model: nn.Module,
-    example_inputs: Sequence[Any] | Any,
-    example_kwargs: Mapping[str, Any] | None,
-    names: list[str],
-    score: Importance,
+    model: nn.Module, example: _Example, score: Importance
 ) -> tuple[list[ChannelGroup], list[ChannelGroup], dict[int, torch.Tensor]]:
     """Every group of the model as it is now, the prunable ones, and each prunable one's channel scores."""
-    groups = channel_groups(capture(model, example_inputs, example_kwargs), ignore=names)
-    tensors = _tensors(model)
+    groups = channel_groups(capture(model, example.inputs, example.kwargs), ignore=example.ignored)
+    tensors = model_tensors(model)
     _fence_fixed_sizes(model, groups, tensors)
     prunable = [g for g in groups if g.prunable]
     scores = {id(g): score(g, tensors).to(torch.float64) for g in prunable}
@@ -242,16 +278,6 @@ def _analyse(
         if scores[id(group)].shape != (group.size,):
             raise SlimtorchError(f"importance returned {tuple(scores[id(group)].shape)}, not ({group.size},)")
     return groups, prunable, scores
-
-
-RESIZABLE = (
-    nn.modules.conv._ConvNd,
-    nn.Linear,
-    nn.modules.batchnorm._NormBase,
-    nn.LayerNorm,
-    nn.Embedding,
-    nn.PReLU,
-)
 
 
 def _fence_fixed_sizes(
@@ -298,13 +324,6 @@ def _ignored_names(model: nn.Module, ignore: Iterable[str | nn.Module]) -> list[
     return names
 
 
-def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {
-        **dict(model.named_parameters(remove_duplicate=False)),
-        **dict(model.named_buffers(remove_duplicate=False)),
-    }
-
-
 def _rounded(keep: int, size: int, round_to: int | None) -> int:
     """At least one channel, rounded up to a multiple of ``round_to``, never more than ``size``."""
     keep = max(1, keep)
@@ -347,91 +366,3 @@ def _lowest(
 ) -> dict[int, torch.Tensor]:
     """The channels each group loses: its lowest scores, in channel order."""
     return {id(g): torch.sort(scores[id(g)].argsort()[: g.size - keep[id(g)]]).values for g in groups}
-
-
-def _apply(model: nn.Module, groups: list[ChannelGroup], removed: dict[int, torch.Tensor]) -> StructuralDelta:
-    """Cut the removed channels out of every tensor, then fix the modules' size attributes."""
-    tensors = _tensors(model)
-    keep: dict[tuple[str, int], torch.Tensor] = {}
-    for group in groups:
-        channels = removed[id(group)]
-        if not len(channels):
-            continue
-        for piece in group.slices:
-            mask = keep.setdefault(
-                (piece.key, piece.dim), torch.ones(tensors[piece.key].shape[piece.dim], dtype=torch.bool)
-            )
-            mask[piece.indices(channels)] = False
-    slots = {name: slot for slot in model_slots(model) for name in slot.names}
-    delta = StructuralDelta()
-    for (key, dim), mask in keep.items():  # a weight pruned on two dims is cut twice, one dim at a time
-        slot = slots[key]
-        new = slot.tensor.detach().index_select(dim, mask.nonzero().squeeze(1))
-        replace(slot, new)
-        delta.shapes.update({name: list(new.shape) for name in slot.names})
-    for name, module in model.named_modules():
-        changed = _resize_attributes(module)
-        if changed:
-            delta.attributes[name] = changed
-    return delta
-
-
-def _resize_attributes(module: nn.Module) -> dict[str, Any]:
-    """Bring a module's size attributes in line with its (pruned) tensors; returns what changed."""
-    before = _size_attributes(module)
-    weight = getattr(module, "weight", None)
-    if isinstance(module, nn.modules.conv._ConvNd) and weight is not None:
-        transposed = module.transposed
-        depthwise = module.groups > 1 and module.groups == module.in_channels == module.out_channels
-        out_dim, in_dim = (1, 0) if transposed else (0, 1)
-        if depthwise:
-            module.groups = module.in_channels = module.out_channels = weight.shape[0]
-        else:
-            per_group_out = weight.shape[out_dim] * (module.groups if transposed else 1)
-            module.out_channels = per_group_out
-            module.in_channels = weight.shape[in_dim] * (1 if transposed else module.groups)
-    elif isinstance(module, nn.Linear):
-        module.out_features, module.in_features = weight.shape
-    elif isinstance(module, nn.modules.batchnorm._NormBase):
-        reference = weight if weight is not None else module.running_mean
-        if reference is not None:
-            module.num_features = reference.shape[0]
-    elif isinstance(module, nn.LayerNorm) and weight is not None:
-        module.normalized_shape = tuple(weight.shape)
-    elif isinstance(module, nn.Embedding):
-        module.num_embeddings, module.embedding_dim = weight.shape
-    elif isinstance(module, nn.PReLU):
-        module.num_parameters = weight.numel()
-    elif is_hf_conv1d(module) and weight is not None:
-        module.nf = weight.shape[1]  # Hugging Face's Conv1D (GPT-2): weight [in, out], nf = out
-        if hasattr(module, "nx"):
-            module.nx = weight.shape[0]
-    _resize_heads(module)
-    after = _size_attributes(module)
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in after.items() if before.get(k) != v}
-
-
-def _size_attributes(module: nn.Module) -> dict[str, Any]:
-    """A module's public attributes that can hold a size; a tensor kept as a plain attribute (torchfcpe
-    does) is none, and comparing two of them has no single truth value."""
-    return {
-        k: v for k, v in vars(module).items() if not k.startswith("_") and not isinstance(v, torch.Tensor)
-    }
-
-
-HEAD_COUNTS = ("num_attention_heads", "num_heads", "n_head", "n_heads")
-
-
-def _resize_heads(module: nn.Module) -> None:
-    """An attention module's head count (and total head width) from its query projection's rows."""
-    size, width = head_size(module), query_width(module)
-    if not size or width is None:
-        return
-    if hasattr(module, "c_attn") and hasattr(module, "split_size"):
-        module.split_size = width  # GPT-2 splits its fused q/k/v output by this
-    heads = width // size
-    for name in HEAD_COUNTS:
-        if isinstance(getattr(module, name, None), int):
-            setattr(module, name, heads)
-    if isinstance(getattr(module, "all_head_size", None), int):
-        module.all_head_size = heads * size

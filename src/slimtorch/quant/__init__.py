@@ -1,9 +1,10 @@
 """Quantization that is fast on CPU and stays quantized on disk.
 
-- :func:`quantize` / :func:`quantize_with_report`: swap ``nn.Linear``, ``nn.Embedding``, ``nn.LSTM`` and
-  ``nn.GRU`` layers (and convolutions, for the weight-only schemes) for quantized ones (``int8-dynamic``,
-  ``int8-weight``, ``int4-weight``), keeping float the few whose error would dominate; the report lists
-  every layer left float with the reason.
+- :func:`quantize` (``model, QuantizeOptions | scheme, **overrides -> QuantizeReport``): swap
+  ``nn.Linear``, ``nn.Embedding``, ``nn.LSTM`` and ``nn.GRU`` layers (and convolutions, for the weight-only
+  schemes) for quantized ones (``int8-dynamic``, ``int8-weight``, ``int4-weight``) in place, keeping float
+  the few whose error would dominate; the report holds the model and lists every layer left float with the
+  reason. ``quantize_with_report`` is its deprecated former twin.
 - :mod:`slimtorch.quant.modules`, :mod:`slimtorch.quant.recurrent`: the quantized layers; their buffers
   are the slim format's codec parts.
 - :mod:`slimtorch.quant.kernels`: the int8 / int4 kernels, and the fastest one here, found by timing.
@@ -28,6 +29,7 @@ from slimtorch.quant.modules import (
     Int8WeightLinear,
     QuantizedWeight,
 )
+from slimtorch.quant.options import QuantizeOptions
 from slimtorch.quant.recurrent import Int4WeightRecurrent, Int8DynamicRecurrent, Int8WeightRecurrent
 from slimtorch.quant.targets import FloatLayer
 
@@ -46,6 +48,7 @@ __all__ = [
     "Int8WeightLinear",
     "Int8WeightRecurrent",
     "LayerResult",
+    "QuantizeOptions",
     "QuantizeReport",
     "QuantizedWeight",
     "dequantize",

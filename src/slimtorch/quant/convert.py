@@ -15,32 +15,36 @@ Schemes:
 - ``int4-weight``: 4-bit weights with a scale and zero point per group of ``group_size`` inputs; int4
   embedding rows.
 
+How is :class:`~slimtorch.quant.options.QuantizeOptions` (a recipe records it); the verb changes the
+model in place and returns a :class:`QuantizeReport` that holds it.
+
 The model remembers what was quantized (its structural delta), so :func:`slimtorch.save_model` stores the
 codes as they are and :func:`slimtorch.load_model` rebuilds the quantized layers around them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError, deprecated
 from slimtorch.format.codecs.chain import CodecError
-from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, check_group_size
 from slimtorch.format.delta import StructuralDelta, delta_of, record
 from slimtorch.format.progress import Progress, task
 from slimtorch.format.source import dtype_name
+from slimtorch.format.verbs import NOT_JSON, Report, resolve
 from slimtorch.graph.capture import as_args
 from slimtorch.graph.layers import is_hf_conv1d
-from slimtorch.quant.build import LINEAR, SCHEMES, quantized_from
+from slimtorch.quant.build import quantized_from
 from slimtorch.quant.gptq import InputMoments
 from slimtorch.quant.modules import QuantizedWeight
+from slimtorch.quant.options import QuantizeOptions
 from slimtorch.quant.recorded import put_module
-from slimtorch.quant.recurrent import RECURRENT_LAYERS, QuantizedRecurrent
+from slimtorch.quant.recurrent import QuantizedRecurrent
 from slimtorch.quant.sensitivity import (
     OutputErrors,
     flat_outputs,
@@ -74,8 +78,14 @@ class LayerResult:
 
 
 @dataclass(frozen=True)
-class QuantizeReport:
-    """What :func:`quantize` did; ``to_dict()`` is the ``--json`` output."""
+class QuantizeReport(Report):
+    """What :func:`quantize` did, and the model it did it to; ``to_dict()`` is the ``--json`` output."""
+
+    SCHEMA: ClassVar[str] = "slimtorch.quantize/1"
+    DERIVED: ClassVar[dict[str, dict[str, Any]]] = {
+        "ratio": {"type": "number"},
+        "weight_ratio": {"type": "number"},
+    }
 
     scheme: str
     group_size: int | None
@@ -93,6 +103,8 @@ class QuantizeReport:
     kept_float: list[FloatLayer] = field(default_factory=list)
     """the layers (and LSTM / GRU matrices) left float that hold a real share of the weights, largest
     first, each with the reason; the rest are summed up in ``notes``"""
+    model: nn.Module | None = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
+    """the quantized model (the one passed in, changed in place)"""
 
     @property
     def ratio(self) -> float:
@@ -104,99 +116,41 @@ class QuantizeReport:
         before = sum(layer.before_bytes for layer in self.layers)
         return sum(layer.after_bytes for layer in self.layers) / before if before else 1.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": "slimtorch.quantize/1",
-            **asdict(self),
-            "ratio": self.ratio,
-            "weight_ratio": self.weight_ratio,
-        }
-
 
 def quantize(
     model: nn.Module,
-    scheme: str = "int8-dynamic",
+    /,
+    options: QuantizeOptions | str | None = None,
     *,
-    group_size: int = INT4_GROUP_SIZE,
-    skip: Sequence[str] = (),
     calibration: Iterable[Any] | None = None,
-    embeddings: bool = True,
-    keep_sensitive: bool = True,
-    kernel: str | None = None,
     progress: Progress | None = None,
-    symmetric: bool = False,
-) -> nn.Module:
-    """Quantize a model's Linear, Embedding, LSTM and GRU layers in place; returns the model.
+    **overrides: Any,
+) -> QuantizeReport:
+    """Quantize a model's Linear, Embedding, LSTM and GRU layers in place; the report holds the model,
+    its sizes and errors, and the layers left float with the reason.
 
     Args:
         model: any model; layers are swapped where they sit.
-        scheme: ``"int8-dynamic"`` (fastest on CPU), ``"int8-weight"`` or ``"int4-weight"``.
-        group_size: inputs sharing one int4 scale and zero point (even, 32 to 256).
-        skip: module names or patterns (``"classifier"``, ``"*.pooler.*"``, an LSTM's matrix
-            ``"lstm.weight_ih_l0"``) that stay float; a pattern that matches nothing is an error.
+        options: a :class:`QuantizeOptions`, or its scheme alone (``"int4-weight"``), or None for the
+            defaults; keyword ``overrides`` replace single fields (``group_size=64``, ``skip=["fc"]``).
         calibration: sample inputs (each a tensor, a tuple of arguments or a dict of keyword arguments);
             with them the report measures each layer's output error and the model's output agreement,
             the sensitivity check measures output errors besides judging weights, and
             ``int4-weight`` chooses its codes by GPTQ (errors spread where these inputs feel them
             least) instead of rounding each weight.
-        embeddings: quantize ``nn.Embedding`` too (int8 or int4 rows).
-        keep_sensitive: keep float the few layers (or LSTM / GRU matrices) whose error would dominate
-            the model's, measured (see :mod:`slimtorch.quant.sensitivity`); False quantizes them too.
-        kernel: force one kernel (``"onednn"``, ``"int_mm"``, ``"dequantize"``, ``"int8pack"``,
-            ``"int4pack"``, and the weight-only ones with ``-bf16``; ``"quantized_rnn"`` for LSTM /
-            GRU); None times the candidates on first use and keeps the fastest.
         progress: told how many bytes got quantized (:mod:`slimtorch.format.progress`); None: silent.
-        symmetric: int4 codes on the symmetric grid (zero point at code 8), the form compressed-tensors
-            reads: what a Hugging Face folder written by :func:`slimtorch.save_model` needs to hold them
-            quantized (``slimtorch quantize`` sets it for such folders). No effect on int8.
-
-    Example:
-        >>> import slimtorch, torch
-        >>> model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU())
-        >>> model = slimtorch.quantize(model, "int8-dynamic")
-        >>> type(model[0]).__name__
-        'Int8DynamicLinear'
-    """
-    quantize_with_report(
-        model,
-        scheme,
-        group_size=group_size,
-        skip=skip,
-        calibration=calibration,
-        embeddings=embeddings,
-        keep_sensitive=keep_sensitive,
-        kernel=kernel,
-        progress=progress,
-        symmetric=symmetric,
-    )
-    return model
-
-
-def quantize_with_report(
-    model: nn.Module,
-    scheme: str = "int8-dynamic",
-    *,
-    group_size: int = INT4_GROUP_SIZE,
-    skip: Sequence[str] = (),
-    calibration: Iterable[Any] | None = None,
-    embeddings: bool = True,
-    keep_sensitive: bool = True,
-    kernel: str | None = None,
-    progress: Progress | None = None,
-    symmetric: bool = False,
-) -> tuple[nn.Module, QuantizeReport]:
-    """:func:`quantize`, plus a :class:`QuantizeReport` of sizes, errors and the layers left float.
 
     Example:
         >>> import slimtorch, torch
         >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Conv1d(4, 4, 3))
-        >>> _, report = slimtorch.quantize_with_report(model, "int8-dynamic")
-        >>> [(layer.name, layer.reason[:28]) for layer in report.kept_float]
-        [('1', 'int8-dynamic has no convolut')]
+        >>> report = slimtorch.quantize(model, "int8-dynamic")
+        >>> type(report.model[0]).__name__, [(k.name, k.reason[:28]) for k in report.kept_float]
+        ('Int8DynamicLinear', [('1', 'int8-dynamic has no convolut')])
     """
-    _check_options(scheme, group_size, kernel)
-    check_skip_patterns(model, tuple(skip))
-    choice = choose_targets(model, scheme, tuple(skip), embeddings)
+    chosen = _options(options, overrides)
+    scheme, group_size = chosen.scheme, chosen.group_size
+    check_skip_patterns(model, chosen.skip)
+    choice = choose_targets(model, scheme, chosen.skip, chosen.embeddings)
     skipped = choice.skipped
     inputs = list(calibration) if calibration is not None else []
     before, weights_before = model_bytes(model), weight_bytes(model)
@@ -212,9 +166,9 @@ def quantize_with_report(
             moments = InputMoments(linear if scheme == "int4-weight" else {})
             with moments.recording():
                 references = [_outputs(_call(model, sample)) for sample in inputs]
-            targets, twins = _twins(choice.targets, scheme, group_size, moments, skipped, progress, symmetric)
+            targets, twins = _twins(choice.targets, chosen, moments, skipped, progress)
             sensitive: dict[str, str] = {}
-            if keep_sensitive:
+            if chosen.keep_sensitive:
                 codec = "int4" if scheme == "int4-weight" else "int8"
                 build = one_unit_quantized(twins, scheme, group_size)
                 sensitive = sensitive_units(model, targets, build, inputs, _call, codec, group_size)
@@ -226,7 +180,7 @@ def quantize_with_report(
             originals, layers = {}, []
             for target in targets:
                 quantized = twins[target.name]
-                quantized.kernel = kernel if kernel in type(quantized).KERNELS else None
+                quantized.kernel = chosen.kernel if chosen.kernel in type(quantized).KERNELS else None
                 put_module(model, target.name, quantized)
                 originals[target.name] = target.module
                 layers.append(_layer_result(target, quantized))
@@ -238,7 +192,7 @@ def quantize_with_report(
         layers = [LayerResult(**{**asdict(r), "output_error": output_errors.get(r.name)}) for r in layers]
     listed = {name for name, why in skipped.items() if name in sensitive or "skip pattern" in why}
     float_layers, summary = kept_float(model, skipped, listed, weights_before)
-    report = QuantizeReport(
+    return QuantizeReport(
         scheme,
         group_size if scheme == "int4-weight" else None,
         layers,
@@ -249,18 +203,39 @@ def quantize_with_report(
         *agreement,
         notes=[summary] if summary else [],
         kept_float=float_layers,
+        model=model,
     )
+
+
+def _options(options: QuantizeOptions | str | None, overrides: dict[str, Any]) -> QuantizeOptions:
+    """The options :func:`quantize` runs with; a string is the scheme alone, the shorthand every call
+    before :class:`QuantizeOptions` wrote (``quantize(model, "int4-weight")``)."""
+    if isinstance(options, str):
+        if "scheme" in overrides:
+            raise OptionError(
+                f"quantize: the scheme is given twice ({options!r} and {overrides['scheme']!r})"
+            )
+        options, overrides = None, {"scheme": options, **overrides}
+    return resolve(QuantizeOptions, options, overrides, "quantize")
+
+
+def _model_and_report(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[nn.Module, QuantizeReport]:
+    """What ``quantize_with_report`` returned: the model and the report, as a pair."""
+    report = quantize(model, *args, **kwargs)
     return model, report
+
+
+quantize_with_report = deprecated(
+    _model_and_report, "slimtorch.quantize_with_report", "slimtorch.quantize, whose report holds .model"
+)
 
 
 def _twins(
     targets: list[Target],
-    scheme: str,
-    group_size: int,
+    options: QuantizeOptions,
     moments: InputMoments,
     skipped: dict[str, str],
     progress: Progress | None,
-    symmetric: bool = False,
 ) -> tuple[list[Target], dict[str, QuantizedWeight]]:
     """The quantized twin of each target (those whose weights the codecs can hold)."""
     kept, twins = [], {}
@@ -270,7 +245,12 @@ def _twins(
             try:
                 hessian = moments.hessian(target.name)
                 twins[target.name] = quantized_from(
-                    target.module, scheme, group_size, hessian, target.matrices, symmetric
+                    target.module,
+                    options.scheme,
+                    options.group_size,
+                    hessian,
+                    target.matrices,
+                    options.symmetric,
                 )
                 kept.append(target)
             except CodecError as exc:  # inf or nan in a weight: a scale cannot hold them
@@ -299,7 +279,7 @@ def dequantize(model: nn.Module) -> list[str]:
 
     Example:
         >>> import slimtorch, torch
-        >>> model = slimtorch.quantize(torch.nn.Sequential(torch.nn.Linear(64, 64)), "int8-weight")
+        >>> model = slimtorch.quantize(torch.nn.Sequential(torch.nn.Linear(64, 64)), "int8-weight").model
         >>> dequantize(model), type(model[0]).__name__
         (['0'], 'Linear')
     """
@@ -322,17 +302,7 @@ def model_bytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
-# -- options and results ----------------------------------------------------------------------------------
-def _check_options(scheme: str, group_size: int, kernel: str | None) -> None:
-    if scheme not in SCHEMES:
-        raise OptionError(f"unknown scheme {scheme!r} (known: {', '.join(SCHEMES)})")
-    if scheme == "int4-weight":
-        check_group_size(group_size)
-    known = dict.fromkeys([*LINEAR[scheme].KERNELS, *RECURRENT_LAYERS[scheme].KERNELS])
-    if kernel is not None and kernel not in known:
-        raise OptionError(f"kernel {kernel!r} does not compute {scheme} (its kernels: {', '.join(known)})")
-
-
+# -- results ----------------------------------------------------------------------------------
 def _recorded(twins: dict[str, QuantizedWeight], scheme: str, group_size: int) -> dict[str, dict[str, Any]]:
     group = group_size if scheme == "int4-weight" else None
     recorded = {}

@@ -1,5 +1,6 @@
-"""Recover: fine-tune or distil a pruned or quantized model back (:func:`recover`)."""
+"""Recover: fine-tune or distil a pruned or quantized model back (:func:`recover`, with
+:class:`RecoverOptions`)."""
 
-from slimtorch.recovery.training import RecoverReport, recover
+from slimtorch.recovery.training import RecoverOptions, RecoverReport, recover
 
-__all__ = ["RecoverReport", "recover"]
+__all__ = ["RecoverOptions", "RecoverReport", "recover"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,70 +25,110 @@ from torch import nn
 
 from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.format.progress import Progress, task
-from slimtorch.prune.unstructured import keep_sparse
+from slimtorch.format.verbs import NOT_JSON, Report, resolve
+from slimtorch.prune.sparse_training import keep_sparse
 
 BN_BATCHES = 50
 
 
 @dataclass(frozen=True)
-class RecoverReport:
-    """What :func:`recover` did: steps run, the last loss, the metric over time, whether it stopped early."""
+class RecoverOptions:
+    """How :func:`recover` trains: how long (exactly one of ``steps`` or ``epochs``), how fast, how much
+    it listens to a teacher, and when it stops.
+
+    Example:
+        >>> RecoverOptions(epochs=3, lr=1e-3).alpha
+        0.9
+    """
+
+    steps: int | None = None
+    """optimizer steps to run (going round the data as often as needed)"""
+    epochs: int | None = None
+    """instead of ``steps``: passes over the data (it needs a length, as a DataLoader has)"""
+    lr: float = 1e-3
+    """the default AdamW's learning rate"""
+    weight_decay: float = 0.0
+    """the default AdamW's weight decay"""
+    temperature: float = 4.0
+    """softens the teacher's and the student's outputs in the distillation loss (positive)"""
+    alpha: float = 0.9
+    """the distillation loss's share of the loss, 0 to 1 (the task loss has the rest)"""
+    features: Mapping[str, str] | None = None
+    """student module name -> teacher module name whose outputs are matched too (FitNets)"""
+    feature_weight: float = 1.0
+    """the weight of the feature-matching loss"""
+    target: float | None = None
+    """stop once ``eval_fn`` reaches this"""
+    eval_every: int | None = None
+    """call ``eval_fn`` every this many steps (None: ten times in all), and at the end"""
+    recalibrate_bn: bool = True
+    """re-estimate BatchNorm statistics on the training data first (pruning changed what they describe)"""
+
+    def __post_init__(self) -> None:
+        if self.features is not None:
+            object.__setattr__(self, "features", dict(self.features))  # the caller's later edits stay out
+        if self.steps is not None and self.epochs is not None:
+            raise OptionError("give exactly one of steps or epochs")
+        if not 0.0 <= self.alpha <= 1.0 or self.temperature <= 0:
+            raise OptionError("alpha must be in [0, 1] and temperature positive")
+        if self.eval_every is not None and self.eval_every < 1:
+            raise OptionError(f"eval_every must be at least 1, not {self.eval_every}")
+
+
+@dataclass(frozen=True)
+class RecoverReport(Report):
+    """What :func:`recover` did: steps run, the last loss, the metric over time, whether it stopped early,
+    and the trained model."""
+
+    SCHEMA = "slimtorch.recover/1"
 
     steps: int
     final_loss: float
     metrics: list[tuple[int, float]] = field(default_factory=list)
+    """(step, eval_fn's value) each time it was called"""
     stopped_early: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    model: nn.Module | None = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
+    """the student, trained in place"""
 
 
 def recover(
     student: nn.Module,
     train_data: Iterable,
+    /,
+    options: RecoverOptions | None = None,
     *,
     teacher: nn.Module | None = None,
     eval_fn: Callable[[nn.Module], float] | None = None,
-    steps: int | None = None,
-    epochs: int | None = None,
-    lr: float = 1e-3,
-    weight_decay: float = 0.0,
     optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
-    temperature: float = 4.0,
-    alpha: float = 0.9,
-    features: Mapping[str, str] | None = None,
-    feature_weight: float = 1.0,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
-    target: float | None = None,
-    eval_every: int | None = None,
-    recalibrate_bn: bool = True,
     progress: Progress | None = None,
+    **overrides: Any,
 ) -> RecoverReport:
-    """Fine-tune (or, with ``teacher``, distil into) ``student`` in place; returns a :class:`RecoverReport`.
+    """Fine-tune (or, with ``teacher``, distil into) ``student`` in place; returns a :class:`RecoverReport`
+    that holds it.
 
+    ``options`` is a :class:`RecoverOptions` (``overrides`` replace its fields: ``epochs=3``).
     ``optimizer`` makes the optimizer from the parameters to train (default: AdamW with ``lr`` and
-    ``weight_decay``); whichever it is, zeros from unstructured pruning stay zero.
+    ``weight_decay``); whichever it is, zeros from unstructured pruning stay zero. ``progress`` is told of
+    each step (None: silent).
 
     Example:
         >>> report = recover(pruned, loader, teacher=dense, epochs=3, eval_fn=accuracy)  # doctest: +SKIP
     """
-    if (steps is None) == (epochs is None):
-        raise OptionError("give exactly one of steps or epochs")
-    if not 0.0 <= alpha <= 1.0 or temperature <= 0:
-        raise OptionError("alpha must be in [0, 1] and temperature positive")
-    total = steps if steps is not None else epochs * _length(train_data)  # type: ignore[operator]
-    if recalibrate_bn:
+    options = resolve(RecoverOptions, options, overrides, "recover")
+    total = _total_steps(options, train_data)
+    if options.recalibrate_bn:
         recalibrate_batchnorm(student, train_data)
-    adapters = _Matcher(student, teacher, features) if features else None
+    adapters = _Matcher(student, teacher, options.features) if options.features else None
     if adapters is not None:
         first = _to(next(iter(train_data))[0], _device_of(student))
         adapters.prepare(student, teacher, first)  # widths known before the optimizer
     trainable = list(student.parameters()) + (list(adapters.parameters()) if adapters else [])
     if optimizer is None:
-        stepper = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
+        stepper = torch.optim.AdamW(trainable, lr=options.lr, weight_decay=options.weight_decay)
     else:
         stepper = optimizer(trainable)
-    every = eval_every or max(1, total // 10)
+    every = options.eval_every or max(1, total // 10)
     metrics: list[tuple[int, float]] = []
     loss_value, step, stopped = float("nan"), 0, False
     device = _device_of(student)
@@ -102,21 +142,21 @@ def recover(
         for inputs, targets in _batches(train_data, total):
             inputs, targets = _to(inputs, device), _to(targets, device)
             student.train()
-            loss = _loss(student, teacher, inputs, targets, loss_fn, temperature, alpha)
+            loss = _loss(student, teacher, inputs, targets, loss_fn, options.temperature, options.alpha)
             if adapters is not None:
-                loss = loss + feature_weight * adapters.loss()
+                loss = loss + options.feature_weight * adapters.loss()
             stepper.zero_grad(set_to_none=True)
             loss.backward()
             stepper.step()
             step, loss_value = step + 1, float(loss.detach())
             if eval_fn is not None and (step % every == 0 or step == total):
                 metrics.append((step, _evaluate(student, eval_fn)))
-                stopped = target is not None and metrics[-1][1] >= target and step < total
+                stopped = options.target is not None and metrics[-1][1] >= options.target and step < total
             advance(1)
             if stopped:
                 break
     student.eval()
-    return RecoverReport(step, loss_value, metrics, stopped)
+    return RecoverReport(step, loss_value, metrics, stopped, student)
 
 
 def recalibrate_batchnorm(model: nn.Module, data: Iterable, batches: int = BN_BATCHES) -> int:
@@ -253,6 +293,15 @@ def _batches(data: Iterable, total: int):
                 return
         if empty:
             raise SlimtorchError("the training data yielded no batch")
+
+
+def _total_steps(options: RecoverOptions, data: Iterable) -> int:
+    """The steps to run: ``steps``, or ``epochs`` passes over ``data`` (one of the two must be given)."""
+    if options.steps is not None:
+        return options.steps
+    if options.epochs is None:
+        raise OptionError("give exactly one of steps or epochs")
+    return options.epochs * _length(data)
 
 
 def _length(data: Iterable) -> int:

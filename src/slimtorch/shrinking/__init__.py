@@ -4,6 +4,7 @@
 
 from slimtorch.format.policy import ShrinkOptions
 from slimtorch.shrinking.pretrained import save_pretrained
-from slimtorch.shrinking.saving import ShrinkReport, save, save_model, shrink
+from slimtorch.shrinking.report import ShrinkReport, TensorResult
+from slimtorch.shrinking.saving import save, save_model, shrink
 
-__all__ = ["ShrinkOptions", "ShrinkReport", "save", "save_model", "save_pretrained", "shrink"]
+__all__ = ["ShrinkOptions", "ShrinkReport", "TensorResult", "save", "save_model", "save_pretrained", "shrink"]

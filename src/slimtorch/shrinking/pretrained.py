@@ -6,43 +6,57 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from slimtorch.prune.hf import ConfigUpdate, config_update
-from slimtorch.shrinking.saving import save_model
+from slimtorch.format.policy import ShrinkOptions
+from slimtorch.format.progress import Progress
+from slimtorch.prune.hf import config_update
+from slimtorch.shrinking.report import ShrinkReport
+from slimtorch.shrinking.saving import resolve_save_options, save_model
 
 
 def save_pretrained(
     model: nn.Module,
     folder: str | os.PathLike[str],
+    /,
+    options: ShrinkOptions | None = None,
+    *,
     companions: Mapping[str, Path] | None = None,
-    **options: Any,
-) -> ConfigUpdate:
+    metadata: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+    **overrides: Any,
+) -> ShrinkReport:
     """Write ``config.json`` with the pruned sizes and the weights as a slim ``model.safetensors``, with
     ``companions`` (the input folder's tokenizer and other files, from
     :func:`~slimtorch.sources.companions.companion_files`) copied along; the new ``config.json`` replaces
-    the input's.
+    the input's. The report's ``config_update`` holds the new sizes and what no config can express.
 
-    The folder is in the ``hf`` layout unless ``layout="slim"`` (:mod:`slimtorch.format.hf_layout`): with
-    ``quantize="int8"`` or ``"int4"`` its Linear weights are in the compressed-tensors format, so
-    ``from_pretrained`` reads the folder when :class:`ConfigUpdate` lists no problems (and refuses it when
-    the sizes differ from the config's); the slim layout's config makes ``from_pretrained`` refuse it.
+    Options and ``overrides`` are :func:`save_model`'s; without ``options`` nothing is stored sparse
+    (``ShrinkOptions(sparse="off")``). The folder is in the ``hf`` layout unless ``layout="slim"``
+    (:mod:`slimtorch.format.hf_layout`): with ``quantize="int8"`` or ``"int4"`` its Linear weights are in
+    the compressed-tensors format, so ``from_pretrained`` reads the folder when ``config_update`` lists no
+    problems (and refuses it when the sizes differ from the config's); the slim layout's config makes
+    ``from_pretrained`` refuse it.
 
     Example:
         >>> slimtorch.prune.channels(bert, (input_ids,), ratio=0.5)  # doctest: +SKIP
-        >>> slimtorch.save_pretrained(bert, "bert-half")  # doctest: +SKIP
+        >>> slimtorch.save_pretrained(bert, "bert-half").config_update.problems  # doctest: +SKIP
+        []
         >>> transformers.BertModel.from_pretrained("bert-half")  # doctest: +SKIP
     """
+    options = resolve_save_options(options or ShrinkOptions(sparse="off"), overrides, "save_pretrained")
     update = config_update(model)
     config = model.config.__class__.from_dict(model.config.to_dict())
     for key, value in update.values.items():
         setattr(config, key, value)
-    options.setdefault("sparse", "off")
     with tempfile.TemporaryDirectory() as staging:
         config.save_pretrained(staging)  # goes into the folder with the weights, in the same atomic swap
         extras = {**(companions or {}), **{name: Path(staging) / name for name in os.listdir(staging)}}
-        save_model(model, Path(folder), extra_files=extras, **options)
-    return update
+        report = save_model(
+            model, Path(folder), options, extra_files=extras, metadata=metadata, progress=progress
+        )
+    return replace(report, config_update=update)

@@ -15,11 +15,13 @@ import tarfile
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from slimtorch.errors import CheckpointNotFoundError, FormatError
 from slimtorch.format.source import TensorSource
 from slimtorch.sources.hf_folder import open_hf_folder
 from slimtorch.sources.hub_cache import resolve_model_path
+from slimtorch.sources.objects import plain_objects
 from slimtorch.sources.pickled import resolve_globals, unpickle
 from slimtorch.sources.safetensors_file import looks_like_safetensors, open_safetensors
 from slimtorch.sources.torch_legacy import SIGNATURE as LEGACY_SIGNATURE
@@ -121,3 +123,19 @@ def _is_tar(path: Path) -> bool:
         return tarfile.is_tarfile(path)
     except (OSError, tarfile.TarError):
         return False
+
+
+def load_objects(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> dict[str, Any]:
+    """The non-tensor values of a checkpoint, nested as saved: what ``slimtorch shrink`` kept in a slim
+    file, or the plain data of a torch.save file (what :func:`plain_objects` keeps). Formats without
+    such values (safetensors, TorchScript) give ``{}``.
+
+    Example:
+        >>> import slimtorch
+        >>> slimtorch.shrink("chgnet.pth.tar", "chgnet.safetensors")  # doctest: +SKIP
+        >>> slimtorch.load_objects("chgnet.safetensors")["model"]["model_args"]["n_conv"]  # doctest: +SKIP
+        4
+    """
+    with open_checkpoint(path, allow_globals=allow_globals) as source:
+        tree = source.tree
+    return plain_objects(tree).values

@@ -4,14 +4,13 @@ Training checkpoints keep more than tensors: chgnet needs ``model.model_args`` t
 torchfcpe keeps its ``config_dict``, Lightning its ``hyper_parameters``. :func:`plain_objects` keeps what JSON
 holds exactly (None, bool, int, float, str, and lists, tuples and string-keyed dicts of them; tuples come
 back as lists) and names everything it leaves out and why; the slim format stores the kept values in its
-metadata (``objects``) and :func:`load_objects` gives them back, nested as in the original.
+metadata (``objects``) and :func:`slimtorch.load_objects` gives them back, nested as in the original.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -80,24 +79,6 @@ def plain_objects(
         walk.dropped["..."] = f"{walk.unlisted:,} more values left out"
     _fit(values, max_bytes, walk.dropped)
     return PlainObjects(values, walk.dropped)
-
-
-def load_objects(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> dict[str, Any]:
-    """The non-tensor values of a checkpoint, nested as saved: what ``slimtorch shrink`` kept in a slim
-    file, or the plain data of a torch.save file (what :func:`plain_objects` keeps). Formats without
-    such values (safetensors, TorchScript) give ``{}``.
-
-    Example:
-        >>> import slimtorch
-        >>> slimtorch.shrink("chgnet.pth.tar", "chgnet.safetensors")  # doctest: +SKIP
-        >>> slimtorch.load_objects("chgnet.safetensors")["model"]["model_args"]["n_conv"]  # doctest: +SKIP
-        4
-    """
-    from slimtorch.sources import open_checkpoint  # the readers import this module's neighbours
-
-    with open_checkpoint(path, allow_globals=allow_globals) as source:
-        tree = source.tree
-    return plain_objects(tree).values
 
 
 _Name = tuple  # (parent _Name or None, key): a dotted name built only if it is listed

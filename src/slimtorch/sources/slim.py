@@ -56,6 +56,9 @@ class SlimSource(TensorSource):
     def codec(self, name: str) -> str:
         return self.entry(name).chain
 
+    def stages(self, name: str) -> list[dict[str, Any]]:
+        return list(self.entry(name).stages)
+
     def entry(self, name: str) -> Entry:
         """How tensor ``name`` is stored (for a tie or copy, the entry of the tensor it shares)."""
         name = self.layout.ties.get(name, self.layout.copies.get(name, name))

@@ -1,4 +1,4 @@
-"""Rendering of a :class:`~slimtorch.loading.loader.LoadProfile`: where the time of a load went."""
+"""Rendering of a :class:`~slimtorch.loading.options.LoadReport`: where the time of a load went."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from slimtorch.format.units import format_bytes
-from slimtorch.loading.loader import LoadProfile
+from slimtorch.loading.options import LoadReport
 
 PHASES = (
     ("open", "open_s", "parse the file's structure (headers, index, pickle)"),
@@ -19,26 +19,26 @@ PHASES = (
 )
 
 
-def render_load(profile: LoadProfile, console: Console, *, show_phases: bool) -> None:
+def render_load(report: LoadReport, console: Console, *, show_phases: bool) -> None:
     """One summary line; with ``show_phases``, the table of phases."""
-    rate = profile.bytes / profile.wall_s / 1e9 if profile.wall_s else 0.0
-    codecs = ", ".join(f"{n} {c}" for c, n in sorted(profile.by_codec.items(), key=lambda kv: -kv[1]))
+    rate = report.bytes / report.wall_s / 1e9 if report.wall_s else 0.0
+    codecs = ", ".join(f"{n} {c}" for c, n in sorted(report.by_codec.items(), key=lambda kv: -kv[1]))
     console.print(
         Text.assemble(
-            (profile.path, "bold"),
-            f"  {profile.format}, {format_bytes(profile.file_bytes)} on disk -> ",
+            (report.path, "bold"),
+            f"  {report.format}, {format_bytes(report.file_bytes)} on disk -> ",
             (
-                f"{format_bytes(profile.bytes)} "
-                + (f"into {profile.model} " if profile.model else "")
-                + f"on {profile.device}",
+                f"{format_bytes(report.bytes)} "
+                + (f"into {report.model_class} " if report.model_class else "")
+                + f"on {report.device}",
                 "bold green",
             ),
-            f" in {profile.wall_s:.3f} s ({rate:.2f} GB/s)",
+            f" in {report.wall_s:.3f} s ({rate:.2f} GB/s)",
         )
     )
     console.print(
-        f"{profile.tensors} tensors: {profile.zero_copy} mapped from the file without a copy, "
-        f"{profile.decoded} decoded ({codecs or 'none'}); {profile.threads} threads",
+        f"{report.tensor_count} tensors: {report.zero_copy} mapped from the file without a copy, "
+        f"{report.decoded} decoded ({codecs or 'none'}); {report.threads} threads",
         highlight=False,
     )
     if not show_phases:
@@ -52,10 +52,10 @@ def render_load(profile: LoadProfile, console: Console, *, show_phases: bool) ->
     for column in ("phase", "seconds", "share", "what"):
         table.add_column(column, justify="right" if column in ("seconds", "share") else "left")
     for label, attr, what in PHASES:
-        if attr == "construct_s" and profile.model is None:
+        if attr == "construct_s" and report.model_class is None:
             continue
-        seconds = getattr(profile, attr)
-        share = f"{100 * seconds / profile.wall_s:.0f}%" if profile.wall_s else "-"
+        seconds = getattr(report, attr)
+        share = f"{100 * seconds / report.wall_s:.0f}%" if report.wall_s else "-"
         table.add_row(label, f"{seconds:.3f}", share, what)
-    table.add_row("wall", f"{profile.wall_s:.3f}", "100%", "start to ready", style="bold")
+    table.add_row("wall", f"{report.wall_s:.3f}", "100%", "start to ready", style="bold")
     console.print(table)

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from slimtorch.cli.views.inspect_view import CATEGORY_LABELS
 from slimtorch.format.units import format_bytes
-from slimtorch.shrinking.saving import ShrinkReport
+from slimtorch.shrinking.report import ShrinkReport
 
 
 def _ratio(after: int, before: int) -> str:

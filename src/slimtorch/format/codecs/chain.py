@@ -21,15 +21,9 @@ import torch
 
 from slimtorch.errors import FormatError
 from slimtorch.format import untrusted
-from slimtorch.format.source import dtype_name, shape_problem
-
-DTYPES_BY_NAME: dict[str, torch.dtype] = {
-    dtype_name(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)
-}
-
-
-class CodecError(ValueError):
-    """A tensor cannot be encoded this way, or its parts do not decode to what the metadata says."""
+from slimtorch.format.codecs import entropy
+from slimtorch.format.codecs.base import CodecError, parse_dtype, parse_shape, require
+from slimtorch.format.source import dtype_name
 
 
 class Codec(Protocol):
@@ -106,8 +100,6 @@ def primary_role(stages: Sequence[Mapping[str, Any]]) -> str:
 
 def extend(encoded: Encoded, item: str | tuple[str, Mapping[str, Any]]) -> Encoded:
     """Apply one more stage to an encoding's primary part (``encode`` is a fold of this)."""
-    from slimtorch.format.codecs import entropy
-
     name, options = _spec(item)
     if encoded.stages and encoded.stages[-1].get("codec") == ENTROPY:
         raise CodecError("the entropy stage must come last")
@@ -166,8 +158,6 @@ def undo(
     ``keep=0`` gives the logical tensor under the role ``""``; ``keep=1`` on ``int8+sparse`` gives the
     int8 codes and their scales (what a quantized layer holds), without dequantizing anything.
     """
-    from slimtorch.format.codecs import entropy
-
     parts = dict(parts)
     stages = list(stages)
     check_budget(parts, stages, keep)
@@ -249,32 +239,6 @@ def _codec(stage: Mapping[str, Any]) -> Codec:
 
 def _declared(stage: Mapping[str, Any]) -> tuple[torch.dtype, tuple[int, ...]]:
     return parse_dtype(stage.get("dtype")), parse_shape(stage.get("shape"))
-
-
-def parse_dtype(value: object) -> torch.dtype:
-    dtype = DTYPES_BY_NAME.get(value) if isinstance(value, str) else None
-    if dtype is None:
-        raise CodecError(f"unknown dtype {str(value)[:40]!r}")
-    return dtype
-
-
-def parse_shape(value: object) -> tuple[int, ...]:
-    """A shape from metadata: a list of sizes below 2**48, at most ``MAX_DIMS`` of them, whose element
-    count fits int64 (checked before anything multiplies or walks them)."""
-    if not isinstance(value, list):
-        raise CodecError(f"shape {str(value)[:40]!r} is not a list of non-negative integers")
-    problem = shape_problem(value)
-    if problem is None and any(v >= 1 << 48 for v in value):
-        problem = "a size of 2**48 or more"
-    if problem:
-        raise CodecError(f"shape: {problem[:200]}")
-    return tuple(value)
-
-
-def require(condition: bool, problem: str) -> None:
-    """Raise :class:`CodecError` with ``problem`` unless ``condition`` holds (decoders check every part)."""
-    if not condition:
-        raise CodecError(problem)
 
 
 def part(parts: Mapping[str, torch.Tensor], role: str, dtype: torch.dtype | None = None) -> torch.Tensor:

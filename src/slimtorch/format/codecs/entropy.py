@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import torch
 
-from slimtorch.format.codecs.chain import CodecError, parse_dtype, parse_shape, require
+from slimtorch.format.codecs.base import CodecError, parse_dtype, parse_shape, require
 from slimtorch.format.source import dtype_name
 
 MIN_SAVING = 0.05

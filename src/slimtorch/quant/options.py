@@ -1,0 +1,55 @@
+"""What :func:`slimtorch.quantize` is told to do: :class:`QuantizeOptions`, checked when it is made, so a
+recipe holding a bad scheme, group size or kernel fails where it is written, not halfway through a model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slimtorch.errors import OptionError
+from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, check_group_size
+from slimtorch.quant.build import LINEAR, SCHEMES
+from slimtorch.quant.recurrent import RECURRENT_LAYERS
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """How :func:`slimtorch.quantize` quantizes a model; every field has the default the CLI has.
+
+    Example:
+        >>> QuantizeOptions("int4-weight", group_size=64, skip=["classifier"]).skip
+        ('classifier',)
+    """
+
+    scheme: str = "int8-dynamic"
+    """``"int8-dynamic"`` (fastest on CPU), ``"int8-weight"`` or ``"int4-weight"``."""
+    group_size: int = INT4_GROUP_SIZE
+    """Inputs sharing one int4 scale and zero point (even, 32 to 256; checked under every scheme)."""
+    skip: tuple[str, ...] = ()
+    """Module names or patterns (``"classifier"``, ``"*.pooler.*"``, an LSTM's matrix
+    ``"lstm.weight_ih_l0"``) that stay float; a pattern that matches nothing in the model is an error."""
+    embeddings: bool = True
+    """Quantize ``nn.Embedding`` too (int8 or int4 rows)."""
+    keep_sensitive: bool = True
+    """Keep float the few layers (or LSTM / GRU matrices) whose error would dominate the model's, measured
+    (see :mod:`slimtorch.quant.sensitivity`); False quantizes them too."""
+    kernel: str | None = None
+    """Force one kernel (``"onednn"``, ``"int_mm"``, ``"dequantize"``, ``"int8pack"``, ``"int4pack"``, the
+    weight-only ones with ``-bf16``; ``"quantized_rnn"`` for LSTM / GRU); None times the candidates on
+    first use and keeps the fastest."""
+    symmetric: bool = False
+    """int4 codes on the symmetric grid (zero point at code 8), the form compressed-tensors reads: what a
+    Hugging Face folder written by :func:`slimtorch.save_model` needs to hold them quantized
+    (``slimtorch quantize`` sets it for such folders). No effect on int8."""
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise OptionError(f"unknown scheme {self.scheme!r} (known: {', '.join(SCHEMES)})")
+        check_group_size(self.group_size)
+        if isinstance(self.skip, str):  # one pattern, not its characters
+            raise OptionError(f"skip takes a list of patterns, not the string {self.skip!r}")
+        object.__setattr__(self, "skip", tuple(self.skip))
+        known = dict.fromkeys([*LINEAR[self.scheme].KERNELS, *RECURRENT_LAYERS[self.scheme].KERNELS])
+        if self.kernel is not None and self.kernel not in known:
+            raise OptionError(
+                f"kernel {self.kernel!r} does not compute {self.scheme} (its kernels: {', '.join(known)})"
+            )
