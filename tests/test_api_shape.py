@@ -87,6 +87,16 @@ def test_each_verb_takes_options_and_overrides_and_returns_a_report(dotted: str)
     assert "progress" not in {f.name for f in dataclasses.fields(kinds[0])}, "progress is not an option"
 
 
+@pytest.mark.parametrize("dotted", VERBS)
+def test_each_steps_package_exports_its_verb_options_and_report(dotted: str) -> None:
+    verb = resolve_name(dotted)
+    package = importlib.import_module(".".join(verb.__module__.split(".")[:2]))
+    hints = typing.get_type_hints(verb)
+    options = next(t for t in _in_union(hints["options"]) if dataclasses.is_dataclass(t))
+    exported = set(package.__all__)
+    assert {verb.__name__, options.__name__, hints["return"].__name__} <= exported, package.__name__
+
+
 def test_every_report_has_its_own_schema_name() -> None:
     reports = [typing.get_type_hints(resolve_name(d))["return"] for d in VERBS]
     names = {r.SCHEMA for r in reports}

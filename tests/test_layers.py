@@ -189,3 +189,28 @@ def test_a_planted_cycle_inside_a_package_is_caught(tmp_path: Path) -> None:
     tree = _planted(tmp_path, "format", "ping.py", "def late():\n    from slimtorch.format import pong\n")
     (tree / "format" / "pong.py").write_text("from slimtorch.format.ping import late\n")
     assert cycles(import_graph(tree)) == [["slimtorch.format.ping", "slimtorch.format.pong"]]
+
+
+def reader_classes_named_outside_sources(src: Path) -> list[str]:
+    """Modules outside ``sources/`` that name a reader's class: they should ask the reader protocol
+    (``TensorSource.coded``, ``ties()``, ``delta()``, ``stages()`` ...) instead of testing for a format."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        if path.relative_to(src).parts[0] == "sources":
+            continue
+        names = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+        names |= {
+            alias.asname or alias.name
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.ImportFrom)
+            for alias in n.names
+        }
+        if "SlimSource" in names:
+            found.append(str(path.relative_to(src)))
+    return found
+
+
+def test_only_the_readers_know_their_own_classes(tmp_path: Path) -> None:
+    assert reader_classes_named_outside_sources(SRC) == []
+    tree = _planted(tmp_path, "loading", "planted.py", "def f(s):\n    return isinstance(s, SlimSource)\n")
+    assert reader_classes_named_outside_sources(tree) == ["loading/planted.py"]

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 from slimtorch.errors import CheckpointError, CheckpointNotFoundError, FormatError
 from slimtorch.format.hf_layout import inner_config
@@ -104,7 +105,7 @@ def open_hf_folder(folder: Path, open_file: Callable[[Path], TensorSource]) -> T
     parts = [open_file(f) for f in files]
     objects = _config_objects(folder / "config.json")
     extra = [p for p in (index, folder / "config.json") if p and p.is_file()]
-    slim = [p for p in parts if isinstance(p, SlimSource)]
+    slim = [cast(SlimSource, p) for p in parts if p.coded]  # only slim files store through codecs
     if slim:
         if len(slim) < len(parts):
             raise FormatError(folder, "some shards are slim checkpoints and others are not")
