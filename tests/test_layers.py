@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"graph"},
     {"format"},
     {"sources"},
-    {"inspection", "memory"},
+    {"inspection", "memory", "data"},
     {"models"},
     {"prune", "quant"},
     {"recovery", "shrinking", "loading"},
