@@ -39,6 +39,7 @@ VERBS = [
     "slimtorch.memory.profile",
     "slimtorch.memory.find_batch_size",
     "slimtorch.memory.fit",
+    "slimtorch.data.tune",
     "slimtorch.deploy.export",
     "slimtorch.deploy.footprint",
     "slimtorch.deploy.operators",
@@ -105,7 +106,8 @@ def test_every_report_has_its_own_schema_name() -> None:
 
 def _public_callables() -> list[tuple[str, object]]:
     found = []
-    for module in (slimtorch, slimtorch.prune, slimtorch.memory, slimtorch.deploy, slimtorch.quant):
+    steps = (slimtorch.prune, slimtorch.memory, slimtorch.deploy, slimtorch.quant, slimtorch.data)
+    for module in (slimtorch, *steps):
         for name in getattr(module, "__all__", []):
             value = getattr(module, name)
             if callable(value) and not isinstance(value, type):

@@ -157,10 +157,26 @@ def test_cli_prints_the_breakdown_and_the_largest_batch_in_a_budget(capsys) -> N
     assert main([*args, "--batch", "8", "64", "--budget", "40MB"]) == 0
     text = capsys.readouterr().out
     assert "optimizer state" in text and "per sample" in text and "largest batch predicted to fit" in text
+    assert "peak, steady state" in text and "peak, first step" in text
     assert main([*args, "--batch", "8", "64", "--json", "--checkpointing", "blocks"]) == 0
     data = __import__("json").loads(capsys.readouterr().out)
     assert data["schema"] == "slimtorch.memory/1" and len(data["steps"]) == 2
     assert data["steps"][0]["breakdown"]["parameters"] == _params_bytes(Blocks())
+    assert data["steps"][0]["steady_peak_bytes"] == data["steps"][0]["peak_bytes"]
+    assert 0 < data["steps"][0]["first_step_peak_bytes"] <= data["steps"][0]["peak_bytes"]
+
+
+def test_cli_gives_each_ranks_peak_under_a_strategy(capsys) -> None:
+    from slimtorch.cli.main import main
+
+    args = ["memory", "tests.test_memory:Blocks", "--input-shape", "8,256", "--device", "cpu"]
+    assert main([*args, "--parallel", "fsdp", "--world-size", "4"]) == 0
+    assert "per rank, fsdp on 4: peak" in capsys.readouterr().out
+    assert main([*args, "--parallel", "ddp", "--world-size", "2", "--json"]) == 0
+    data = __import__("json").loads(capsys.readouterr().out)
+    assert data["per_rank"]["strategy"] == "ddp" and data["per_rank"]["world_size"] == 2
+    assert main([*args, "--world-size", "2"]) == 2  # ranks without a strategy: one line, exit 2
+    assert "parallel=" in capsys.readouterr().err
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(capsys) -> None:
@@ -177,38 +193,67 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys) -> None:
     assert exit_info.value.code == 2
 
 
-class _Budgeted:
-    """A real training step of ``Blocks`` that runs out of memory, as the CPU allocator says it, above a
-    budget (measured the way find_batch_size measures); counts its calls."""
+class _Loop:
+    """A real training loop of ``Blocks``: one AdamW kept from step to step, ``zero_grad(set_to_none=True)``.
+    A step whose peak is above the budget (the heap it adds plus the weights and optimizer state it starts
+    with) runs out of memory, as the CPU allocator says it. Counts its steps."""
 
     def __init__(self, model: nn.Module, budget: int) -> None:
         self.model, self.budget, self.calls = model, budget, 0
-        self.resident = _params_bytes(model)
+        self.optimizer = torch.optim.AdamW(model.parameters())
 
     def run(self, batch_size: int) -> None:
-        optimizer = torch.optim.AdamW(self.model.parameters())
         self.model(torch.randn(batch_size, 256)).sum().backward()
-        optimizer.step()
-        self.model.zero_grad(set_to_none=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def peak(self, batch_size: int) -> int:
+        state = [v for s in self.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        resident = _params_bytes(self.model) + sum(v.numel() * v.element_size() for v in state)
+        return memory.measure_peak(lambda: self.run(batch_size), "cpu", resident)
 
     def __call__(self, batch_size: int) -> None:
         self.calls += 1
-        if memory.measure_peak(lambda: self.run(batch_size), "cpu", self.resident) > self.budget:
+        if self.peak(batch_size) > self.budget:
             raise torch.OutOfMemoryError("DefaultCPUAllocator: can't allocate memory: over the budget")
 
 
 @pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
-def test_find_batch_size_lands_near_the_true_largest_in_at_most_3_real_steps() -> None:
+def test_find_batch_size_lands_near_the_true_largest_in_at_most_3_trials_of_2_real_steps() -> None:
     model = Blocks()
-    step = _Budgeted(model, budget=10**12)
-    step.run(3000)  # BLAS keeps the work buffers of the largest product it has seen: grow them first
-    budget = memory.measure_peak(lambda: step.run(1500), "cpu", step.resident)  # 1500 fits, just
-    step.budget = budget
+    loop = _Loop(model, budget=10**12)
+    loop.run(3000)  # BLAS keeps the work buffers of the largest product it has seen: grow them first
+    budget = loop.peak(1500)  # 1500 fits, just, with the optimizer's state alive
+    loop.budget = budget
     report = estimate(model, torch.randn(8, 256), batch_sizes=[64, 128], device="cpu")
-    found = memory.find_batch_size(step, report, budget=budget, margin=0.0)
-    assert step.calls <= 3 and len(found.trials) == step.calls
+    found = memory.find_batch_size(loop, report, budget=budget, margin=0.0)
+    assert len(found.trials) <= 3 and loop.calls <= 2 * len(
+        found.trials
+    )  # a first step out of memory ends one
     assert any(t.fits and t.batch_size == found.batch_size for t in found.trials)  # a real step ran at it
     assert 0.9 * 1500 <= found.batch_size <= 1.05 * 1500
+
+
+@pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
+def test_find_batch_size_never_returns_a_batch_whose_third_step_runs_out_of_memory() -> None:
+    model = Blocks()
+    warm = _Loop(model, budget=10**12)
+    warm.run(3000)  # BLAS work buffers grown first, as in a loop that has run a while
+    budget = warm.peak(1000)
+    report = estimate(model, torch.randn(8, 256), batch_sizes=[64, 128], device="cpu")
+    first_step_fits = max(b for b in range(1, 3000) if _first_step_peak(report, b) <= budget)
+    assert report.largest_batch(budget) < 0.95 * first_step_fits  # sizing by step 1 would be too large
+    found = memory.find_batch_size(_Loop(model, budget), report, budget=budget).batch_size
+    fresh = _Loop(model, budget)  # a new loop at the batch found: none of its steps runs out of memory
+    for _ in range(3):
+        fresh(found)
+    assert found >= 0.9 * 1000
+
+
+def _first_step_peak(report: memory.MemoryReport, batch_size: int) -> float:
+    """The first step's peak at ``batch_size``, on the line through the report's first-step peaks."""
+    (b0, p0), (b1, p1) = ((s.batch_size, s.first_step_peak_bytes) for s in report.steps)
+    return p0 + (p1 - p0) / (b1 - b0) * (batch_size - b0)
 
 
 def test_find_batch_size_backs_off_after_running_out_of_memory() -> None:
@@ -222,7 +267,7 @@ def test_find_batch_size_backs_off_after_running_out_of_memory() -> None:
 
     found = memory.find_batch_size(step, report, budget=budget, margin=0.0, max_trials=3)
     assert not found.trials[0].fits and found.batch_size <= limit
-    assert [t.batch_size for t in found.trials] == sorted((t.batch_size for t in found.trials), reverse=True)
+    assert all(t.batch_size < found.trials[0].batch_size for t in found.trials[1:])  # never back up to it
 
 
 def test_out_of_memory_is_told_by_type_then_message() -> None:
@@ -289,13 +334,16 @@ def test_fit_meets_60_percent_of_the_peak_and_trains_exactly_as_before() -> None
     resident = _params_bytes(base)
 
     def peak(model: nn.Module) -> int:
+        """The third step of a real loop, measured (the optimizer's state alive from the second on)."""
+        optimizer = torch.optim.AdamW(model.parameters())
+
         def step() -> None:
-            optimizer = torch.optim.AdamW(model.parameters())
             nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
-            model.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
 
-        return memory.measure_peak(step, "cpu", resident)
+        step(), step()
+        return memory.measure_peak(step, "cpu", resident + 2 * resident)  # weights and the two moments
 
     peak(copy.deepcopy(base))  # warm-up
     budget = int(0.6 * peak(copy.deepcopy(base)))

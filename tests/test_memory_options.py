@@ -71,8 +71,11 @@ def test_fit_takes_fit_options_or_the_same_fields_as_keywords_and_holds_the_mode
 @pytest.mark.parametrize(
     ("call", "fields"),
     [
-        (lambda: memory.estimate(Blocks(), X, batch_size=[8]), "StepOptions has: batch_sizes, checkpointing"),
-        (lambda: memory.profile(Blocks(), X, optimiser="sgd"), "StepOptions has: batch_sizes"),
+        (
+            lambda: memory.estimate(Blocks(), X, batch_size=[8]),
+            "StepOptions has: accumulation, batch_sizes, checkpointing",
+        ),
+        (lambda: memory.profile(Blocks(), X, optimiser="sgd"), "StepOptions has: accumulation, batch_sizes"),
         (
             lambda: memory.find_batch_size(_limited(8), _estimate_at_two_sizes(), trials=2),
             "BatchSizeOptions has: budget, device, margin, max_trials",

@@ -11,8 +11,10 @@ The public API:
 - :func:`recover`: fine-tune or distil a pruned model back (BatchNorm re-estimated, zeros kept).
 - :mod:`prune`: structured pruning that physically shrinks a model (``slimtorch.prune.channels``).
 - :func:`quantize`: int8 / int4 layers that run fast on CPU and save and load as they are.
-- :mod:`memory`: a training step's peak memory, predicted on fake tensors (``slimtorch.memory.estimate``)
-  and measured (``slimtorch.memory.profile``).
+- :mod:`memory`: a training loop's steady-state peak memory, predicted on fake tensors
+  (``slimtorch.memory.estimate``, per rank under DDP or FSDP too) and measured (``slimtorch.memory.profile``).
+- :mod:`data`: DataLoader settings (workers, prefetch, pinning), measured for a dataset
+  (``slimtorch.data.tune``).
 - :mod:`deploy`: ``slimtorch.deploy.export`` to ONNX or ``.pt2``, verified against eager PyTorch, as a bundle
   that runs without torch; ``measure_footprint`` of its runtime; ``operators`` for a selective build.
 - :func:`open_model`: the model a command works on (a Hugging Face or sentence-transformers folder, or a
@@ -26,7 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from slimtorch import deploy, memory, models, prune
+from slimtorch import data, deploy, memory, models, prune
 from slimtorch._version import __version__
 from slimtorch.errors import (
     CheckpointError,
@@ -107,6 +109,7 @@ __all__ = [
     "TensorSource",
     "UnsafeCheckpointError",
     "__version__",
+    "data",
     "deploy",
     "inspect",
     "load",

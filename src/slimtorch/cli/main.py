@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from slimtorch._version import __version__
 from slimtorch.cli import (
+    dataloader_cmd,
     export_cmd,
     footprint_cmd,
     inspect_cmd,
@@ -38,6 +39,7 @@ COMMANDS = (
     prune_cmd,
     quantize_cmd,
     memory_cmd,
+    dataloader_cmd,
     export_cmd,
     footprint_cmd,
     ops_cmd,

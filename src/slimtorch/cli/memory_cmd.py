@@ -15,15 +15,19 @@ from slimtorch.cli.views.inspect_view import output_console
 from slimtorch.cli.views.memory_chart import write_chart
 from slimtorch.format.units import format_bytes, format_share, parse_size
 from slimtorch.memory import CATEGORIES, OPTIMIZERS, PRECISIONS, MemoryReport, StepOptions, estimate
+from slimtorch.memory.options import PARALLEL
 
-HELP = "predict a training (or inference) step's peak memory, and what it is made of, without running it"
+HELP = "predict a training loop's (or inference's) peak memory, and what it is made of, without running it"
 DESCRIPTION = """\
-Builds the model on the meta device (no memory, no weights read) and runs one step, forward, backward
+Builds the model on the meta device (no memory, no weights read) and runs its step, forward, backward
 and optimizer, on fake tensors that have shapes but no data, recording every tensor the step would
-allocate and free. Prints the peak, where it happens, and what it holds: parameters, gradients,
-optimizer state, activations kept for backward, inputs and temporaries; the activations by module; and,
-with several --batch values, the peak as a line in the batch size. With --budget, whether the step fits
-and the largest batch that would; with --chart, a PNG of memory over the step.
+allocate and free. The step runs again, the optimizer kept, until the steps repeat: from step 2 on the
+optimizer's state is alive through forward and backward, so the steady state's peak is the one to size
+by (the first step's is shown beside it). Prints the peak, where it happens, and what it holds:
+parameters, gradients, optimizer state, activations kept for backward, inputs and temporaries; the
+activations by module; and, with several --batch values, the peak as a line in the batch size. With
+--budget, whether the step fits and the largest batch that would; with --chart, a PNG of memory over
+the steady step.
 
 Sizes on CUDA are rounded as its caching allocator rounds them. Mixed precision is simulated with CPU
 autocast, whose op lists match CUDA's for the layers that matter (linear, matmul, convolution).
@@ -57,6 +61,24 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         choices=("cuda", "cpu"),
         help="sizes as allocated there (default: cuda if this machine has it)",
     )
+    parser.add_argument(
+        "--keep-grads",
+        action="store_true",
+        help="gradients kept as zeros between steps (zero_grad(set_to_none=False)); default: freed",
+    )
+    parser.add_argument(
+        "--accumulation",
+        type=int,
+        default=1,
+        metavar="K",
+        help="micro-batches per optimizer step (default 1)",
+    )
+    parser.add_argument(
+        "--parallel",
+        choices=PARALLEL,
+        help="also each rank's peak under this strategy (the batch is then per rank; needs --world-size)",
+    )
+    parser.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks of --parallel")
     parser.add_argument("--budget", type=_size, metavar="SIZE", help="memory to fit in, e.g. 24GB or 80GiB")
     parser.add_argument(
         "--chart", metavar="PNG", help="also draw memory over the step to this PNG (needs matplotlib)"
@@ -83,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
         checkpointing=args.checkpointing,  # ["blocks"] is "blocks"
         device=args.device,
         batch_sizes=args.batch,
+        set_to_none=not args.keep_grads,
+        accumulation=args.accumulation,
+        parallel=args.parallel,
+        world_size=args.world_size,
     )
     with TerminalProgress() as bar:
         report = estimate(loaded.model, loaded.example, step, progress=bar)
@@ -117,8 +143,9 @@ def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) ->
         if any(values):
             cells = (_cell(v, s.peak_bytes) for v, s in zip(values, report.steps, strict=True))
             table.add_row(category.replace("_", " "), *cells)
-    table.add_row("peak", *(format_bytes(s.peak_bytes) for s in report.steps), style="bold")
+    table.add_row("peak, steady state", *(format_bytes(s.peak_bytes) for s in report.steps), style="bold")
     table.add_row("in phase", *(f"{s.peak_phase}" for s in report.steps))
+    table.add_row("peak, first step", *(format_bytes(s.first_step_peak_bytes) for s in report.steps))
     console.print(table)
     last = report.steps[-1]
     phases = ", ".join(
@@ -135,6 +162,13 @@ def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) ->
     if report.per_sample_bytes is not None:
         console.print(
             f"peak = {format_bytes(report.fixed_bytes)} + {format_bytes(report.per_sample_bytes)} per sample",
+            highlight=False,
+        )
+    if report.per_rank is not None:
+        rank = report.per_rank
+        console.print(
+            f"per rank, {rank.strategy} on {rank.world_size}: peak {format_bytes(rank.peak_bytes)} "
+            f"in {rank.where}",
             highlight=False,
         )
     if args.budget:

@@ -6,6 +6,9 @@
 - :func:`find_batch_size`: the largest batch in a budget, predicted, then confirmed in a few real steps.
 - :func:`fit`: checkpointing, mixed precision and offload chosen to fit a budget, and applied.
 - :func:`default_device`: what ``device=None`` means everywhere here: CUDA if torch sees it, else the CPU.
+- :func:`rank_memory` (and ``estimate(..., parallel="fsdp", world_size=N)``): each rank's peak under DDP,
+  ZeRO-1 or FSDP2; :func:`smallest_world_size`: the fewest ranks that fit a budget.
+- :func:`measure_host`: what the CPU allocator adds to the live tensors of a real run (RSS growth).
 
 Each verb takes its options (:class:`StepOptions`, :class:`BatchSizeOptions`, :class:`FitOptions`) or
 their fields as keywords, and returns a report (:class:`MemoryReport`, :class:`BatchSizeResult`,
@@ -15,11 +18,19 @@ their fields as keywords, and returns a report (:class:`MemoryReport`, :class:`B
 import warnings
 from typing import Any
 
+from slimtorch.memory.allocator import HostMemory, measure_host
 from slimtorch.memory.batch_size import BatchSizeResult, find_batch_size, is_out_of_memory
 from slimtorch.memory.device import default_device
 from slimtorch.memory.estimating import CATEGORIES, MemoryReport, StepMemory, estimate, measure_peak, profile
 from slimtorch.memory.fitting import FitPlan, fit
 from slimtorch.memory.options import OPTIMIZERS, PRECISIONS, BatchSizeOptions, FitOptions, StepOptions
+from slimtorch.memory.parallel import (
+    ParallelStep,
+    RankMemory,
+    parallel_step,
+    rank_memory,
+    smallest_world_size,
+)
 from slimtorch.memory.step import checkpoint_blocks
 
 __all__ = [
@@ -30,7 +41,10 @@ __all__ = [
     "BatchSizeResult",
     "FitOptions",
     "FitPlan",
+    "HostMemory",
     "MemoryReport",
+    "ParallelStep",
+    "RankMemory",
     "StepMemory",
     "StepOptions",
     "checkpoint_blocks",
@@ -39,8 +53,12 @@ __all__ = [
     "find_batch_size",
     "fit",
     "is_out_of_memory",
+    "measure_host",
     "measure_peak",
+    "parallel_step",
     "profile",
+    "rank_memory",
+    "smallest_world_size",
 ]
 
 

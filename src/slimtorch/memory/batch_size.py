@@ -2,8 +2,10 @@
 
 The usual finders learn the limit by crashing into it: accelerate retries at 90% after every
 out-of-memory error, Lightning doubles until one, then bisects. Here the estimate (each phase's peak as a
-line in the batch size) predicts the answer before any real step runs; a real step at that size measures
-the true peak, whose ratio to the prediction corrects it; a second step confirms the corrected answer.
+line in the batch size, in the loop's steady state) predicts the answer before any real step runs; a trial
+at that size runs two real steps and measures the second (a loop's first step has no optimizer state yet,
+so it fits where the second may not), whose ratio to the prediction corrects it; a second trial confirms
+the corrected answer.
 Out-of-memory errors (told by their type first, their message second) make it back off, and a safety
 margin keeps the answer clear of the edge. With ``torch.distributed`` initialised, every rank takes the
 smallest answer of all.
@@ -38,7 +40,7 @@ class Trial:
     batch_size: int
     fits: bool
     peak_bytes: int | None
-    """measured peak of the step (None when it ran out of memory before the end)"""
+    """measured peak of the trial's second step (None when either step ran out of memory)"""
 
 
 @dataclass(frozen=True)
@@ -74,13 +76,17 @@ def find_batch_size(
     progress: Progress | None = None,
     **overrides: Any,
 ) -> BatchSizeResult:
-    """The largest batch size whose training step fits the budget, in at most ``max_trials`` real steps.
+    """The largest batch size whose training loop fits the budget, in at most ``max_trials`` trials of
+    two real steps each (the second measured: it is the first with the optimizer's state alive).
 
     Args:
-        train_step: runs one real step at the batch size it is given (forward, backward, optimizer). On
-            the CPU it should make what it needs besides the model (optimizer, batch) itself: its peak
-            is measured as the heap it adds plus the model's weights.
-        report: :func:`slimtorch.memory.estimate` of the step at two or more batch sizes.
+        train_step: runs one step of the real loop at the batch size it is given (forward, backward,
+            optimizer step, ``zero_grad``), its optimizer kept from call to call as in training, and makes
+            its batch itself. On the CPU the second step's peak is measured as the heap it adds plus what
+            the estimate says a step starts with (weights, buffers, optimizer state, and gradients when
+            the report kept them: ``set_to_none=False``).
+        report: :func:`slimtorch.memory.estimate` of the step at two or more batch sizes, with the
+            optimizer ``train_step`` uses.
         options: :class:`BatchSizeOptions` (budget, margin, max_trials, device); ``**overrides`` replace
             its fields. The budget defaults to the CUDA device's free memory (required on the CPU); the
             device to the report's, itself this machine's unless the estimate named one. The answer is
@@ -104,11 +110,11 @@ def find_batch_size(
         raise SlimtorchError(
             f"even batch 1 is predicted to need {report.predict(1):,} bytes, over the budget of {budget:,}"
         )
-    with task(progress, "finding the batch size", search.max_trials, "steps") as advance:
+    with task(progress, "finding the batch size", search.max_trials, "trials") as advance:
         trials = _search(train_step, report, predicted, budget, usable, search.max_trials, device, advance)
     best = max((t.batch_size for t in trials if t.fits), default=0)
     if best < 1:
-        raise SlimtorchError(f"no batch size fitted {budget:,} bytes in {len(trials)} trial steps")
+        raise SlimtorchError(f"no batch size fitted {budget:,} bytes in {len(trials)} trials of two steps")
     return BatchSizeResult(_agreed(best), predicted, budget, trials)
 
 
@@ -122,9 +128,9 @@ def _search(
     device: str,
     advance: Callable[[int], None],
 ) -> list[Trial]:
-    """Real steps from the predicted ``candidate``: each measured peak rescales the estimate's lines, and
+    """Trials from the predicted ``candidate``: each measured peak rescales the estimate's lines, and
     the next candidate is the largest batch they then fit, until it repeats or stops growing."""
-    resident = sum(report.steps[0].breakdown[k] for k in ("parameters", "buffers"))
+    resident = _resident(report)
     trials: list[Trial] = []
     best, too_big, scale = 0, None, 1.0
     for _ in range(max_trials):
@@ -149,9 +155,18 @@ def _search(
     return trials
 
 
+def _resident(report: MemoryReport) -> int:
+    """What every step of the loop starts with: weights, buffers, the optimizer's state, and the
+    gradients when they are kept as zeros between steps."""
+    kept = ("parameters", "buffers", "optimizer_state") + (() if report.set_to_none else ("gradients",))
+    return sum(report.steps[0].breakdown[k] for k in kept)
+
+
 def _try(train_step: Callable[[int], Any], batch_size: int, device: str, budget: int, resident: int) -> Trial:
-    """One real step: it fits if it neither ran out of memory nor peaked above the budget."""
+    """Two real steps, the second measured: the trial fits if neither ran out of memory and the second
+    (the first with the optimizer's state alive) peaked within the budget."""
     try:
+        train_step(batch_size)  # the first step makes the optimizer's state, if it is not there yet
         peak = measure_peak(lambda: train_step(batch_size), device, resident)
     except Exception as error:  # the step's own errors are the user's, except running out of memory
         if not is_out_of_memory(error):

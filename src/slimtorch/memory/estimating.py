@@ -1,7 +1,9 @@
-"""``estimate`` and ``profile``: a step's peak memory and where it goes, simulated or measured.
+"""``estimate`` and ``profile``: a training loop's peak memory and where it goes, simulated or measured.
 
-Both run the same step (:mod:`slimtorch.memory.step`): ``estimate`` on fake tensors, so it needs no memory
-for the model's weights or activations and works for models larger than RAM; ``profile`` on real ones.
+Both run the same steps (:mod:`slimtorch.memory.step`): ``estimate`` on fake tensors, so it needs no
+memory for the model's weights or activations and works for models larger than RAM; ``profile`` on real
+ones. The step runs as a loop runs it, until it repeats: the peak reported is the steady state's (from
+step 2 on, the optimizer's state is alive through forward and backward), the first step's beside it.
 The peak is broken down by what its bytes are (parameters, gradients, optimizer state, activations saved
 for backward, inputs, temporaries), by phase (forward, backward, optimizer) and, for activations, by the
 module that saved them.
@@ -9,9 +11,6 @@ module that saved them.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -22,9 +21,11 @@ from torch import nn
 from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.format.progress import Progress, task
 from slimtorch.format.verbs import Report, resolve
+from slimtorch.memory.allocator import mallinfo2
 from slimtorch.memory.device import default_device, runnable_device
 from slimtorch.memory.options import StepOptions
-from slimtorch.memory.step import DONE, StepRecord, run_step
+from slimtorch.memory.parallel import RankMemory, parallel_step, rank_memory
+from slimtorch.memory.step import DONE, StepRecord, run_steps
 from slimtorch.memory.timeline import StorageTimeline
 
 CURVE_POINTS = 1000
@@ -33,7 +34,13 @@ CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activati
 
 @dataclass(frozen=True)
 class StepMemory:
-    """The peak of one step at one batch size."""
+    """The peak of a training loop's step at one batch size.
+
+    ``peak_bytes`` is the steady state's peak (``steady_peak_bytes``): every step from the second on
+    reaches it, so it is what to size a device by; ``first_step_peak_bytes`` is the first step's, lower
+    in training (the optimizer's state is made only in its optimizer step). The breakdown, phases,
+    modules and curve are the steady step's.
+    """
 
     batch_size: int | None
     peak_bytes: int
@@ -51,7 +58,13 @@ class StepMemory:
     (each the highest of its stretch), for a chart"""
     allocator_peak_bytes: int | None = None
     """``profile`` only: the allocator's own high-water mark over the step (CUDA's max_memory_allocated,
-    or the C library's heap in use on the CPU, measured after every op)"""
+    or the C library's heap in use on the CPU, measured after every op), in the steady step"""
+    first_step_peak_bytes: int = 0
+    """the loop's first step's peak (before the optimizer's state exists)"""
+    steady_peak_bytes: int = 0
+    """the steady state's peak: ``peak_bytes``"""
+    steps_run: int = 1
+    """steps run until one started with the same tensors alive as the one before (2 in training)"""
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,12 @@ class MemoryReport(Report):
     phase_lines: dict[str, tuple[float, float]] = field(default_factory=dict)
     """phase -> (fixed, per-sample bytes) of that phase's highest point: the overall peak moves from the
     optimizer step (weights and moments, fixed) to the backward pass (activations) as batches grow"""
+    set_to_none: bool = True
+    """whether gradients were freed between steps (else kept as zeros)"""
+    accumulation: int = 1
+    """micro-batches per optimizer step"""
+    per_rank: RankMemory | None = None
+    """each rank's peak under ``parallel`` (the last batch size's step, per rank), when asked for"""
 
     @property
     def peak_bytes(self) -> int:
@@ -107,19 +126,20 @@ def estimate(
     progress: Progress | None = None,
     **overrides: Any,
 ) -> MemoryReport:
-    """Predict a training (or inference) step's peak memory without running it for real.
+    """Predict a training loop's (or inference's) peak memory without running it for real.
 
     The forward pass, the backward pass and the optimizer step run on fake tensors (shapes, no data), so
-    the model may be built on the meta device and be larger than RAM. Every storage the step would
-    allocate and free is recorded; the report gives the peak, what it is made of, where it happens, and
-    how it grows with the batch size.
+    the model may be built on the meta device and be larger than RAM, step after step with the optimizer
+    kept, until the steps repeat (step 2 in training: step 1 makes the optimizer's state). Every storage
+    the steps would allocate and free is recorded; the report gives the steady state's peak (and the
+    first step's), what it is made of, where it happens, and how it grows with the batch size.
 
     Args:
         model: the model (its weights are never touched; a meta-device model is enough).
         example_inputs: one batch: a tensor, a tuple of arguments or a dict of keyword arguments.
         options: the step (:class:`StepOptions`: mode, optimizer, precision, checkpointing, device,
-            batch_sizes); ``**overrides`` replace its fields. Any machine can plan for CUDA
-            (``device="cuda"``): nothing runs on it.
+            batch_sizes, set_to_none, accumulation); ``**overrides`` replace its fields. Any machine can
+            plan for CUDA (``device="cuda"``): nothing runs on it.
         loss_fn: output -> scalar loss (default: the sum of the first floating-point output).
         progress: told of each batch size's step (None: silent).
 
@@ -131,6 +151,8 @@ def estimate(
         >>> held = report.steps[0].breakdown
         >>> held["optimizer_state"] // held["parameters"]  # AdamW: two moments per weight
         2
+        >>> report.steps[0].steps_run  # step 1 makes AdamW's state; step 2, the steady one, repeats
+        2
     """
     step = resolve(StepOptions, options, overrides, "estimate")
     step = replace(step, device=step.device or default_device())
@@ -138,10 +160,10 @@ def estimate(
     steps = []
     with task(progress, "estimating memory", len(sizes), "steps") as advance:
         for batch_size in sizes:
-            record = run_step(model, example_inputs, batch_size, step, fake=True, loss_fn=loss_fn)
+            record = run_steps(model, example_inputs, batch_size, step, fake=True, loss_fn=loss_fn)
             steps.append(_measured(record, batch_size))
             advance(1)
-    return _report(step, steps)
+    return _with_ranks(model, _report(step, steps), step)
 
 
 def profile(
@@ -154,9 +176,9 @@ def profile(
     progress: Progress | None = None,
     **overrides: Any,
 ) -> MemoryReport:
-    """The same step as :func:`estimate`, run for real (on copies of the weights, on the options'
+    """The same steps as :func:`estimate`, run for real (on copies of the weights, on the options'
     ``device``; None: this machine's): the same breakdown, measured, plus the allocator's own high-water
-    mark to check both against.
+    mark in the steady step to check both against.
 
     Example:
         >>> report = slimtorch.memory.profile(model, torch.randn(8, 64))  # doctest: +SKIP
@@ -170,13 +192,20 @@ def profile(
     with task(progress, "profiling memory", len(sizes), "steps") as advance:
         for batch_size in sizes:
             sampler = _sampler(step)
-            record = run_step(
+            record = run_steps(
                 model, example_inputs, batch_size, step, fake=False, loss_fn=loss_fn, timeline=sampler
             )
             allocator = sampler.allocator_peak() if isinstance(sampler, _AllocatorSampler) else None
             steps.append(_measured(record, batch_size, allocator))
             advance(1)
-    return _report(step, steps)
+    return _with_ranks(model, _report(step, steps), step)
+
+
+def _with_ranks(model: nn.Module, report: MemoryReport, step: StepOptions) -> MemoryReport:
+    """The report with each rank's peak under ``step.parallel``, when asked for."""
+    if step.parallel is None:
+        return report
+    return replace(report, per_rank=rank_memory(parallel_step(model, report), step.parallel, step.world_size))
 
 
 def _sizes(step: StepOptions) -> list[int | None]:
@@ -185,6 +214,7 @@ def _sizes(step: StepOptions) -> list[int | None]:
 
 
 def _measured(record: StepRecord, batch_size: int | None, allocator: int | None = None) -> StepMemory:
+    """The steady (last) step's peak, breakdown, phases and curve, and the first step's peak."""
     peak = record.timeline.peak()
     breakdown = dict.fromkeys(CATEGORIES, 0)
     for key, nbytes in peak.live.items():
@@ -201,20 +231,25 @@ def _measured(record: StepRecord, batch_size: int | None, allocator: int | None 
         peak.phase,
         peak.module,
         breakdown,
-        {name: value for name, value in record.timeline.phase_peaks.items() if name != DONE},
+        {name: value for name, value in record.timeline.step_phase_peaks[-1].items() if name != DONE},
         ranked,
         _curve(record.timeline),
         allocator,
+        record.timeline.peak(step=0).bytes,
+        peak.bytes,
+        record.steps_run,
     )
 
 
 def _curve(timeline: StorageTimeline) -> list[tuple[str, int]]:
-    """Live bytes after each event, thinned to :data:`CURVE_POINTS` (the highest of each stretch)."""
+    """Live bytes after each event of the steady (last) step, thinned to :data:`CURVE_POINTS` (the
+    highest of each stretch)."""
     points: list[tuple[str, int]] = []
     current = 0
-    for event in timeline.events:
+    window = timeline.window()
+    for index, event in enumerate(timeline.events):
         current += event.nbytes
-        if event.phase != DONE:
+        if index in window and event.phase != DONE:
             points.append((event.phase, current))
     stride = max(1, -(-len(points) // CURVE_POINTS))
     return [max(points[i : i + stride], key=lambda p: p[1]) for i in range(0, len(points), stride)]
@@ -245,7 +280,17 @@ def _report(plan: StepOptions, steps: list[StepMemory]) -> MemoryReport:
     optimizer = plan.optimizer if plan.mode == "train" else None
     fixed, per_sample = (int(overall[0]), overall[1]) if overall else (None, None)
     return MemoryReport(
-        plan.mode, plan.precision, optimizer, plan.device, plan.checkpointing, steps, fixed, per_sample, lines
+        plan.mode,
+        plan.precision,
+        optimizer,
+        plan.device,
+        plan.checkpointing,
+        steps,
+        fixed,
+        per_sample,
+        lines,
+        plan.set_to_none,
+        plan.accumulation,
     )
 
 
@@ -293,16 +338,21 @@ class _AllocatorSampler(StorageTimeline):
         super().__init__(rounding)
         self._read = read
         self._start = read()
-        self._high = self._start
+        self._highs = [self._start]  # per step
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        self._high = max(self._high, self._read())
+        self._highs[-1] = max(self._highs[-1], self._read())
         return out
 
+    def begin_step(self) -> None:
+        super().begin_step()
+        self._highs.append(self._read())
+
     def allocator_peak(self) -> int:
-        """Bytes in use at the highest, counted from before the step made its tensors (weights, inputs)."""
-        return self._high - self._start
+        """Bytes in use at the highest of the last step, counted from before the first step made its
+        tensors (weights, inputs)."""
+        return self._highs[-1] - self._start
 
 
 def _sampler(plan: StepOptions) -> StorageTimeline:
@@ -313,36 +363,7 @@ def _sampler(plan: StepOptions) -> StorageTimeline:
     return _AllocatorSampler(1, heap) if heap is not None else StorageTimeline(1)
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-@functools.cache
 def _heap_in_use() -> Callable[[], int] | None:
     """glibc's bytes in use (its arenas plus mmap'd chunks): where torch's CPU tensors live."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    function = getattr(libc, "mallinfo2", None)
-    if function is None:
-        return None
-    function.restype = _MallInfo2
-
-    def read() -> int:
-        info = function()
-        return int(info.uordblks + info.hblkhd)
-
-    return read
+    heap = mallinfo2()
+    return None if heap is None else (lambda: heap()[0])

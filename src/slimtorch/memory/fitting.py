@@ -15,7 +15,8 @@ CPU, torch's CPU autocast: linear, matmul and convolution in bfloat16), and the 
 
 Every candidate is estimated on fake tensors (:func:`slimtorch.memory.estimate`), so choosing costs a few
 simulated steps (a bisection over the number of blocks) and no memory; the first that fits (with a
-margin) is applied to the model.
+margin) is applied to the model. A candidate fits when the loop's steady state does (from step 2 on,
+the optimizer's state is alive through forward and backward), not only its first step.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def fit(
     with task(progress, "fitting the step: simulated steps", None, "steps") as advance:
 
         def peak(names: list[str], precision: str) -> int:
-            """The estimated peak with ``names`` checkpointed, in ``precision``: one simulated step."""
+            """The estimated steady-state peak with ``names`` checkpointed, in ``precision``."""
             step = StepOptions(
                 optimizer=how.optimizer, precision=precision, checkpointing=tuple(names), device=device
             )

@@ -26,6 +26,8 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "rmsprop": torch.optim.RMSprop,
 }
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16")
+PARALLEL = ("ddp", "zero1", "fsdp", "fsdp-offload")
+"""Strategies :mod:`slimtorch.memory.parallel` models (its ``STRATEGIES``)."""
 MODES = ("train", "inference")
 FIT_MARGIN = 0.05
 BATCH_SIZE_MARGIN = 0.02
@@ -54,6 +56,17 @@ class StepOptions:
     machine's (CUDA if torch sees one). ``estimate`` may plan for CUDA anywhere; ``profile`` runs there"""
     batch_sizes: tuple[int, ...] | None = None
     """batch sizes to step at (the inputs' first dimension is resized); None: the inputs' own"""
+    set_to_none: bool = True
+    """train mode: gradients freed after each optimizer step (``zero_grad``'s default), or, False, kept
+    as zeros through the next step's forward and backward"""
+    accumulation: int = 1
+    """train mode: micro-batches of ``batch_sizes`` rows whose gradients add up before each optimizer
+    step (gradient accumulation)"""
+    parallel: str | None = None
+    """``"ddp"``, ``"zero1"``, ``"fsdp"`` or ``"fsdp-offload"``: also give each rank's peak under that
+    strategy on ``world_size`` ranks (:mod:`slimtorch.memory.parallel`); batch sizes are then per rank"""
+    world_size: int = 1
+    """ranks of ``parallel``"""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -65,6 +78,18 @@ class StepOptions:
         object.__setattr__(self, "device", check_device(self.device))
         object.__setattr__(self, "checkpointing", _checkpointing(self.checkpointing))
         object.__setattr__(self, "batch_sizes", _batch_sizes(self.batch_sizes))
+        if not isinstance(self.set_to_none, bool):
+            raise OptionError(f"set_to_none must be True or False, not {self.set_to_none!r}")
+        if not _positive_int(self.accumulation):
+            raise OptionError(
+                f"accumulation must be a positive integer of micro-batches, not {self.accumulation!r}"
+            )
+        if self.parallel not in (None, *PARALLEL):
+            raise OptionError(f"parallel must be one of {', '.join(PARALLEL)}, not {self.parallel!r}")
+        if not _positive_int(self.world_size) or (self.world_size > 1 and self.parallel is None):
+            raise OptionError(
+                f"world_size must be a positive integer, with parallel= when above 1, not {self.world_size!r}"
+            )
 
     @property
     def weight_dtype(self) -> torch.dtype | None:
@@ -89,14 +114,15 @@ class BatchSizeOptions:
     margin: float = BATCH_SIZE_MARGIN
     """share of the budget kept free, for what a step's peak varies by"""
     max_trials: int = 3
-    """real steps at most (each measured; an out-of-memory error counts as one)"""
+    """trials at most, each two real steps of the loop, the second measured (an out-of-memory error
+    ends a trial)"""
     device: str | None = None
     """where the training step runs; None: the estimate's device"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", check_budget(self.budget))
         check_margin(self.margin)
-        if isinstance(self.max_trials, bool) or not isinstance(self.max_trials, int) or self.max_trials < 1:
+        if not _positive_int(self.max_trials):
             raise OptionError(f"max_trials must be a positive integer, not {self.max_trials!r}")
         object.__setattr__(self, "device", check_device(self.device))
 
@@ -166,6 +192,10 @@ def check_margin(margin: Any) -> None:
     """A margin is a share of the budget: 0 (none) up to, not including, 1 (all of it)."""
     if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin < 1:
         raise OptionError(f"margin must be a share of the budget, 0 to below 1, not {margin!r}")
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _checkpointing(which: Any) -> str | tuple[str, ...] | None:

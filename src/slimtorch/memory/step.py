@@ -1,5 +1,12 @@
-"""One training or inference step of a model, run on fake tensors (an estimate) or real ones (a
-measurement), with every storage recorded by a :class:`~slimtorch.memory.timeline.StorageTimeline`.
+"""A model's training (or inference) step, run on fake tensors (an estimate) or real ones (a
+measurement) as a training loop runs it, with every storage recorded by a
+:class:`~slimtorch.memory.timeline.StorageTimeline`.
+
+A loop's first step is not its typical one: the optimizer makes its state (AdamW: two fp32 copies of the
+weights) in step 1's optimizer step, and from step 2 on that state is alive through the forward and
+backward passes too. So the step runs again, the same optimizer kept, gradients freed (``zero_grad``'s
+default ``set_to_none=True``) or kept as zeros, until a step starts with the same tensors alive as the one
+before it: that step is the steady state, the one every later step repeats.
 
 The model is left as it was: its parameters and buffers are replaced, for the step only, by tensors
 made here (fake ones of the same shape under ``FakeTensorMode``) and put back afterwards. A model built
@@ -11,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,14 +38,16 @@ from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.graph.capture import as_args
 from slimtorch.memory.options import OPTIMIZERS, StepOptions
 from slimtorch.memory.timeline import StorageTimeline
+from slimtorch.memory.workspaces import true_sizes
 
 CUDA_BLOCK = 512  # the CUDA caching allocator hands out multiples of 512 bytes
 DONE = "done"
+MAX_STEPS = 4  # step 1 makes the optimizer's state; from step 2 on, a loop's live set repeats
 
 
 @dataclass
 class StepRecord:
-    """The timeline of one step and which storages played which role in it."""
+    """The timeline of the steps run and which storages played which role in them."""
 
     timeline: StorageTimeline
     parameters: set[int]
@@ -45,9 +55,11 @@ class StepRecord:
     inputs: set[int]
     gradients: set[int]
     optimizer_state: set[int]
+    steps_run: int = 1
+    """steps run until the tensors alive at a step's start repeated (the last of them is the steady one)"""
 
 
-def run_step(
+def run_steps(
     model: nn.Module,
     example: Any,
     batch_size: int | None,
@@ -57,13 +69,18 @@ def run_step(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     timeline: StorageTimeline | None = None,
 ) -> StepRecord:
-    """Run one step of ``model`` on ``example`` (resized to ``batch_size`` rows) and record its memory;
-    ``plan.device`` is named (the verb resolves None to this machine's before it gets here)."""
+    """Run ``model``'s step on ``example`` (resized to ``batch_size`` rows) as a training loop runs it,
+    one optimizer kept from step to step, until a step starts with the same tensors alive as the step
+    before it: step 1 makes the optimizer's state, so the steady state is step 2 in training, step 1 in
+    inference. Every step's memory is recorded; ``plan.device`` is named (the verb resolves None to this
+    machine's before it gets here)."""
     # Fake tensors live on the CPU whatever the plan's device (a CPU-only torch cannot run autograd on
     # fake CUDA tensors): CUDA shows in the allocator's rounding, and CPU autocast stands in for CUDA's.
     device = torch.device(plan.device) if not fake else torch.device("cpu")
     rounding = CUDA_BLOCK if torch.device(plan.device).type == "cuda" else 1
     timeline = timeline or StorageTimeline(rounding)
+    if fake and rounding == 1:  # oneDNN's kernels are the CPU's: CUDA's (cuDNN's) are not probed here
+        timeline.true_sizes = true_sizes
     args, kwargs = _split(example)
     args, kwargs = _resized(args, batch_size), _resized(kwargs, batch_size)
     # real tensors a loss function closes over (the targets) join the fake ones as they are
@@ -79,11 +96,70 @@ def run_step(
             record.inputs.add(timeline.track(value))
         with _swapped(model, tensors), _named_modules(model, timeline), timeline:
             try:
-                _forward_backward(model, tensors, args, kwargs, plan, device, timeline, loss_fn, record)
+                _loop(model, tensors, (args, kwargs), plan, device, loss_fn, record)
             except UNSIMULABLE as exc:
                 raise SlimtorchError(_unsimulable(exc, timeline.modules, model)) from None
-            timeline.phase = DONE  # what follows is this simulation letting go of the step's tensors
+            timeline.phase = DONE  # what follows is this simulation letting go of the steps' tensors
     return record
+
+
+def _loop(
+    model: nn.Module,
+    tensors: dict[str, torch.Tensor],
+    inputs: tuple[Any, Any],
+    plan: StepOptions,
+    device: torch.device,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    record: StepRecord,
+) -> None:
+    """Steps until the live set at a step's start repeats (at most :data:`MAX_STEPS`)."""
+    timeline = record.timeline
+    trainable = list({id(t): t for t in tensors.values() if t.requires_grad}.values())  # tied ones once
+    optimizer = OPTIMIZERS[plan.optimizer](trainable) if plan.mode == "train" else None
+    start = sorted(timeline.live.values())
+    for count in range(1, MAX_STEPS + 1):
+        if count > 1:
+            timeline.begin_step()
+        _step(model, trainable, optimizer, inputs, plan, device, loss_fn, record)
+        record.steps_run = count
+        following = sorted(timeline.live.values())
+        if following == start:
+            return
+        start = following
+    warnings.warn(
+        f"the tensors alive at the start of each step keep changing after {MAX_STEPS} steps (the model "
+        f"keeps something from every step): step {MAX_STEPS}'s peak is reported, later ones may be higher",
+        stacklevel=4,
+    )
+
+
+def _step(
+    model: nn.Module,
+    trainable: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer | None,
+    inputs: tuple[Any, Any],
+    plan: StepOptions,
+    device: torch.device,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    record: StepRecord,
+) -> None:
+    """One step of the loop: ``plan.accumulation`` forward and backward passes, then the optimizer's step
+    and ``zero_grad`` (gradients freed, or kept as zeros, as ``plan.set_to_none`` says)."""
+    if optimizer is None:
+        _forward_backward(model, inputs, plan, device, loss_fn, record.timeline)
+        return
+    for _ in range(plan.accumulation):
+        _forward_backward(model, inputs, plan, device, loss_fn, record.timeline)
+    record.gradients |= {record.timeline.key_of(t.grad) for t in trainable if t.grad is not None} - {None}
+    with record.timeline.in_phase("optimizer"):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=plan.set_to_none)
+    record.optimizer_state |= {
+        record.timeline.key_of(value)
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    } - {None}
 
 
 # What fake tensors cannot do: an output whose shape depends on the data (bincount, nonzero, unique), a
@@ -117,15 +193,13 @@ def _unsimulable(exc: Exception, modules: list[str], model: nn.Module) -> str:
 
 def _forward_backward(
     model: nn.Module,
-    tensors: dict[str, torch.Tensor],
-    args: Any,
-    kwargs: Any,
+    inputs: tuple[Any, Any],
     plan: StepOptions,
     device: torch.device,
-    timeline: StorageTimeline,
     loss_fn: Callable[[Any], torch.Tensor] | None,
-    record: StepRecord,
+    timeline: StorageTimeline,
 ) -> None:
+    """The forward pass (and the backward, in training) of one micro-batch."""
     train = plan.mode == "train"
     autocast = (
         torch.autocast(device.type, dtype=plan.autocast_dtype)
@@ -134,26 +208,16 @@ def _forward_backward(
     )
     grad = torch.enable_grad() if train else torch.no_grad()
     saved = timeline.watch_saved() if train else contextlib.nullcontext()
+    args, kwargs = inputs
     with timeline.in_phase("forward"), grad, saved, autocast:
         output = model(*args, **kwargs)
         loss = (loss_fn or default_loss)(output) if train else None
+    del output
     if not train:
         return
-    del output
     with timeline.in_phase("backward"):
         loss.backward()
         del loss
-    trainable = list({id(t): t for t in tensors.values() if t.requires_grad}.values())  # tied ones once
-    record.gradients = {timeline.key_of(t.grad) for t in trainable if t.grad is not None} - {None}
-    with timeline.in_phase("optimizer"):
-        optimizer = OPTIMIZERS[plan.optimizer](trainable)
-        optimizer.step()
-    record.optimizer_state = {
-        timeline.key_of(value)
-        for state in optimizer.state.values()
-        for value in state.values()
-        if isinstance(value, torch.Tensor)
-    } - {None}
 
 
 def default_loss(output: Any) -> torch.Tensor:

@@ -7,6 +7,10 @@ for backward count until backward releases them). It works the same on real tens
 (``FakeTensorMode``), which is what lets :func:`slimtorch.memory.estimate` run a step of a model larger
 than RAM: fake tensors have shapes and storages, no data.
 
+A timeline may hold several steps of a training loop (:meth:`StorageTimeline.begin_step`): storages
+alive from one step to the next (the optimizer's state) stay counted, and each step's peak, phases and
+curve are read from its own stretch of events.
+
 What it cannot see: scratch memory an op allocates and frees inside its own kernel (a convolution's
 workspace), and anything that is not a tensor.
 """
@@ -14,9 +18,10 @@ workspace), and anything that is not a tensor.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -60,36 +65,46 @@ class StorageTimeline(TorchDispatchMode):
         self.current = 0
         self.phase = "setup"
         self.modules: list[str] = []
-        self.phase_peaks: dict[str, int] = {}
+        self.starts: list[int] = [0]
+        """the index in ``events`` where each step begins (the first step's setup included)"""
+        self.step_phase_peaks: list[dict[str, int]] = [{}]
+        """per step: the highest live bytes within each phase"""
         self.saved: dict[int, str] = {}
         """storages saved for backward -> the module that saved them"""
+        self.true_sizes: Callable[[Any, tuple, dict], dict[int, int]] | None = None
+        """(op, args, kwargs) -> {output index: true bytes}, for outputs whose own size is wrong (a fake
+        tensor's, where a meta function leaves a workspace out)"""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for value in tree_flatten(out)[0]:
+        sizes = self.true_sizes(func, args, kwargs or {}) if self.true_sizes else {}
+        for index, value in enumerate(tree_flatten(out)[0]):
             if isinstance(value, torch.Tensor):
-                self.track(value)
+                self.track(value, sizes.get(index))
         return out
 
     def key_of(self, tensor: torch.Tensor) -> int | None:
         """The key of ``tensor``'s storage, if it is one this timeline saw allocated and still alive."""
         return self._keys.get(tensor.untyped_storage()._cdata)
 
-    def track(self, tensor: torch.Tensor) -> int:
-        """Count ``tensor``'s storage as alive until its last tensor dies; returns the storage's key."""
+    def track(self, tensor: torch.Tensor, nbytes: int | None = None) -> int:
+        """Count ``tensor``'s storage (of ``nbytes``, if its own size is not the true one) as alive until
+        its last tensor dies; returns the storage's key."""
         storage = tensor.untyped_storage()
         address = storage._cdata
         key = self._keys.get(address)
         if key is None:
             key = self._keys[address] = len(self._addresses)
             self._addresses[key] = address
-            nbytes = -(-storage.nbytes() // self.rounding) * self.rounding
+            nbytes = storage.nbytes() if nbytes is None else nbytes
+            nbytes = -(-nbytes // self.rounding) * self.rounding
             self.live[key] = nbytes
             self._users[key] = 0
             self.current += nbytes
             self.events.append(Event(key, nbytes, self.phase, self.module))
-            if self.current > self.phase_peaks.get(self.phase, 0):
-                self.phase_peaks[self.phase] = self.current
+            peaks = self.step_phase_peaks[-1]
+            if self.current > peaks.get(self.phase, 0):
+                peaks[self.phase] = self.current
         self._users[key] += 1
         weakref.finalize(tensor, self._release, key)
         return key
@@ -110,18 +125,30 @@ class StorageTimeline(TorchDispatchMode):
     @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
         self.phase = phase
-        self.phase_peaks.setdefault(phase, self.current)
+        self.step_phase_peaks[-1].setdefault(phase, self.current)
         yield
 
-    def peak(self, phase: str | None = None) -> Peak:
-        """Replay the events: the moment with the most live bytes (within ``phase``, if given), and what
-        was alive then."""
+    def begin_step(self) -> None:
+        """Start the next step of the loop: what follows is counted in its stretch of events."""
+        self.starts.append(len(self.events))
+        self.step_phase_peaks.append({})
+
+    def window(self, step: int = -1) -> range:
+        """The indices in ``events`` of step ``step`` (the last by default)."""
+        step = step % len(self.starts)
+        end = self.starts[step + 1] if step + 1 < len(self.starts) else len(self.events)
+        return range(self.starts[step], end)
+
+    def peak(self, phase: str | None = None, step: int = -1) -> Peak:
+        """Replay the events: the moment of step ``step`` (the last by default) with the most live bytes
+        (within ``phase``, if given), and what was alive then."""
         live: dict[int, int] = {}
         current = best = 0
         best_at = -1
-        for index, event in enumerate(self.events):
+        window = self.window(step)
+        for index, event in enumerate(self.events[: window.stop]):
             current += event.nbytes
-            if current > best and (phase is None or event.phase == phase):
+            if index in window and current > best and (phase is None or event.phase == phase):
                 best, best_at = current, index
         for event in self.events[: best_at + 1]:
             if event.nbytes > 0:
@@ -138,6 +165,9 @@ class StorageTimeline(TorchDispatchMode):
             key = self.key_of(tensor)
             if key is not None:
                 self.saved.setdefault(key, self.module)
-            return tensor
+            # Kept detached: the tensor itself, when an op saves its own output (tanh, sigmoid), would
+            # hold its grad_fn that holds it, a cycle no collector frees, so a branch backward never
+            # reaches (a pooler the loss ignores) would stay alive into the next step.
+            return tensor.detach()
 
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)

@@ -1,4 +1,5 @@
-"""A PNG of memory over a training step: live bytes through forward, backward and the optimizer step."""
+"""A PNG of memory over a training loop's steady step (the optimizer's state alive from step 2 on): live
+bytes through forward, backward and the optimizer step."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def write_chart(
                 color="#888888",
                 linewidth=0.8,
                 linestyle=styles[index % len(styles)],
-                label=f"{name}peak {step.peak_bytes / 2**30:.3g} GiB",
+                label=f"{name}steady peak {step.peak_bytes / 2**30:.3g} GiB "
+                f"(first step {step.first_step_peak_bytes / 2**30:.3g})",
             )
             for phase, colour in PHASE_COLOURS.items():
                 dots = [(x, y) for x, (p, _), y in zip(xs, step.curve, ys, strict=True) if p == phase]
@@ -44,7 +46,7 @@ def write_chart(
                     axes.scatter(*zip(*dots, strict=True), s=3, color=colour, label=label)
         if budget:
             axes.axhline(budget / 2**30, color="black", linestyle="--", linewidth=1, label="budget")
-        axes.set_xlabel("allocations and frees through the step")
+        axes.set_xlabel("allocations and frees through the steady step (step 2 on)")
         axes.set_ylabel("live tensors (GiB)")
         axes.set_title(title, fontsize=10)
         axes.legend(loc="upper left", fontsize=8, markerscale=3)

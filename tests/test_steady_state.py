@@ -1,0 +1,213 @@
+"""The steady state of a training loop: from step 2 on, the optimizer's state is alive through forward
+and backward, and ``memory.estimate``'s peak is that step's. Checked against a measurement that is not the
+project's own: a plain loop (a real torch optimizer, three steps, ``zero_grad(set_to_none=True)``) whose
+live tensor bytes are counted by a tracker written here."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import slimtorch
+from slimtorch import memory
+from tests.test_memory import Blocks
+
+TOLERANCE = 0.05
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of tensor storage alive, op by op: every output's untyped storage is counted from the op that
+    made it until the last tensor viewing it is collected (``weakref.finalize``), with the highest total
+    since :meth:`mark` kept."""
+
+    def __init__(self, held: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.views: dict[int, int] = {}  # storage address -> tensors alive that view it
+        self.sizes: dict[int, int] = {}
+        self.total = self.high = 0
+        for tensor in held:
+            self.hold(tensor)
+
+    def hold(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        address = storage.data_ptr() if storage.nbytes() else id(storage)
+        if address not in self.views:
+            self.views[address], self.sizes[address] = 0, storage.nbytes()
+            self.total += storage.nbytes()
+            self.high = max(self.high, self.total)
+        self.views[address] += 1
+        weakref.finalize(tensor, self.drop, address)
+
+    def drop(self, address: int) -> None:
+        self.views[address] -= 1
+        if not self.views[address]:
+            del self.views[address]
+            self.total -= self.sizes.pop(address)
+
+    def mark(self) -> None:
+        """Count the highest total from now on."""
+        self.high = self.total
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in tree_leaves(out):
+            if isinstance(value, torch.Tensor):
+                self.hold(value)
+        return out
+
+
+def measured_peaks(
+    model: nn.Module,
+    batch: torch.Tensor,
+    optimizer: str,
+    loss_fn: Callable[[Any], torch.Tensor],
+    autocast: torch.dtype | None = None,
+) -> list[int]:
+    """Each step's peak live tensor bytes over three steps of a plain training loop (the forward pass
+    under CPU autocast to ``autocast``, if given)."""
+    make = {
+        "adamw": torch.optim.AdamW,
+        "sgd": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+    }[optimizer]
+    opt = make(model.parameters())
+    tracker = LiveBytes([*model.parameters(), *model.buffers(), batch])
+    peaks = []
+    with tracker:
+        for _ in range(3):
+            tracker.mark()
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+                loss = loss_fn(model(batch))
+            loss.backward()
+            opt.step()
+            del loss
+            peaks.append(tracker.high)
+    return peaks
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+class SmallLSTM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(500, 32)
+        self.lstm = nn.LSTM(32, 64, num_layers=2, batch_first=True)
+        self.head = nn.Linear(64, 5)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(tokens))
+        return self.head(out[:, -1])
+
+
+def small_bert() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    config = transformers.BertConfig(
+        vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+    )
+    return transformers.BertModel(config)
+
+
+def _classes(out: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out, torch.zeros(out.shape[0], dtype=torch.long))
+
+
+MODELS = {
+    "cnn": (SmallCNN, lambda b: torch.randn(b, 3, 32, 32), _classes),
+    "bert": (small_bert, lambda b: torch.randint(0, 1000, (b, 32)), lambda out: out[0].float().sum()),
+    "lstm": (SmallLSTM, lambda b: torch.randint(0, 500, (b, 24)), _classes),
+}
+
+
+@pytest.mark.parametrize("batch_size", [4, 16])
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_steady_estimate_is_within_5pct_of_a_real_loops_third_step_and_the_first_of_its_first(
+    name: str, optimizer: str, batch_size: int
+) -> None:
+    factory, inputs, loss_fn = MODELS[name]
+    torch.manual_seed(0)
+    model = factory().train()
+    batch = inputs(batch_size)
+    step = memory.estimate(model, batch, optimizer=optimizer, device="cpu", loss_fn=loss_fn).steps[0]
+    first, _, third = measured_peaks(model, batch, optimizer, loss_fn)
+    assert abs(step.steady_peak_bytes / third - 1) <= TOLERANCE, (step.steady_peak_bytes, third)
+    assert abs(step.first_step_peak_bytes / first - 1) <= TOLERANCE, (step.first_step_peak_bytes, first)
+    assert step.peak_bytes == step.steady_peak_bytes and step.steps_run == 2
+    assert step.breakdown["optimizer_state"] > 0  # alive at the steady peak, whatever its phase
+
+
+def test_the_optimizers_state_is_alive_through_the_steady_backward_pass() -> None:
+    model, x = Blocks(), torch.randn(512, 256)
+    step = memory.estimate(model, x, device="cpu").steps[0]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert step.peak_phase == "backward" and step.breakdown["optimizer_state"] >= 2 * weights
+    assert step.phases["forward"] >= 3 * weights  # weights and two moments before any activation
+    assert step.peak_bytes > step.first_step_peak_bytes + weights  # the issue's -47%, in miniature
+
+
+def test_gradients_kept_as_zeros_are_alive_through_the_forward_pass() -> None:
+    model, x = Blocks(), torch.randn(64, 256)
+    freed = memory.estimate(model, x, device="cpu").steps[0]
+    kept = memory.estimate(model, x, device="cpu", set_to_none=False).steps[0]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert kept.phases["forward"] - freed.phases["forward"] == weights
+    assert kept.first_step_peak_bytes == freed.first_step_peak_bytes  # step 1 has no gradients before it
+    report = memory.profile(model, x, device="cpu", set_to_none=False)
+    assert report.steps[0].peak_bytes == kept.peak_bytes and report.set_to_none is False
+
+
+def test_accumulated_micro_batches_hold_the_gradients_through_the_second_forward() -> None:
+    model, x = Blocks(), torch.randn(64, 256)
+    one = memory.estimate(model, x, device="cpu").steps[0]
+    two = memory.estimate(model, x, device="cpu", accumulation=2).steps[0]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert two.phases["forward"] - one.phases["forward"] == weights  # micro-batch 1's gradients
+    assert two.peak_bytes == memory.profile(model, x, device="cpu", accumulation=2).steps[0].peak_bytes
+
+
+def test_inference_is_steady_from_its_first_step() -> None:
+    step = memory.estimate(Blocks(), torch.randn(64, 256), mode="inference", device="cpu").steps[0]
+    assert step.steps_run == 1 and step.first_step_peak_bytes == step.peak_bytes
+
+
+def test_the_curve_is_the_steady_steps_and_starts_with_the_optimizers_state() -> None:
+    model = Blocks()
+    step = memory.estimate(model, torch.randn(64, 256), device="cpu").steps[0]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert step.curve[0][0] == "forward" and step.curve[0][1] >= 3 * weights
+    assert max(nbytes for _, nbytes in step.curve) == step.peak_bytes
+
+
+def test_bad_loop_options_are_clear_errors() -> None:
+    for options, message in [
+        (dict(set_to_none="yes"), "set_to_none must be True or False"),
+        (dict(accumulation=0), "accumulation must be a positive integer"),
+        (dict(accumulation=True), "accumulation must be a positive integer"),
+    ]:
+        with pytest.raises(slimtorch.OptionError, match=message):
+            memory.estimate(Blocks(), torch.randn(4, 256), **options)
