@@ -198,13 +198,10 @@ def reader_classes_named_outside_sources(src: Path) -> list[str]:
     for path in sorted(src.rglob("*.py")):
         if path.relative_to(src).parts[0] == "sources":
             continue
-        names = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
-        names |= {
-            alias.asname or alias.name
-            for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.ImportFrom)
-            for alias in n.names
-        }
+        nodes = list(ast.walk(ast.parse(path.read_text())))
+        names = {n.id for n in nodes if isinstance(n, ast.Name)}
+        imported = (n for n in nodes if isinstance(n, ast.ImportFrom))
+        names |= {alias.asname or alias.name for n in imported for alias in n.names}
         if "SlimSource" in names:
             found.append(str(path.relative_to(src)))
     return found

@@ -90,8 +90,18 @@ class PrefixNode:
         return asdict(self)
 
 
-_COUNTS = {"type": "object", "properties": {"tensors": {"type": "integer"}, "bytes": {"type": "integer"}}}
-_BY_NAME = {"type": "object", "additionalProperties": _COUNTS}
+_COUNTS = {
+    "type": "object",
+    "properties": {"tensors": {"type": "integer"}, "bytes": {"type": "integer"}},
+    "required": ["bytes", "tensors"],
+}
+BUCKETS_SCHEMA = {"type": "object", "additionalProperties": _COUNTS}
+"""JSON Schema of :func:`by_name`'s output."""
+
+
+def by_name(buckets: list[Bucket]) -> dict[str, dict[str, int]]:
+    """Buckets as the JSON gives them: bucket name -> its tensors and bytes (inspect's and shrink's)."""
+    return {b.name: {"tensors": b.tensors, "bytes": b.bytes} for b in buckets}
 
 
 @dataclass(frozen=True)
@@ -124,7 +134,7 @@ class InspectReport(Report):
         """The fields, with buckets by name and the savings under ``actions`` (the JSON's shape since 1)."""
         values = super().to_dict()
         for name in ("categories", "by_dtype"):
-            values[name] = {b.name: {"tensors": b.tensors, "bytes": b.bytes} for b in getattr(self, name)}
+            values[name] = by_name(getattr(self, name))
         values["tied"] = {"tensors": self.tied.tensors, "bytes": self.tied.bytes}
         values["savings"] = {"estimates": False, "actions": values["savings"]}
         return values
@@ -134,8 +144,8 @@ class InspectReport(Report):
         schema = super().json_schema()
         actions = schema["properties"]["savings"]
         schema["properties"].update(
-            categories=_BY_NAME,
-            by_dtype=_BY_NAME,
+            categories=BUCKETS_SCHEMA,
+            by_dtype=BUCKETS_SCHEMA,
             tied=_COUNTS,
             savings={
                 "type": "object",

@@ -190,18 +190,21 @@ def _fresh(value: Any, name: str | None, mask: torch.Tensor | None, generator: t
 
 def forward_names(model: nn.Module) -> list[str]:
     """The names of the model's positional forward arguments (what the exported inputs are called)."""
-    try:
-        parameters = list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):
-        return []
-    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in _forward_parameters(model) if p.kind in positional]
 
 
 def _forward_names(model: nn.Module) -> set[str]:
+    """Every argument name the model's forward takes (keyword-only ones too)."""
+    return {p.name for p in _forward_parameters(model)}
+
+
+def _forward_parameters(model: nn.Module) -> list[inspect.Parameter]:
+    """The parameters of ``model.forward`` ([] where Python cannot tell: a builtin, a C extension)."""
     try:
-        return set(inspect.signature(model.forward).parameters)
+        return list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError):
-        return set()
+        return []
 
 
 def _first_layer(model: nn.Module) -> nn.Module | None:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from slimtorch.format.sensitive import StoredInstead
 from slimtorch.format.verbs import Report
-from slimtorch.inspection.breakdown import Bucket
+from slimtorch.inspection.breakdown import BUCKETS_SCHEMA, Bucket, by_name
 from slimtorch.prune.hf import ConfigUpdate
 
 
@@ -26,17 +26,6 @@ class TensorResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-_BUCKETS = {
-    "type": "object",
-    "additionalProperties": {
-        "type": "object",
-        "properties": {"tensors": {"type": "integer"}, "bytes": {"type": "integer"}},
-        "required": ["bytes", "tensors"],
-    },
-}
-"""``before`` and ``after`` in the JSON: bucket name -> its tensors and bytes."""
 
 
 @dataclass(frozen=True)
@@ -85,12 +74,12 @@ class ShrinkReport(Report):
         values = super().to_dict()
         ordered = {k: v for k, v in values.items() if k not in (*self._BY_NAME, "tensors")}
         for name in self._BY_NAME:
-            ordered[name] = {b.name: {"tensors": b.tensors, "bytes": b.bytes} for b in getattr(self, name)}
+            ordered[name] = by_name(getattr(self, name))
         ordered["tensors"] = values["tensors"]
         return ordered
 
     @classmethod
     def json_schema(cls) -> dict[str, Any]:
         schema = super().json_schema()
-        schema["properties"].update(dict.fromkeys(cls._BY_NAME, _BUCKETS))
+        schema["properties"].update(dict.fromkeys(cls._BY_NAME, BUCKETS_SCHEMA))
         return schema
