@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt tests/wild/requirements.txt
 demo: $(STAMP)
 	$(BIN)/python examples/training_checkpoint.py demo-out/checkpoint.pt
 	$(BIN)/slimtorch inspect demo-out/checkpoint.pt
-	$(BIN)/slimtorch shrink demo-out/checkpoint.pt -o demo-out/model-int8.safetensors --quantize int8
+	$(BIN)/slimtorch shrink demo-out/checkpoint.pt -o demo-out/model-int8.safetensors --scheme int8-weight
 	$(BIN)/slimtorch load demo-out/model-int8.safetensors --profile
 	$(BIN)/python examples/digits.py
 	$(BIN)/python examples/quantize_bert.py --out demo-out/bert-int8.safetensors

@@ -1,22 +1,26 @@
 """Benchmark: what the CPU allocator adds over a real training loop, and how well ``estimate`` predicts it.
 
-Run it with ``.venv/bin/python benchmarks/allocator_overhead.py`` (about 3 minutes on 2 cores;
-``--models bert`` for one, ``--runs 1`` for a quick look). For each model, in a fresh process each run
-(a second run in one process reuses the heap the first freed, and grows RSS by almost nothing), it
-measures with ``slimtorch.memory.allocator.measure_host`` a loop that builds the model and an AdamW
-optimizer and trains 3 real steps at batch 8, fp32, on the CPU:
+Run it with ``.venv/bin/python benchmarks/allocator_overhead.py`` (about 6 minutes on 2 cores;
+``--models bert --batches 4`` for a quick look; ``--check`` exits 1 when a prediction misses by more than
+15%). For each model and batch size, in a fresh process each run (a second run in one process reuses the
+heap the first freed, and grows RSS by almost nothing), it measures with
+``slimtorch.memory.allocator.measure_host`` a loop that builds the model and an AdamW optimizer and trains
+3 real steps, fp32, on the CPU:
 
 * ``live peak``: the most bytes of CPU tensor storages alive at once (weights included: the run makes them);
-* ``RSS growth``: the process's resident memory at its highest, above where it stood before the run;
-* ``ratio``: RSS growth / live peak, what a live-tensor figure is to be multiplied by;
-* ``malloc in use`` / ``malloc held``: glibc's heap (``mallinfo2``) at its highest, above where it stood:
-  the bytes in use, and those the heap holds (in use plus freed chunks it keeps for reuse);
-* ``estimate``: ``slimtorch.memory.estimate(model, batch, device="cpu")``'s peak (fake tensors, run after
-  the measurement so it cannot inflate it), and RSS growth / estimate.
+* ``RSS growth``: the process's resident memory at its highest, above where it stood before the run, and
+  of it the code pages (``RssFile`` growth: library code and data the loop's kernels paged in);
+* ``malloc held``: glibc's heap (``mallinfo2``) at its highest above where it stood, in use plus the freed
+  chunks it keeps for reuse;
+* ``predicted``: ``slimtorch.memory.estimate(model, batch, device="cpu").steps[0].resident_bytes``, on fake
+  tensors (run after the measurement so it cannot inflate it): the steps' allocations, and the scratch
+  blocks the kernels make unseen, through a model of glibc's malloc (``slimtorch.memory.heap``); its error
+  against the RSS growth.
 
 Medians of ``--runs`` (3) runs; the results go to ``benchmarks/results/allocator_overhead.json``.
 ``--mmap-threshold 65536`` runs the loops with glibc's ``MALLOC_MMAP_THRESHOLD_`` fixed there: every
-allocation above it gets pages of its own, given back on free, instead of heap that malloc keeps.
+allocation above it gets pages of its own, given back on free, instead of heap that malloc keeps (the
+prediction models glibc's defaults, so its error column means little then).
 """
 
 from __future__ import annotations
@@ -37,22 +41,22 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
-from benchmarks.memory import bert, gpt2  # noqa: E402  (the 256-wide models the memory benchmark measures)
+from benchmarks.memory import ZOO as MEMORY_ZOO  # noqa: E402  (the models the memory benchmark measures)
 from tests.zoo import resnet18  # noqa: E402
 
 import slimtorch.memory as memory  # noqa: E402
 from slimtorch.memory.allocator import measure_host  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "allocator_overhead.json"
-BATCH = 8
+BATCHES = (4, 16)
 STEPS = 3
+TOLERANCE = 0.15
 MiB = 2**20
 
 
 ZOO: dict[str, tuple[Callable[[], nn.Module], Callable[[int], torch.Tensor]]] = {
-    "resnet18": (resnet18, lambda b: torch.randn(b, 3, 224, 224)),
-    "bert": (bert, lambda b: torch.randint(0, 30522, (b, 128))),
-    "gpt2": (gpt2, lambda b: torch.randint(0, 50257, (b, 128))),
+    **MEMORY_ZOO,
+    "resnet18": (resnet18, lambda b: torch.randn(b, 3, 224, 224)),  # 224², not the memory benchmark's 64²
 }
 
 
@@ -64,10 +68,10 @@ def first_float(output: Any) -> torch.Tensor:
     return next(v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()).float().sum()
 
 
-def one_run(name: str) -> dict[str, Any]:
-    """Build ``name``, train it ``STEPS`` AdamW steps under ``measure_host``, then estimate the same step."""
+def one_run(name: str, batch_size: int) -> dict[str, Any]:
+    """Build ``name``, train it ``STEPS`` AdamW steps under ``measure_host``, then estimate the same loop."""
     factory, inputs = ZOO[name]
-    batch = inputs(BATCH)
+    batch = inputs(batch_size)
     kept: list[nn.Module] = []
     with torch.device("meta"):  # a script imports its model's code before it trains: not the loop's cost
         factory()
@@ -82,71 +86,102 @@ def one_run(name: str) -> dict[str, Any]:
             optimizer.step()
         kept.append(model)
 
+    measure_host(lambda: None)  # its first op imports torch's dispatch machinery: not the loop's
+    code = _rss_file()
     host = measure_host(train)
-    report = memory.estimate(kept[0], batch, device="cpu", loss_fn=first_float)
+    code = _rss_file() - code
+    step = memory.estimate(kept[0], batch, device="cpu", loss_fn=first_float).steps[0]
     parameters = sum(p.numel() for p in kept[0].parameters())
-    return {**host.to_dict(), "estimate": report.steps[0].peak_bytes, "parameters": parameters}
+    return {
+        **host.to_dict(),
+        "code_growth": code,
+        "estimate": step.peak_bytes,
+        "predicted": step.resident_bytes,
+        "parameters": parameters,
+    }
 
 
-def measured(name: str, runs: int, mmap_threshold: int | None) -> dict[str, Any]:
+def _rss_file() -> int:
+    """The process's resident file pages (Linux's ``RssFile``): library code and data paged in."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssFile:"))
+
+
+def measured(name: str, batch_size: int, runs: int, mmap_threshold: int | None) -> dict[str, Any]:
     """Medians over ``runs`` fresh processes of :func:`one_run` (glibc's mmap threshold fixed, if given)."""
     env = dict(os.environ)
     if mmap_threshold is not None:
         env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
     rows = []
     for _ in range(runs):
-        command = [sys.executable, __file__, "--one", name]
+        command = [sys.executable, __file__, "--one", name, str(batch_size)]
         done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    keys = ("rss_before", "rss_growth", "live_tensor_peak", "malloc_in_use", "malloc_held", "estimate")
+    keys = ("rss_growth", "code_growth", "live_tensor_peak", "malloc_held", "estimate", "predicted")
     median = {key: statistics.median(row[key] or 0 for row in rows) for key in keys}
-    ratios = [row["rss_growth"] / row["live_tensor_peak"] for row in rows]
-    to_estimate = [row["rss_growth"] / row["estimate"] for row in rows]
+    growths = [row["rss_growth"] for row in rows]
     return {
         "model": name,
+        "batch": batch_size,
         "parameters": rows[0]["parameters"],
         **median,
-        "ratio": statistics.median(ratios),
-        "growth_over_estimate": statistics.median(to_estimate),
+        "ratio": median["rss_growth"] / median["live_tensor_peak"],
+        "spread": (max(growths) - min(growths)) / median["rss_growth"],
+        "error": median["predicted"] / median["rss_growth"] - 1,
         "runs": rows,
     }
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    head = "| model | params | live peak | RSS growth | ratio | malloc in use | malloc held | estimate "
-    lines = [head + "| growth / estimate |", "|---" * 9 + "|"]
+    head = "| model | batch | live peak | RSS growth (spread) | of it code pages | ratio | malloc held "
+    lines = [head + "| predicted | error |", "|---" * 9 + "|"]
     for r in results:
         lines.append(
-            f"| {r['model']} | {r['parameters'] / 1e6:.1f}M | {r['live_tensor_peak'] / MiB:.0f} MiB "
-            f"| {r['rss_growth'] / MiB:.0f} MiB | {r['ratio']:.2f} | {r['malloc_in_use'] / MiB:.0f} MiB "
-            f"| {r['malloc_held'] / MiB:.0f} MiB | {r['estimate'] / MiB:.0f} MiB "
-            f"| {r['growth_over_estimate']:.2f} |"
+            f"| {r['model']} | {r['batch']} | {r['live_tensor_peak'] / MiB:.0f} MiB "
+            f"| {r['rss_growth'] / MiB:.0f} MiB ({r['spread']:.0%}) | {r['code_growth'] / MiB:.0f} MiB "
+            f"| {r['ratio']:.2f} | {r['malloc_held'] / MiB:.0f} MiB | {r['predicted'] / MiB:.0f} MiB "
+            f"| {r['error']:+.0%} |"
         )
     return "\n".join(lines)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(ZOO), default=list(ZOO))
-    parser.add_argument("--runs", type=int, default=3, help="fresh processes per model (median)")
+    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    parser.add_argument("--runs", type=int, default=3, help="fresh processes per case (median)")
     parser.add_argument(
         "--mmap-threshold",
         type=int,
         help="run the loops with MALLOC_MMAP_THRESHOLD_ set to this many bytes (e.g. 65536)",
     )
-    parser.add_argument("--one", choices=sorted(ZOO), help=argparse.SUPPRESS)  # a child's single run
+    parser.add_argument("--check", action="store_true", help=f"exit 1 on an error over {TOLERANCE:.0%}")
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # a child's single run: model, batch
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_run(args.one)))
-        return
-    results = [measured(name, args.runs, args.mmap_threshold) for name in args.models]
+        print(json.dumps(one_run(args.one[0], int(args.one[1]))))
+        return 0
+    results = []
+    for name in args.models:
+        for batch_size in args.batches:
+            results.append(measured(name, batch_size, args.runs, args.mmap_threshold))
+            print(
+                f"  {name} batch {batch_size}: error {results[-1]['error']:+.1%}", file=sys.stderr, flush=True
+            )
     malloc = f"MALLOC_MMAP_THRESHOLD_={args.mmap_threshold}" if args.mmap_threshold else "glibc's defaults"
-    print(f"{STEPS} AdamW steps, batch {BATCH}, fp32, CPU, {malloc}; medians of {args.runs} fresh processes")
+    print(f"{STEPS} AdamW steps, fp32, CPU, {malloc}; medians of {args.runs} fresh processes")
     print(table(results))
+    worst = max(results, key=lambda r: abs(r["error"]))
+    within = sum(abs(r["error"]) <= TOLERANCE for r in results)
+    print(
+        f"predicted RSS growth within {TOLERANCE:.0%}: {within} of {len(results)} cases; worst "
+        f"{worst['error']:+.1%} ({worst['model']}, batch {worst['batch']})"
+    )
     RESULTS.parent.mkdir(exist_ok=True)
     results_file = RESULTS.with_stem(RESULTS.stem + "-mmap") if args.mmap_threshold else RESULTS
     results_file.write_text(json.dumps(results, indent=2) + "\n")
+    return 0 if within == len(results) or not args.check else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, TensorDataset, get_worker_info
 
 from slimtorch.cli.main import main
-from slimtorch.data import Candidate, TuneOptions, TuneReport, tune
+from slimtorch.data import Candidate, Trial, TuneOptions, TuneReport, tune
 from slimtorch.errors import OptionError
 from slimtorch.format.progress import Recorder
 
@@ -95,15 +95,19 @@ def _parallel_capacity() -> float:
     return one / two
 
 
-def test_cpu_heavy_dataset_gets_workers_1_5x_faster_than_none_in_settings_a_dataloader_takes() -> None:
+def test_cpu_heavy_dataset_gets_workers_and_never_a_slower_loader_on_two_free_cores() -> None:
+    """The real search on real workers. Its 1.5x is measured by ``benchmarks/dataloader.py --check``
+    (medians of five epochs); here only what holds on any two cores with room to spare: workers chosen,
+    faster than none. Two processes must load about 1.4x one's items: with a core held by another program,
+    workers cannot be faster, and no search could say otherwise."""
     capacity = _parallel_capacity()
-    if capacity < 1.7:  # the claim is about two cores; a busy machine has fewer to give
+    if capacity < 1.4:
         pytest.skip(f"two processes run {capacity:.2f}x one here now: another program holds a core")
     report = tune(CpuHeavy(), batch_size=8, budget_s=15, max_workers=2)
     baseline = report.trials[0]
     assert baseline.candidate == Candidate(num_workers=0)
-    assert report.settings["num_workers"] >= 1
-    assert report.speedup is not None and report.speedup >= 1.5, report.trials
+    assert report.settings["num_workers"] >= 1, report.trials
+    assert report.speedup is not None and report.speedup > 1.0, report.trials
     assert report.samples_per_s == report.best.samples_per_s
     assert report.seconds < 15 + 5  # the budget, and at most one candidate's first pass beyond it
     assert _no_worker_left()
@@ -112,6 +116,48 @@ def test_cpu_heavy_dataset_gets_workers_1_5x_faster_than_none_in_settings_a_data
     assert next(iter(loader)).shape == (8, 2)
     del loader
     assert _no_worker_left()
+
+
+CANNED_RATES = {  # label -> (samples/s, seconds to an epoch's first batch); any other label: 100 samples/s
+    "num_workers=0": (400.0, 0.01),
+    "num_workers=1": (410.0, 0.05),  # one worker only moves the work: the climb goes on to two
+    "num_workers=2": (800.0, 0.05),
+    "num_workers=3": (790.0, 0.05),  # no faster than two: the climb ends here
+    "num_workers=2 prefetch_factor=4": (805.0, 0.05),  # under 5% better: not kept
+    "num_workers=2 persistent_workers=True": (790.0, 0.002),  # within 5%, starts sooner: kept
+}
+
+
+class CannedBench:
+    """Stands in for :class:`slimtorch.data.timing.Bench` with :data:`CANNED_RATES`, so the search's
+    choices are checked with no clock in them."""
+
+    def __init__(self, dataset, options, collate_fn, deadline) -> None:
+        self.options, self.batches = options, 4
+
+    def calibrate(self) -> int:
+        return self.batches
+
+    def out_of_time(self) -> bool:
+        return False
+
+    def time(self, candidate: Candidate) -> Trial:
+        rate, start_s = CANNED_RATES.get(candidate.label, (100.0, 0.05))
+        return Trial(candidate, rate, 0.01, self.options.passes, start_s)
+
+    try_time = time
+
+
+def test_the_search_keeps_the_settings_measured_fastest_with_no_clock_in_the_test(monkeypatch) -> None:
+    monkeypatch.setattr("slimtorch.data.tuning.Bench", CannedBench)
+    report = tune(CpuHeavy(), batch_size=8, max_workers=4)
+    labels = [t.candidate.label for t in report.trials]
+    assert labels[:4] == ["num_workers=0", "num_workers=1", "num_workers=2", "num_workers=3"]
+    assert "num_workers=3 was not 5% faster" in report.stopped
+    assert report.best.candidate == Candidate(2, prefetch_factor=2, persistent_workers=True)
+    assert report.settings["num_workers"] == 2 and report.settings["persistent_workers"] is True
+    assert report.speedup == pytest.approx(790 / 400)
+    assert "num_workers=4" not in labels  # the climb stopped before it
 
 
 def test_cheap_in_memory_tensor_dataset_keeps_num_workers_0() -> None:
@@ -210,3 +256,14 @@ def test_cli_prints_the_table_or_json_and_refuses_a_bad_spec(capsys) -> None:
     assert json.loads(capsys.readouterr().out)["settings"]["num_workers"] == 0
     assert main(["dataloader", "tests.test_dataloader_tune:nothing", "--batch-size", "8"]) == 2
     assert "has no attribute 'nothing'" in capsys.readouterr().err
+
+
+def test_persistent_workers_that_start_sooner_are_never_kept_when_slower_than_no_workers() -> None:
+    from slimtorch.data.tuning import _better
+
+    baseline = Trial(Candidate(0), 400.0, 0.0, 3, 0.01)
+    best = Trial(Candidate(2), 421.0, 0.0, 3, 0.5)  # just over 5% faster than no workers
+    slower = Trial(Candidate(2, persistent_workers=True), 399.0, 0.0, 3, 0.01)  # within 5% of the best
+    faster = Trial(Candidate(2, persistent_workers=True), 410.0, 0.0, 3, 0.01)
+    assert not _better(slower, best, baseline, None)
+    assert _better(faster, best, baseline, None)

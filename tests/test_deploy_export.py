@@ -190,7 +190,7 @@ def test_cli_exits_2_on_export_failure_and_1_outside_tolerance(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("slimtorch: error: cannot export the model")
     strict = ["export", "tests.zoo.models:MLP", "--input-shape", "2,64", "-o", str(tmp_path / "m")]
-    assert main([*strict, "--quantize", "int8", "--rtol", "0"]) == 1
+    assert main([*strict, "--scheme", "int8-dynamic", "--rtol", "0"]) == 1
     assert "verification failed" in capsys.readouterr().err
     assert json.loads((tmp_path / "m" / "manifest.json").read_text())["verification"]["passed"] is False
     assert _run_predict(tmp_path / "m", "--check").returncode == 1  # the bundle knows it failed

@@ -331,8 +331,8 @@ def test_cli_json_has_every_field_and_passes_the_options_on(measured, monkeypatc
         given.update(kw, options=options)
         return measured[0]
 
-    monkeypatch.setattr(footprint_cmd, "footprint", recorded)
-    argv = ["footprint", "b", "--json", "--no-baseline", "--python", "/usr/bin/python3", "--keep", "v"]
+    monkeypatch.setattr(footprint_module, "footprint", recorded)
+    argv = ["footprint", "b", "--json", "--no-baseline", "--python", "/usr/bin/python3", "--keep-venv", "v"]
     assert _cli(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data) >= {
@@ -345,7 +345,7 @@ def test_cli_json_has_every_field_and_passes_the_options_on(measured, monkeypatc
 
 
 def test_cli_table_shows_packages_totals_baseline_and_the_sample(measured, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, options, **kw: measured[0])
+    monkeypatch.setattr(footprint_module, "footprint", lambda bundle, options, **kw: measured[0])
     assert _cli(["footprint", "b"]) == 0
     out = capsys.readouterr().out
     for text in ("numpy", "runtime + model", REQUIREMENT, "cached", f"{measured[0].ratio:.3f}x"):
@@ -356,13 +356,13 @@ def test_cli_table_shows_packages_totals_baseline_and_the_sample(measured, monke
 def test_cli_says_how_far_slimtorchs_runner_found_each_output(measured, monkeypatch, capsys) -> None:
     errors = {"logits": {"max_abs": 3.2e-07, "max_rel": 1e-07, "scale": 3.0}}
     report = dataclasses.replace(measured[0], sample_output={"ok": True, "tolerance": {}, "outputs": errors})
-    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, options, **kw: report)
+    monkeypatch.setattr(footprint_module, "footprint", lambda bundle, options, **kw: report)
     assert _cli(["footprint", "b"]) == 0
     assert "sample check passed: logits largest difference 3.2e-07" in capsys.readouterr().out
 
 
 def test_cli_exits_1_when_the_sample_fails(failed, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(footprint_cmd, "footprint", lambda bundle, options, **kw: failed)
+    monkeypatch.setattr(footprint_module, "footprint", lambda bundle, options, **kw: failed)
     assert _cli(["footprint", "b"]) == 1
     assert "sample check FAILED: sample 0: expected class 3, got 5" in capsys.readouterr().out
     assert _cli(["footprint", "b", "--json"]) == 1

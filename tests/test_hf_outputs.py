@@ -209,7 +209,9 @@ def test_pruned_bert_whose_config_cannot_say_its_head_size_is_refused_by_from_pr
     model, folder = bases["bert"]
     out = tmp_path / "out"
     assert (
-        main(["prune", str(folder), "-o", str(out), "--ratio", "0.5", "--runs", "0", "--quantize", "int8"])
+        main(
+            ["prune", str(folder), "-o", str(out), "--ratio", "0.5", "--runs", "0", "--scheme", "int8-weight"]
+        )
         == 0
     )
     with pytest.raises((RuntimeError, ValueError)):
@@ -223,7 +225,7 @@ def test_slim_layout_folder_is_refused_by_from_pretrained_and_read_by_slimtorch(
 
     model, folder = bases["bert"]
     out = tmp_path / "out"
-    assert main(["shrink", str(folder), "-o", str(out), "--quantize", "int8", "--format", "slim"]) == 0
+    assert main(["shrink", str(folder), "-o", str(out), "--scheme", "int8-weight", "--layout", "slim"]) == 0
     assert any("::" in name for name in slimtorch.open(out).physical)
     with pytest.raises(ValueError, match="model type `slimtorch`"):
         transformers.AutoModel.from_pretrained(out)

@@ -82,7 +82,8 @@ def test_fit_takes_fit_options_or_the_same_fields_as_keywords_and_holds_the_mode
         ),
         (
             lambda: memory.fit(Blocks(), X, budget=2**30, offload=False),
-            "FitOptions has: allow_offload, allow_precision, budget, device, margin, optimizer",
+            "FitOptions has: allow_checkpointing, allow_offload, allow_precision, apply, budget, device, "
+            "margin, max_world_size, optimizer, strategies, world_size",
         ),
     ],
     ids=["estimate", "profile", "find_batch_size", "fit"],

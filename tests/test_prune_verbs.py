@@ -25,6 +25,7 @@ from slimtorch.prune import (
     scan,
     weights,
 )
+from slimtorch.prune.budget import TRIALS
 
 X = torch.randn(4, 3, 16, 16)
 
@@ -95,14 +96,31 @@ def test_the_prune_report_holds_the_model_and_its_json_fits_the_schema() -> None
     assert data["delta"]["shapes"]["conv1.weight"] == [8, 3, 3, 3]
 
 
-def test_each_pruning_step_is_told_to_progress() -> None:
+def test_each_stage_of_each_pruning_step_is_told_to_progress() -> None:
     recorder = Recorder()
     channels(Net().eval(), X, ratio=0.5, iterative_steps=3, progress=recorder)
-    assert recorder.events[0] == ("begin", "pruning channels", 3, "steps")
-    assert recorder.events.count(("advance", 1)) == 3 and recorder.events[-1] == ("end",)
+    stages = [
+        f"{stage} (step {i} of 3)"
+        for i in (1, 2, 3)
+        for stage in ("capturing the graph", "removing channels")
+    ]
+    assert recorder.labels == [*stages, "checking the pruned model runs"]
+    assert recorder.events.count(("end",)) == 7 and recorder.events[-1] == ("end",)
+
+
+def test_the_budget_search_counts_each_pruned_copy_it_measures() -> None:
     budget = Recorder()
     channels(Net().eval(), X, target_params=2000, progress=budget)
-    assert budget.labels == ["finding the ratio for the budget", "pruning channels"]
+    assert budget.labels == [
+        "capturing the graph",
+        "finding the ratio for the budget",
+        "capturing the graph",
+        "removing channels",
+        "checking the pruned model runs",
+    ]
+    search = budget.events.index(("begin", "finding the ratio for the budget", TRIALS, "steps"))
+    measured = budget.events[search + 1 : budget.events.index(("end",), search)]
+    assert measured == [("advance", 1)] * TRIALS  # no pruning, 99%, then every bisection step
 
 
 def test_channels_with_report_warns_and_still_returns_the_model_and_the_report() -> None:

@@ -319,7 +319,7 @@ def test_cli_quantizes_reports_and_writes_a_file_load_model_reads(tmp_path, caps
     assert data["output_cosine"] > 0.98 and data["file_bytes"] == out.stat().st_size
 
 
-def test_cli_bad_group_size_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+def test_cli_bad_group_size_is_a_usage_error_with_exit_2(tmp_path, capsys) -> None:
     args = [
         "quantize",
         "tests.zoo.models:MLP",
@@ -328,9 +328,14 @@ def test_cli_bad_group_size_is_one_line_and_exit_2(tmp_path, capsys) -> None:
         "--input-shape",
         "2,64",
     ]
-    assert main([*args, "--scheme", "int4-weight", "--group-size", "33"]) == 2
+    with pytest.raises(SystemExit) as exit_:  # a usage error, found while parsing, before any work
+        main([*args, "--scheme", "int4-weight", "--group-size", "33"])
+    assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["slimtorch: error: int4 group size must be even, 32 to 256, not 33"]
+    assert (
+        err[-1]
+        == "slimtorch quantize: error: argument --group-size: int4 group size must be even, 32 to 256, not 33"
+    )
 
 
 def _correlated_inputs(rows: int, seed: int) -> torch.Tensor:

@@ -101,9 +101,7 @@ def test_a_pruned_output_keeps_its_tokenizer_and_modules_and_opens_in_sentence_t
     out = tmp_path / "out"
     attention = [f"encoder.layer.{i}.attention.self.{m}" for i in range(2) for m in ("query", "key", "value")]
     keep = [*attention, "pooler.dense"]  # only the feed-forward layers shrink: the config says so
-    assert (
-        main(["prune", str(folder), "-o", str(out), "--ratio", "0.5", "--runs", "0", "--ignore", *keep]) == 0
-    )
+    assert main(["prune", str(folder), "-o", str(out), "--ratio", "0.5", "--runs", "0", "--skip", *keep]) == 0
     assert json.loads((out / "config.json").read_text())["intermediate_size"] == 32
     assert (out / "tokenizer.json").is_file() and (out / "1_Pooling" / "config.json").is_file()
     torch.testing.assert_close(our_embeddings(out), st_embeddings(out), atol=1e-6, rtol=0)

@@ -74,7 +74,7 @@ def test_torchfcpe_keeps_its_nested_config_dict_equal_to_torch_load(tmp_path, ca
     original = torch.load(path, map_location="cpu", weights_only=True)
     out = tmp_path / "fcpe.safetensors"
 
-    code, text, _ = _cli(capsys, "shrink", str(path), "-o", str(out), "--quantize", "int8")
+    code, text, _ = _cli(capsys, "shrink", str(path), "-o", str(out), "--scheme", "int8-weight")
 
     assert code == 0
     assert "kept non-tensor values global_step, config_dict as JSON" in text
@@ -172,8 +172,8 @@ def test_a_mistyped_skip_pattern_is_refused_with_the_closest_name(tmp_path, caps
         str(_resemblyzer()),
         "-o",
         str(out),
-        "--quantize",
-        "int8",
+        "--scheme",
+        "int8-weight",
         "--skip",
         "lstm.weights_ih_l0",
     )
@@ -196,7 +196,7 @@ def test_a_mistyped_skip_pattern_is_refused_with_the_closest_name(tmp_path, caps
 def test_resemblyzer_int8_keeps_its_input_and_recurrent_matrices_at_float16(tmp_path, capsys):
     out = tmp_path / "r.safetensors"
 
-    code, text, _ = _cli(capsys, "shrink", str(_resemblyzer()), "-o", str(out), "--quantize", "int8")
+    code, text, _ = _cli(capsys, "shrink", str(_resemblyzer()), "-o", str(out), "--scheme", "int8-weight")
 
     codecs = {info.name: info.codec for info in slimtorch.open(out).infos() if info.numel >= 4096}
     assert code == 0 and codecs.pop("lstm.weight_ih_l0") == "cast"
@@ -207,7 +207,7 @@ def test_resemblyzer_int8_keeps_its_input_and_recurrent_matrices_at_float16(tmp_
         "float16 instead of int8: lstm.weight_ih_l0 (rounding error 6.4x the median weight's); "
         "lstm.weight_hh_l0, lstm.weight_hh_l1, lstm.weight_hh_l2 (recurrent: its error compounds over time)"
     ) in text
-    _cli(capsys, "shrink", str(_resemblyzer()), "-o", str(out), "--quantize", "int8", "--quantize-all")
+    _cli(capsys, "shrink", str(_resemblyzer()), "-o", str(out), "--scheme", "int8-weight", "--quantize-all")
     assert {info.codec for info in slimtorch.open(out).infos() if info.numel >= 4096} == {"int8"}
 
 
@@ -215,7 +215,7 @@ def test_resemblyzer_int4_stores_its_lstm_as_int8_and_only_the_linear_layer_as_i
     out = tmp_path / "r.safetensors"
 
     code, text, _ = _cli(
-        capsys, "shrink", str(_resemblyzer()), "-o", str(out), "--quantize", "int4", "--json"
+        capsys, "shrink", str(_resemblyzer()), "-o", str(out), "--scheme", "int4-weight", "--json"
     )
 
     report = json.loads(text)

@@ -1,7 +1,8 @@
 """The steady state of a training loop: from step 2 on, the optimizer's state is alive through forward
 and backward, and ``memory.estimate``'s peak is that step's. Checked against a measurement that is not the
-project's own: a plain loop (a real torch optimizer, three steps, ``zero_grad(set_to_none=True)``) whose
-live tensor bytes are counted by a tracker written here."""
+project's own: a plain loop (a real torch optimizer, three steps, ``zero_grad(set_to_none=True)``, fp16
+through a ``GradScaler``), or three forward passes under ``no_grad`` for inference, whose live tensor
+bytes are counted by a tracker written here."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from slimtorch import memory
 from tests.test_memory import Blocks
 
 TOLERANCE = 0.05
+AUTOCAST = {"fp32": None, "bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
 
 class LiveBytes(TorchDispatchMode):
@@ -71,12 +73,15 @@ def measured_peaks(
     autocast: torch.dtype | None = None,
 ) -> list[int]:
     """Each step's peak live tensor bytes over three steps of a plain training loop (the forward pass
-    under CPU autocast to ``autocast``, if given)."""
+    under CPU autocast to ``autocast``, if given; fp16 with a ``GradScaler``, as PyTorch's AMP recipe
+    runs it). A step the scaler skips (the loss overflowed fp16) is an error: that loop is not steady by
+    step 3."""
     make = {
         "adamw": torch.optim.AdamW,
         "sgd": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
     }[optimizer]
     opt = make(model.parameters())
+    scaler = torch.amp.GradScaler("cpu", enabled=autocast is torch.float16)
     tracker = LiveBytes([*model.parameters(), *model.buffers(), batch])
     peaks = []
     with tracker:
@@ -85,9 +90,29 @@ def measured_peaks(
             opt.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
                 loss = loss_fn(model(batch))
-            loss.backward()
-            opt.step()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scale = scaler.get_scale()
+            scaler.update()
+            assert scaler.get_scale() >= scale, "the scaler skipped a step: the loss overflowed fp16"
             del loss
+            peaks.append(tracker.high)
+    return peaks
+
+
+def measured_inference_peaks(
+    model: nn.Module, batch: torch.Tensor, autocast: torch.dtype | None = None
+) -> list[int]:
+    """Each forward's peak live tensor bytes over three forward passes of a plain ``torch.no_grad()``
+    loop (under CPU autocast to ``autocast``, if given), each output let go before the next batch."""
+    tracker = LiveBytes([*model.parameters(), *model.buffers(), batch])
+    peaks = []
+    with tracker, torch.no_grad():
+        for _ in range(3):
+            tracker.mark()
+            with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+                output = model(batch)
+            del output
             peaks.append(tracker.high)
     return peaks
 
@@ -211,3 +236,66 @@ def test_bad_loop_options_are_clear_errors() -> None:
     ]:
         with pytest.raises(slimtorch.OptionError, match=message):
             memory.estimate(Blocks(), torch.randn(4, 256), **options)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_inference_estimate_is_within_5pct_of_a_no_grad_loops_third_forward(
+    name: str, precision: str
+) -> None:
+    factory, inputs, _ = MODELS[name]
+    torch.manual_seed(0)
+    model, batch = factory().train(), inputs(4)
+    step = memory.estimate(model, batch, mode="inference", precision=precision, device="cpu").steps[0]
+    # under bf16 autocast, the cast copy of every weight that requires grad stays cached to the end of
+    # the forward, no_grad or not: the estimate left it out once (BERT -7%, the LSTM -11%)
+    first, _, third = measured_inference_peaks(model, batch, AUTOCAST[precision])
+    assert abs(step.steady_peak_bytes / third - 1) <= TOLERANCE, (step.steady_peak_bytes, third)
+    assert step.first_step_peak_bytes == step.steady_peak_bytes and first == third
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_bf16_autocast_steady_estimate_is_within_5pct_of_a_real_loops_third_step(name: str) -> None:
+    factory, inputs, loss_fn = MODELS[name]
+    torch.manual_seed(0)
+    model, batch = factory().train(), inputs(16)
+    step = memory.estimate(model, batch, precision="bf16-mixed", device="cpu", loss_fn=loss_fn).steps[0]
+    _, _, third = measured_peaks(model, batch, "adamw", loss_fn, torch.bfloat16)
+    assert abs(step.steady_peak_bytes / third - 1) <= TOLERANCE, (step.steady_peak_bytes, third)
+
+
+def test_fp16_mixed_steps_through_a_grad_scaler_whose_state_is_alive_from_step_to_step() -> None:
+    torch.manual_seed(0)
+    model, batch = small_bert().train(), torch.randint(0, 1000, (8, 32))
+
+    def loss_fn(out: Any) -> torch.Tensor:  # a mean: a sum times the first scale (65536) overflows fp16
+        return out[0].float().mean()
+
+    fp16 = memory.estimate(model, batch, precision="fp16-mixed", device="cpu", loss_fn=loss_fn).steps[0]
+    bf16 = memory.estimate(model, batch, precision="bf16-mixed", device="cpu", loss_fn=loss_fn).steps[0]
+    _, _, third = measured_peaks(model, batch, "adamw", loss_fn, torch.float16)
+    # The scaler's memory is a few scalars (its scale and growth tracker, alive through every step; the
+    # scaled loss; the inf check's flags), too little for a 5% test: to the byte, as the tracker counts.
+    assert fp16.steady_peak_bytes == third
+    assert fp16.steady_peak_bytes > bf16.steady_peak_bytes  # the same tensors, and the scaler's
+    real = memory.profile(model, batch, precision="fp16-mixed", device="cpu", loss_fn=loss_fn).steps[0]
+    assert real.peak_bytes == fp16.steady_peak_bytes and real.steps_run == 2
+
+
+def test_an_lstm_cannot_train_under_fp16_autocast_on_the_cpu_and_the_estimate_says_so() -> None:
+    torch.manual_seed(0)
+    model, batch = SmallLSTM().train(), torch.randint(0, 500, (4, 24))
+    with pytest.raises(slimtorch.SlimtorchError, match="the real step would fail"):
+        memory.estimate(model, batch, precision="fp16-mixed", device="cpu", loss_fn=_classes)
+    with pytest.raises(RuntimeError), torch.autocast("cpu", dtype=torch.float16):
+        model(batch)  # torch's own kernel refuses too: no fp16 LSTM that keeps what backward needs
+
+
+def test_batch_norm_under_autocast_is_counted_to_the_byte() -> None:
+    torch.manual_seed(0)
+    model, batch = SmallCNN().train(), torch.randn(4, 3, 32, 32)
+    step = memory.estimate(model, batch, precision="bf16-mixed", device="cpu", loss_fn=_classes).steps[0]
+    first, _, third = measured_peaks(model, batch, "adamw", _classes, torch.bfloat16)
+    # the CPU kernel keeps a batch's mean and inverse deviation in fp32 (the weights' dtype), where fake
+    # tensors had them in bf16: 192 bytes short, once
+    assert (step.first_step_peak_bytes, step.steady_peak_bytes) == (first, third)

@@ -25,10 +25,14 @@ The public API:
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import sys
+import types
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from slimtorch import data, deploy, memory, models, prune
 from slimtorch._version import __version__
 from slimtorch.errors import (
     CheckpointError,
@@ -39,27 +43,91 @@ from slimtorch.errors import (
     UnsafeCheckpointError,
     deprecated,
 )
-from slimtorch.format.source import ObjectInfo, TensorInfo, TensorSource
-from slimtorch.inspection import InspectOptions, InspectReport, inspect
-from slimtorch.loading import (
-    LoadOptions,
-    LoadProfile,
-    LoadReport,
-    ModelInput,
-    load,
-    load_model,
-    load_model_profiled,
-    open_model,
-)
-from slimtorch.quant import QuantizeOptions, QuantizeReport, quantize, quantize_with_report
-from slimtorch.recovery import RecoverOptions, RecoverReport, recover
-from slimtorch.shrinking import ShrinkOptions, ShrinkReport, save, save_model, save_pretrained, shrink
-from slimtorch.sources import load_objects, open_checkpoint
 
-# Names the API moved, kept working for one release (each warns once per call site).
-prune.save_pretrained = deprecated(  # type: ignore[attr-defined]
-    save_pretrained, "slimtorch.prune.save_pretrained", "slimtorch.save_pretrained"
-)
+if TYPE_CHECKING:  # type checkers see every name; at run time each is imported when first asked for
+    from slimtorch import data, deploy, memory, models, prune
+    from slimtorch.format.source import ObjectInfo, TensorInfo, TensorSource
+    from slimtorch.inspection import InspectOptions, InspectReport, inspect
+    from slimtorch.loading import (
+        LoadOptions,
+        LoadProfile,
+        LoadReport,
+        ModelInput,
+        load,
+        load_model,
+        load_model_profiled,
+        open_model,
+    )
+    from slimtorch.quant import QuantizeOptions, QuantizeReport, quantize, quantize_with_report
+    from slimtorch.recovery import RecoverOptions, RecoverReport, recover
+    from slimtorch.shrinking import ShrinkOptions, ShrinkReport, save, save_model, save_pretrained, shrink
+    from slimtorch.sources import load_objects
+
+# Where each public name lives. Importing them all would import torch, which the command line's --help
+# and --version must not wait for (PEP 562: the module's __getattr__ imports a name on first use).
+_HOMES = {
+    "slimtorch.format.source": ("ObjectInfo", "TensorInfo", "TensorSource"),
+    "slimtorch.inspection": ("InspectOptions", "InspectReport", "inspect"),
+    "slimtorch.loading": (
+        "LoadOptions",
+        "LoadProfile",
+        "LoadReport",
+        "ModelInput",
+        "load",
+        "load_model",
+        "load_model_profiled",
+        "open_model",
+    ),
+    "slimtorch.quant": ("QuantizeOptions", "QuantizeReport", "quantize", "quantize_with_report"),
+    "slimtorch.recovery": ("RecoverOptions", "RecoverReport", "recover"),
+    "slimtorch.shrinking": (
+        "ShrinkOptions",
+        "ShrinkReport",
+        "save",
+        "save_model",
+        "save_pretrained",
+        "shrink",
+    ),
+    "slimtorch.sources": ("load_objects", "open_checkpoint"),
+}
+_HOME_OF = {name: home for home, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name or a step's package (``slimtorch.prune``), imported the first time it is asked for."""
+    if name in _HOME_OF:
+        value = getattr(importlib.import_module(_HOME_OF[name]), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"slimtorch.{name}") is not None:
+        value = importlib.import_module(f"slimtorch.{name}")
+    else:
+        raise AttributeError(f"module 'slimtorch' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _moved_save_pretrained(*args: Any, **kwargs: Any) -> Any:
+    from slimtorch.shrinking import save_pretrained
+
+    return save_pretrained(*args, **kwargs)
+
+
+class _PublicApi(types.ModuleType):
+    """The package's module: when ``slimtorch.prune`` is imported (by any route), the names the API moved
+    out of it are put back on it, kept working for one release (each warns once per call site)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "prune":
+            value.save_pretrained = deprecated(
+                _moved_save_pretrained, "slimtorch.prune.save_pretrained", "slimtorch.save_pretrained"
+            )
+
+
+sys.modules[__name__].__class__ = _PublicApi
 
 
 def open(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> TensorSource:
@@ -83,6 +151,8 @@ def open(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> 
         >>> source.get("model.embed.weight").shape  # doctest: +SKIP
         torch.Size([8000, 256])
     """
+    from slimtorch.sources import open_checkpoint
+
     return open_checkpoint(path, allow_globals=allow_globals)
 
 

@@ -26,9 +26,10 @@ from slimtorch.cli.main import main as cli
 from slimtorch.errors import SlimtorchError
 from tests.wild.inputs import cosine_rows
 from tests.wild.models import WildModel
+from tests.wild.training_loop import step_peaks
 
 FILE_COMMANDS = ("inspect", "shrink-lossless", "shrink-int8", "shrink-int4")
-MODEL_COMMANDS = ("load_model", "quantize", "prune", "memory", "export")
+MODEL_COMMANDS = ("load_model", "quantize", "prune", "memory", "steady-state", "export")
 COMMANDS = FILE_COMMANDS + MODEL_COMMANDS
 
 INT8_COSINE = 0.99  # the issue's bars, on the model's real output
@@ -80,6 +81,7 @@ BARS: dict[str, tuple[tuple[str, ...], float | None]] = {
     "quantize": (("identical", "agrees"), INT8_COSINE),
     "prune": (("runs",), None),
     "memory": (("agrees",), None),
+    "steady-state": (("agrees",), None),
     "export": (("agrees",), None),
 }
 
@@ -326,6 +328,27 @@ def memory(model: WildModel, workdir: Path) -> Outcome:
     return Outcome(model.name, "memory", status, max_abs=max(gaps), message="; ".join(peaks))
 
 
+STEADY_TOLERANCE = 0.05
+"""issue 20's bar: the steady-state peak within 5% of a real loop's"""
+
+
+def steady_state(model: WildModel, workdir: Path) -> Outcome:
+    """``memory.estimate``'s steady-state and first-step peaks (training mode, AdamW, fp32, on the CPU)
+    against a real three-step loop's third and first steps, counted by a tracker that is not slimtorch's
+    (:mod:`tests.wild.training_loop`): both within 5%."""
+    args, _ = reference(model)
+    step = slimtorch.memory.estimate(_original(model).train(), args, device="cpu").steps[0]
+    first, _, third = step_peaks(_original(model).train(), args)
+    steady_gap, first_gap = step.steady_peak_bytes / third - 1, step.first_step_peak_bytes / first - 1
+    worst = max(abs(steady_gap), abs(first_gap))
+    status = "agrees" if worst <= STEADY_TOLERANCE else "mismatch"
+    message = (
+        f"steady {step.steady_peak_bytes / 2**20:.1f} MiB, {steady_gap:+.2%} of the loop's step 3; "
+        f"first {first_gap:+.2%} of its step 1"
+    )
+    return Outcome(model.name, "steady-state", status, max_abs=worst, message=message)
+
+
 def export(model: WildModel, workdir: Path) -> Outcome:
     """ONNX through ``slimtorch.deploy.export``, verified by onnxruntime against eager PyTorch."""
     network = _original(model)
@@ -352,5 +375,6 @@ RUNNERS: dict[str, Callable[[WildModel, Path], Outcome]] = {
     "quantize": quantize,
     "prune": prune,
     "memory": memory,
+    "steady-state": steady_state,
     "export": export,
 }

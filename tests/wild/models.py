@@ -225,7 +225,12 @@ MODELS: tuple[WildModel, ...] = (
         rows=crystal_rows,
         # its input is a list of CrystalGraph objects, which torch.export cannot take and fake tensors
         # cannot run through (bincount of data-dependent size)
-        refusals={"prune": ("torch.export",), "memory": (), "export": ("export",)},
+        refusals={
+            "prune": ("torch.export",),
+            "memory": (),
+            "steady-state": ("cannot simulate", "bincount"),
+            "export": ("export",),
+        },
     ),
 )
 

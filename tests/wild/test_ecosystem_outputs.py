@@ -78,9 +78,9 @@ WRITERS = {
     # symmetric int4 groups on every Linear costs MiniLM more than int8 (0.90 at worst): int8 is its scheme
     "quantize-int4-weight": (_cli("quantize", "--scheme", "int4-weight", "--samples", "1"), 0.88, 0.9999),
     # only the feed-forward layers shrink (heads and the pooler stay): what the config can say
-    "prune": (_cli("prune", "--ratio", "0.3", "--ignore", *ATTENTION, "pooler.dense"), None, None),
+    "prune": (_cli("prune", "--ratio", "0.3", "--skip", *ATTENTION, "pooler.dense"), None, None),
     "prune-int8": (
-        _cli("prune", "--ratio", "0.3", "--quantize", "int8", "--ignore", *ATTENTION, "pooler.dense"),
+        _cli("prune", "--ratio", "0.3", "--scheme", "int8-weight", "--skip", *ATTENTION, "pooler.dense"),
         None,
         None,
     ),

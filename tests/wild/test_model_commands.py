@@ -1,6 +1,7 @@
 """The model commands on every wild checkpoint's real class: load_model gives what the package's own
 loading gives, bit for bit; quantize, prune, memory and export do their job with the output compared to
-the original, or refuse in one line where the architecture does not allow it (``WildModel.refusals``)."""
+the original, or refuse in one line where the architecture does not allow it (``WildModel.refusals``); the
+steady-state estimate matches a real three-step training loop."""
 
 from __future__ import annotations
 
@@ -41,6 +42,17 @@ def test_structured_pruning_removes_channels_and_runs_or_refuses_in_one_line(
 def test_memory_estimate_on_fake_tensors_equals_the_real_step(model: WildModel, workdir) -> None:
     outcome = run(model, "memory", workdir)
     assert verdict(model, outcome) is None, verdict(model, outcome)
+
+
+@pytest.mark.slow
+@every_model
+def test_steady_state_estimate_is_within_5pct_of_a_real_three_step_loop(model: WildModel, workdir) -> None:
+    """Issue 20 on the real checkpoints: the estimate against :mod:`tests.wild.training_loop`'s tracker. A
+    model whose step cannot run on fake tensors is skipped with slimtorch's one-line reason, not passed."""
+    outcome = run(model, "steady-state", workdir)
+    assert verdict(model, outcome) is None, verdict(model, outcome)
+    if outcome.status == "refused":
+        pytest.skip(f"{model}: {outcome.message}")
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""``slimtorch export --quantize int8`` of the real all-MiniLM-L6-v2 folder: the check passes on the
+"""``slimtorch export --scheme int8-dynamic`` of the real all-MiniLM-L6-v2 folder: the check passes on the
 sentence embedding's cosine, and the bundle, run by onnxruntime on sentences the check never saw, gives
 what sentence-transformers' pooling of the original model gives, within cosine 0.99."""
 
@@ -19,7 +19,7 @@ from tests.wild import classes, inputs
 @pytest.mark.slow
 def test_minilm_int8_onnx_passes_its_check_and_keeps_unseen_sentences_at_cosine_099(workdir, capsys) -> None:
     bundle = workdir / "minilm-int8-onnx"
-    code = main(["export", str(classes.MINILM), "-o", str(bundle), "--quantize", "int8", "--json"])
+    code = main(["export", str(classes.MINILM), "-o", str(bundle), "--scheme", "int8-dynamic", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["passed"], report["embedding"]
     assert report["tolerance"]["min_cosine"] == 0.99 and report["embedding"]["min_cosine"] >= 0.99

@@ -7,16 +7,14 @@ import argparse
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
-
-from slimtorch.cli.arguments import add_command, print_json
-from slimtorch.cli.progress import TerminalProgress
-from slimtorch.cli.views.inspect_view import output_console
-from slimtorch.data import TuneOptions, TuneReport, tune
-from slimtorch.data.options import START_METHODS
+from slimtorch.cli.arguments import add_command, add_json, print_json
+from slimtorch.cli.choices import START_METHODS, TUNE_BUDGET_S
 from slimtorch.errors import SlimtorchError
+
+if TYPE_CHECKING:
+    from slimtorch.data import TuneReport
 
 HELP = "measure DataLoader settings (num_workers, prefetch, persistent workers, pinning) for a dataset"
 DESCRIPTION = """\
@@ -42,15 +40,22 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("dataset", metavar="DATASET", help="pkg.module:name or file.py:name")
     parser.add_argument("--batch-size", type=int, required=True, metavar="N", help="samples per batch")
     parser.add_argument(
-        "--budget-s", type=float, default=TuneOptions.budget_s, metavar="S", help="seconds (default 20)"
+        "--budget-s",
+        type=float,
+        default=TUNE_BUDGET_S,
+        metavar="S",
+        help=f"seconds (default {TUNE_BUDGET_S:g})",
     )
     parser.add_argument("--max-workers", type=int, metavar="N", help="default: the CPU cores available")
     parser.add_argument("--start-method", choices=START_METHODS, help="default: this platform's")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from slimtorch.cli.progress import TerminalProgress
+    from slimtorch.data import TuneOptions, tune
+
     dataset = resolve_dataset(args.dataset)
     options = TuneOptions(
         batch_size=args.batch_size,
@@ -94,6 +99,10 @@ def resolve_dataset(spec: str) -> Any:
 
 
 def _render(spec: str, report: TuneReport) -> None:
+    from rich.table import Table
+
+    from slimtorch.cli.views.inspect_view import output_console
+
     console = output_console()
     title = f"{spec}: batch {report.batch_size}, {report.batches} batches a pass"
     table = Table(title=title, title_justify="left", header_style="dim")

@@ -5,27 +5,33 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from rich.table import Table
-
-from slimtorch.cli.arguments import add_command, print_json
+from slimtorch.cli.arguments import (
+    add_command,
+    add_deprecated,
+    add_json,
+    add_output,
+    add_scheme,
+    print_json,
+)
+from slimtorch.cli.choices import SCHEME_CODECS
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.cli.progress import TerminalProgress
-from slimtorch.cli.views.inspect_view import output_console
-from slimtorch.deploy import FP32, INT8, ExportOptions, ExportReport, Tolerance, export
-from slimtorch.deploy.runner import BundleError, read_inputs
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.units import format_bytes
-from slimtorch.loading import ModelInput
-from slimtorch.models.examples import forward_names
+
+if TYPE_CHECKING:
+    import torch
+
+    from slimtorch.deploy import ExportReport
+    from slimtorch.loading import ModelInput
 
 HELP = "export to ONNX (runs on onnxruntime, no torch) or .pt2, verified against PyTorch, as a bundle"
 DESCRIPTION = """\
 Captures the model with torch.export and writes DIR, a bundle that runs without PyTorch:
 
-  model.onnx          translated by torch.onnx (dynamo); --quantize int8: per-channel int8 weights,
+  model.onnx          translated by torch.onnx (dynamo); --scheme int8-dynamic: int8 weights per channel,
                       each token's activations quantized with its own scale (onnxruntime operators)
   requirements.txt    the runtime only: onnxruntime and numpy (torch and numpy for --format pt2)
   predict.py          the runner: python predict.py input.npy | inputs.npz | inputs.json, or --check
@@ -44,7 +50,7 @@ The exported model is run by its own runtime on the example and on fresh random 
 compared with eager PyTorch: the largest absolute difference, and that difference relative to the
 output's largest magnitude. The command exits 1 when an output is outside the tolerance:
   fp32       |exported - eager| <= 1e-4 + 1e-5 * max|eager|
-  quantized  |exported - eager| <= 0.10 * max|eager|   (--quantize int8, or a slimtorch-quantized model)
+  quantized  |exported - eager| <= 0.10 * max|eager|   (--scheme int8-dynamic, or a quantized model)
   quantized text model: the sentence embedding (the sentence-transformers output, or last_hidden_state
              averaged over the attention mask) has cosine >= 0.99 to eager for every text; each
              output's error is still shown
@@ -59,7 +65,7 @@ tensor's values), the module and source line where it is, and what was tried.
 
 examples:
   slimtorch export mypkg.models:cnn --input-shape 1,1,8,8 -o cnn-bundle --dynamic-batch
-  slimtorch export ./bert-folder -o bert-onnx --quantize int8
+  slimtorch export ./bert-folder -o bert-onnx --scheme int8-dynamic
   slimtorch export ./all-MiniLM-L6-v2 -o minilm-bundle    # then: python minilm-bundle/predict.py --text hi
   slimtorch export mypkg.models:net --weights net-int8.safetensors -o net-bundle --example batch.npz
   slimtorch export ./train.py:Net --weights ckpt.pt -o net-pt2 --format pt2
@@ -69,9 +75,10 @@ examples:
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "export", HELP, DESCRIPTION)
     add_model_arguments(parser, "1,3,224,224")
-    parser.add_argument("-o", "--output", required=True, metavar="DIR", help="the bundle folder to write")
+    add_output(parser, "the bundle folder to write", metavar="DIR")
     parser.add_argument("--format", choices=("onnx", "pt2"), default="onnx", help="default onnx")
-    parser.add_argument("--quantize", choices=("int8",), help="int8 weights and per-token int8 activations")
+    add_scheme(parser, ("int8-dynamic",), "int8 weights and per-token int8 activations (onnx)")
+    add_deprecated(parser, "--quantize", "--scheme", "scheme", values={"int8": "int8-dynamic"})
     parser.add_argument("--dynamic-batch", action="store_true", help="let the first dimension vary")
     parser.add_argument(
         "--example", nargs="+", metavar="INPUT", help="the example input: .npy per input, or one .npz / .json"
@@ -79,11 +86,14 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("--samples", type=int, default=3, metavar="N", help="inputs compared (default 3)")
     parser.add_argument("--atol", type=float, metavar="X", help="absolute tolerance (default by precision)")
     parser.add_argument("--rtol", type=float, metavar="X", help="tolerance relative to max|eager|")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from slimtorch.cli.progress import TerminalProgress
+    from slimtorch.deploy import FP32, INT8, ExportOptions, Tolerance, export
+
     check_output(args.output, [*model_inputs(args.model, args.weights), *(args.example or ())])
     loaded = command_model(args, check_example=not args.example)
     model = loaded.model.eval()
@@ -95,13 +105,13 @@ def run(args: argparse.Namespace) -> int:
         example = tuple(given.values()) if given is not None else loaded.positional()
     tolerance = None
     if args.atol is not None or args.rtol is not None:
-        base = INT8 if args.quantize else FP32
+        base = INT8 if args.scheme else FP32
         atol = base.atol if args.atol is None else args.atol
         rtol = base.rtol if args.rtol is None else args.rtol
         tolerance = Tolerance(atol, rtol, f"given: within {atol:g} + {rtol:g} x max|eager|")
     options = ExportOptions(
         format=args.format,
-        quantize_to=args.quantize,
+        quantize_to=SCHEME_CODECS.get(args.scheme),
         dynamic_batch=args.dynamic_batch,
         samples=max(1, args.samples),
         tolerance=tolerance,
@@ -134,6 +144,11 @@ def _tokenizer_folder(loaded: ModelInput) -> Path | None:
 def _example(args: argparse.Namespace, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The example input from files: the first forward arguments, by name (.npz, a JSON object) or in
     order (.npy files, a JSON list)."""
+    import torch
+
+    from slimtorch.deploy.runner import BundleError, read_inputs
+    from slimtorch.models.examples import forward_names
+
     names = forward_names(model) or ["input"]
     files = args.example
     named = len(files) == 1 and files[0].endswith((".npz", ".json"))
@@ -154,6 +169,10 @@ def _example(args: argparse.Namespace, model: torch.nn.Module) -> dict[str, torc
 
 
 def _render(args: argparse.Namespace, report: ExportReport) -> None:
+    from rich.table import Table
+
+    from slimtorch.cli.views.inspect_view import output_console
+
     console = output_console()
     title = f"{args.model} -> {report.bundle}/{report.model_file}"
     table = Table(title=title, title_justify="left", header_style="dim")

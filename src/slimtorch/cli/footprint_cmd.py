@@ -4,15 +4,16 @@ whether its sample still runs with nothing but its own requirements."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from rich.console import Console, Group
-from rich.table import Table
-
-from slimtorch.cli.arguments import add_command, print_json
-from slimtorch.cli.progress import TerminalProgress
-from slimtorch.cli.views.inspect_view import output_console
-from slimtorch.deploy.footprint import Baseline, FootprintOptions, FootprintReport, footprint
+from slimtorch.cli.arguments import add_command, add_deprecated, add_json, print_json
 from slimtorch.format.units import format_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from slimtorch.deploy.footprint import Baseline, FootprintReport
 
 HELP = "measure a deployment bundle's runtime on disk in a clean venv, beside torch's, and run its sample"
 DESCRIPTION = """\
@@ -36,7 +37,7 @@ Exit code 0 when the sample passed, 1 when it failed (the runner's last line is 
 
 examples:
   slimtorch footprint ./resnet-bundle
-  slimtorch footprint ./resnet-bundle --no-baseline --keep ./resnet-venv
+  slimtorch footprint ./resnet-bundle --no-baseline --keep-venv ./resnet-venv
   slimtorch footprint ./bert-bundle --python python3.12 --json > footprint.json
 """
 
@@ -52,22 +53,27 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         "--python", metavar="PATH", help="the interpreter that makes the venvs (default: this one)"
     )
     parser.add_argument(
-        "--keep", metavar="DIR", help="make the venv in this new or empty folder and leave it there"
+        "--keep-venv", metavar="DIR", help="make the venv in this new or empty folder and leave it there"
     )
+    add_deprecated(parser, "--keep", "--keep-venv", "keep_venv", metavar="DIR")
     parser.add_argument(
         "--compile", action="store_true", help="install as plain pip does: every module compiled to bytecode"
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from slimtorch.cli.progress import TerminalProgress
+    from slimtorch.cli.views.inspect_view import output_console
+    from slimtorch.deploy.footprint import FootprintOptions, footprint
+
     console = output_console()
     options = FootprintOptions(
         baseline=not args.no_baseline,
         refresh_baseline=args.refresh_baseline,
         python=args.python,
-        keep=args.keep,
+        keep=args.keep_venv,
         compile_bytecode=args.compile,
     )
     with TerminalProgress(enabled=not args.json) as progress:
@@ -75,11 +81,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     else:
-        _render(console, report, args.keep)
+        _render(console, report, args.keep_venv)
     return 0 if report.sample_ok else 1
 
 
 def _render(console: Console, report: FootprintReport, keep: str | None) -> None:
+    from rich.console import Group
+
     runtime = _table(f"{report.bundle}: runtime installed", "package", "version", "bytes", "of it .pyc")
     for package in report.packages:
         runtime.add_row(package.name, package.version, *_sizes(package.bytes, package.bytecode))
@@ -128,6 +136,8 @@ def _sizes(total: int, bytecode: int) -> tuple[str, str]:
 
 
 def _table(title: str, *columns: str) -> Table:
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left", header_style="dim")
     for column in columns:
         table.add_column(column, justify="left" if column in ("package", "version") else "right")
@@ -135,6 +145,8 @@ def _table(title: str, *columns: str) -> Table:
 
 
 def _side_by_side(tables: list[Table]) -> Table:
+    from rich.table import Table
+
     grid = Table.grid(padding=(0, 4))
     for _ in tables:
         grid.add_column(vertical="top")

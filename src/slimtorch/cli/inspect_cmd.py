@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from slimtorch.cli.arguments import add_allow_global, add_command, print_json
+from slimtorch.cli.arguments import add_allow_global, add_command, add_json, print_json
 from slimtorch.cli.model_spec import PATH_HELP
-from slimtorch.cli.progress import TerminalProgress
-from slimtorch.cli.views.inspect_view import output_console, render_inspect
-from slimtorch.inspection.breakdown import inspect
-from slimtorch.inspection.options import InspectOptions
-from slimtorch.sources import open_checkpoint
 
 HELP = "where a checkpoint's bytes go, and what could be saved"
 DESCRIPTION = """\
@@ -38,9 +33,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument(
         "--top", type=_positive, default=10, metavar="K", help="largest tensors to list (default 10)"
     )
-    parser.add_argument(
-        "--json", action="store_true", help="print the report as JSON (schema slimtorch.inspect/1)"
-    )
+    add_json(parser, "slimtorch.inspect/1")
     parser.add_argument(
         "--no-scan",
         dest="scan",
@@ -59,6 +52,12 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from slimtorch.cli.progress import TerminalProgress
+    from slimtorch.cli.views.inspect_view import output_console, render_inspect
+    from slimtorch.inspection.breakdown import inspect
+    from slimtorch.inspection.options import InspectOptions
+    from slimtorch.sources import open_checkpoint
+
     with (
         open_checkpoint(args.path, allow_globals=args.allow_global) as source,
         TerminalProgress(enabled=args.scan) as bar,

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from slimtorch.cli.arguments import add_allow_global, add_command, print_json
-from slimtorch.cli.model_spec import PATH_HELP, SPEC_HELP, resolve_factory
-from slimtorch.cli.progress import TerminalProgress
-from slimtorch.cli.views.inspect_view import output_console
-from slimtorch.cli.views.load_view import render_load
+from slimtorch.cli.arguments import (
+    add_allow_global,
+    add_command,
+    add_device,
+    add_json,
+    machine_device,
+    print_json,
+)
+from slimtorch.cli.model_spec import PATH_HELP, SPEC_HELP
 from slimtorch.errors import SlimtorchError
-from slimtorch.format.names import file_groups
-from slimtorch.loading.loader import load, load_model
-from slimtorch.loading.options import LoadOptions, LoadReport
+
+if TYPE_CHECKING:
+    from slimtorch.loading.options import LoadOptions, LoadReport
 
 HELP = "load a checkpoint (into a model), verify every checksum, and show where the time went"
 DESCRIPTION = """\
@@ -43,7 +48,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser = add_command(commands, common, "load", HELP, DESCRIPTION)
     parser.add_argument("path", metavar="PATH", help=PATH_HELP)
     parser.add_argument("--model", metavar="FACTORY", help=SPEC_HELP)
-    parser.add_argument("--device", help="where the tensors go: cpu, cuda, cuda:1 (default cpu)")
+    add_device(parser, "where the tensors go")
     parser.add_argument("--dtype", choices=tuple(DTYPES), help="convert floating-point tensors")
     parser.add_argument(
         "--non-strict",
@@ -68,12 +73,18 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         help="with --model: file names starting OLD (after the prefix) start NEW instead; repeatable",
     )
     parser.add_argument("--profile", action="store_true", help="show the time of each phase")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json(parser)
     add_allow_global(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from slimtorch.cli.progress import TerminalProgress
+    from slimtorch.cli.views.inspect_view import output_console
+    from slimtorch.cli.views.load_view import render_load
+    from slimtorch.loading.loader import load, load_model
+    from slimtorch.models.spec import resolve_factory
+
     options = _options(args)
     with TerminalProgress() as bar:
         if args.model:
@@ -95,12 +106,14 @@ def _options(args: argparse.Namespace) -> LoadOptions:
     """The command line as :class:`LoadOptions`; name matching needs a model to match against."""
     import torch
 
+    from slimtorch.loading.options import LoadOptions
+
     if not args.model and (not args.strict or args.prefix is not None or args.rename):
         raise SlimtorchError(
             "--non-strict, --prefix and --rename match the file's names to a model's: they need --model"
         )
     return LoadOptions(
-        device=args.device,
+        device=args.device or machine_device(),
         dtype=getattr(torch, DTYPES[args.dtype]) if args.dtype else None,
         strict=args.strict,
         verify=args.verify,
@@ -113,6 +126,8 @@ def _options(args: argparse.Namespace) -> LoadOptions:
 
 def name_lines(report: LoadReport, *, every: bool) -> list[str]:
     """One line per kind of name a load left out (every kind with ``every``, else those that happened)."""
+    from slimtorch.format.names import file_groups
+
     lines = []
     if every or report.prefix or report.model_prefix:
         where = f"under {report.prefix!r}" if report.prefix else "as they are"

@@ -5,7 +5,11 @@ The one error boundary: readers turn what a parser raises on hostile bytes into 
 :class:`~slimtorch.errors.SlimtorchError`, an ``OSError`` (a missing or unreadable file), or a bug, which
 keeps its traceback. Two exceptions are never a traceback though: ``MemoryError`` and ``RecursionError``
 mean input too big or too deep for this machine (a reader missed a budget), and a user cannot act on
-the stack; ``--debug`` shows it. A closed stdout (``slimtorch inspect m.pt | head``) ends quietly.
+the stack; ``--debug`` shows it. A closed stdout (``slimtorch inspect m.pt | head``) ends quietly with
+exit 0, as ``git log | head`` does; Ctrl-C is one line and exit 130 (128 + SIGINT, as a shell reports it).
+
+Nothing here or in a command's module imports torch: a command imports its work when it runs, so
+``--help``, ``--version``, completion and a mistyped option answer in a tenth of a second.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from collections.abc import Sequence
 
 from slimtorch._version import __version__
 from slimtorch.cli import (
+    completion_cmd,
     dataloader_cmd,
     export_cmd,
+    fit_cmd,
     footprint_cmd,
     inspect_cmd,
     load_cmd,
@@ -39,23 +45,29 @@ COMMANDS = (
     prune_cmd,
     quantize_cmd,
     memory_cmd,
+    fit_cmd,
     dataloader_cmd,
     export_cmd,
     footprint_cmd,
     ops_cmd,
+    completion_cmd,
 )
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+DEBUG_HELP = "show the full traceback on errors"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    """Every command's parser; ``--debug`` works before the command and after it."""
     parser = argparse.ArgumentParser(
         prog="slimtorch",
         description="Make PyTorch models physically smaller, faster to load and lighter on memory.",
-        parents=[common],
     )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("--version", action="version", version=f"slimtorch {__version__}")
+    # A sub-parser's default would overwrite the top level's True: it sets debug only when given.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(commands, common)
@@ -63,9 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (slimtorch completion SHELL)
+        completion_cmd.complete(parser)
+    args = parser.parse_args(argv)
     try:
-        return args.run(args) or 0
+        code = args.run(args) or 0
+        sys.stdout.flush()  # a reader gone while the last lines sat in the buffer is caught here too
+        return code
     except BrokenPipeError:
         return _stdout_closed()
     except (SlimtorchError, OSError, MemoryError, RecursionError) as exc:
@@ -74,8 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"slimtorch: error: {_one_line(exc, args)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
+        if args.debug:
+            traceback.print_exc()
         print("slimtorch: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _one_line(exc: BaseException, args: argparse.Namespace) -> str:
@@ -97,10 +116,11 @@ def _input_of(args: argparse.Namespace) -> str:
 
 def _stdout_closed() -> int:
     """Whoever read stdout has gone (``| head``): nothing left to say, and Python's own flush at exit must
-    not fail again, so stdout goes to /dev/null (the recipe of Python's signal docs; exit 1, as rich does)."""
+    not fail again, so stdout goes to /dev/null (the recipe of Python's signal docs). Exit 0: the reader
+    asked for no more, which is not a failure of ours (``git log | head`` does the same)."""
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 1
+    return 0
 
 
 if __name__ == "__main__":

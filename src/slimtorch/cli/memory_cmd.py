@@ -4,18 +4,16 @@ memory, predicted without running it, and what it is made of."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from rich.table import Table
-
-from slimtorch.cli.arguments import add_command, print_json
+from slimtorch.cli.arguments import add_command, add_device, add_json, print_json, size
+from slimtorch.cli.choices import OPTIMIZERS, PARALLEL, PRECISIONS
 from slimtorch.cli.model_input import MODEL_HELP, add_input_shape, meta_model
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.cli.progress import TerminalProgress
-from slimtorch.cli.views.inspect_view import output_console
-from slimtorch.cli.views.memory_chart import write_chart
-from slimtorch.format.units import format_bytes, format_share, parse_size
-from slimtorch.memory import CATEGORIES, OPTIMIZERS, PRECISIONS, MemoryReport, StepOptions, estimate
-from slimtorch.memory.options import PARALLEL
+from slimtorch.format.units import format_bytes, format_share
+
+if TYPE_CHECKING:
+    from slimtorch.memory import MemoryReport
 
 HELP = "predict a training loop's (or inference's) peak memory, and what it is made of, without running it"
 DESCRIPTION = """\
@@ -29,8 +27,11 @@ activations by module; and, with several --batch values, the peak as a line in t
 --budget, whether the step fits and the largest batch that would; with --chart, a PNG of memory over
 the steady step.
 
-Sizes on CUDA are rounded as its caching allocator rounds them. Mixed precision is simulated with CPU
-autocast, whose op lists match CUDA's for the layers that matter (linear, matmul, convolution).
+On the CPU, the process's RSS growth is predicted too: the tensors, what glibc's malloc keeps of the
+freed ones and the library code paged in (1.2-2x the live peak; within 15% of real loops in 11 of 12
+cases, CNNs, transformers and an LSTM). Sizes on CUDA are rounded as its caching allocator rounds them.
+Mixed precision is simulated with CPU autocast, whose op lists match CUDA's for the layers that matter
+(linear, matmul, convolution).
 
 examples:
   slimtorch memory ./llama-folder --batch 1 --input-shape 1,2048 --precision bf16-mixed
@@ -56,11 +57,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         metavar="MODULE",
         help="activation checkpointing: 'blocks' (each layer of the longest nn.ModuleList) or module names",
     )
-    parser.add_argument(
-        "--device",
-        choices=("cuda", "cpu"),
-        help="sizes as allocated there (default: cuda if this machine has it)",
-    )
+    add_device(parser, "sizes as allocated there")
     parser.add_argument(
         "--keep-grads",
         action="store_true",
@@ -79,22 +76,20 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         help="also each rank's peak under this strategy (the batch is then per rank; needs --world-size)",
     )
     parser.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks of --parallel")
-    parser.add_argument("--budget", type=_size, metavar="SIZE", help="memory to fit in, e.g. 24GB or 80GiB")
+    parser.add_argument("--budget", type=size, metavar="SIZE", help="memory to fit in, e.g. 24GB or 80GiB")
     parser.add_argument(
         "--chart", metavar="PNG", help="also draw memory over the step to this PNG (needs matplotlib)"
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json(parser)
     parser.set_defaults(run=run)
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def run(args: argparse.Namespace) -> int:
+    from slimtorch.cli.progress import TerminalProgress
+    from slimtorch.cli.views.inspect_view import output_console
+    from slimtorch.cli.views.memory_chart import write_chart
+    from slimtorch.memory import StepOptions, estimate
+
     if args.chart:
         check_output(args.chart, model_inputs(args.model))
     loaded = meta_model(args)
@@ -132,6 +127,11 @@ def _largest_batch(report: MemoryReport, budget: int) -> int | None:
 
 
 def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) -> None:
+    from rich.table import Table
+
+    from slimtorch.cli.views.inspect_view import output_console
+    from slimtorch.memory import CATEGORIES
+
     console = output_console()
     what = f"{args.mode}, {args.precision}" + (f", {args.optimizer}" if args.mode == "train" else "")
     table = Table(title=f"{args.model}: {what}, on {report.device}", title_justify="left", header_style="dim")
@@ -146,6 +146,10 @@ def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) ->
     table.add_row("peak, steady state", *(format_bytes(s.peak_bytes) for s in report.steps), style="bold")
     table.add_row("in phase", *(f"{s.peak_phase}" for s in report.steps))
     table.add_row("peak, first step", *(format_bytes(s.first_step_peak_bytes) for s in report.steps))
+    if all(s.resident_bytes is not None for s in report.steps):  # the CPU: what the process's RSS grows by
+        table.add_row(
+            "RSS growth, predicted", *(_resident(s.resident_bytes, s.peak_bytes) for s in report.steps)
+        )
     console.print(table)
     last = report.steps[-1]
     phases = ", ".join(
@@ -178,6 +182,11 @@ def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) ->
         )
         if fits is not None:
             console.print(f"  largest batch predicted to fit: {fits}", highlight=False)
+
+
+def _resident(resident: int, peak: int) -> str:
+    """The predicted RSS growth, with how much more than the live peak malloc keeps."""
+    return f"{format_bytes(resident)} (x{resident / peak:.2f})" if peak else format_bytes(resident)
 
 
 def _cell(value: int, peak: int) -> str:

@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slimtorch.cli.arguments import add_allow_global
+from slimtorch.cli.choices import DEFAULT_SHAPE
 from slimtorch.cli.model_spec import HUB_ID_HELP, SPEC_HELP
 from slimtorch.errors import OptionError
-from slimtorch.loading import ModelInput, open_meta_model, open_model
-from slimtorch.models.examples import DEFAULT_SHAPE
-from slimtorch.sources.companions import find_companions
+
+if TYPE_CHECKING:
+    from slimtorch.loading import ModelInput
 
 MODEL_HELP = (
     SPEC_HELP + f", a Hugging Face model folder, a sentence-transformers folder, or either by {HUB_ID_HELP}"
@@ -91,6 +93,8 @@ def name_matching(args: argparse.Namespace) -> dict:
 def command_model(args: argparse.Namespace, *, check_example: bool = True) -> ModelInput:
     """The model MODEL names, its weights loaded, and an example input it accepts (not run through the
     model with ``check_example=False``: the command has an input of its own)."""
+    from slimtorch.loading import open_model
+
     loaded = open_model(
         args.model,
         args.weights,
@@ -107,6 +111,8 @@ def command_model(args: argparse.Namespace, *, check_example: bool = True) -> Mo
 
 def meta_model(args: argparse.Namespace) -> ModelInput:
     """The model built on the meta device (no memory, no weights read), and an example input it accepts."""
+    from slimtorch.loading import open_meta_model
+
     loaded = open_meta_model(args.model, input_shape=args.input_shape)
     args.input_shape = loaded.shape
     return loaded
@@ -132,6 +138,8 @@ def _rename(text: str) -> tuple[str, str]:
 def output_companions(folder: Path | None) -> dict:
     """The input folder's files besides its weights, for a folder output (:func:`find_companions`); what
     stays behind (a stale ``onnx/`` export ...) is said on stderr, one line each, never dropped silently."""
+    from slimtorch.sources.companions import find_companions
+
     if folder is None:
         return {}
     found = find_companions(folder)

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from slimtorch.models.spec import resolve_factory
-
 SPEC_HELP = "the model: package.module:factory or path/to/file.py:factory (a class or a function)"
 HUB_ID_HELP = (
     "a Hub repo id (org/name or org/name@revision) found in the local Hugging Face cache, never downloaded"
@@ -12,4 +10,4 @@ HUB_ID_HELP = (
 PATH_HELP = f"checkpoint file, Hugging Face model folder, or {HUB_ID_HELP}"
 """PATH on the commands that read a checkpoint (inspect, load, shrink)."""
 
-__all__ = ["HUB_ID_HELP", "PATH_HELP", "SPEC_HELP", "resolve_factory"]
+__all__ = ["HUB_ID_HELP", "PATH_HELP", "SPEC_HELP"]

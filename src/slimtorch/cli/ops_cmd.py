@@ -6,11 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from slimtorch.cli.arguments import add_command, print_json
+from slimtorch.cli.arguments import add_command, add_json, add_output, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.deploy.ops import OperatorOptions, operators
-from slimtorch.format.writer import write_atomic_text
 
 HELP = "list the operators a model uses, as the YAML PyTorch's selective build reads (a minimal libtorch)"
 DESCRIPTION = """\
@@ -42,17 +40,18 @@ examples:
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "ops", HELP, DESCRIPTION)
     add_model_arguments(parser, "1,3,224,224")
-    parser.add_argument(
-        "-o", "--output", metavar="FILE", help="write the YAML to FILE (default: print it on stdout)"
-    )
+    add_output(parser, "write the YAML to FILE (default: print it on stdout)", required=False, metavar="FILE")
     parser.add_argument(
         "--training", action="store_true", help="also run a backward pass: list what on-device training needs"
     )
-    parser.add_argument("--json", action="store_true", help="print the operators as JSON")
+    add_json(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from slimtorch.deploy.ops import OperatorOptions, operators
+    from slimtorch.format.writer import write_atomic_text
+
     if args.output:
         check_output(args.output, model_inputs(args.model, args.weights))
     loaded = command_model(args)

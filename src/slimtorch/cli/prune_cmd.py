@@ -5,20 +5,30 @@ from __future__ import annotations
 import argparse
 import copy
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.table import Table
-
-from slimtorch.cli.arguments import add_command, add_layout, add_runs, print_json
+from slimtorch.cli.arguments import (
+    add_command,
+    add_deprecated,
+    add_json,
+    add_layout,
+    add_output,
+    add_runs,
+    add_scheme,
+    add_skip,
+    print_json,
+)
+from slimtorch.cli.choices import SCHEME_CODECS, STORED_AS_SCHEME, WEIGHT_SCHEMES
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.cli.progress import TerminalProgress
-from slimtorch.cli.views.inspect_view import output_console
 from slimtorch.format.units import format_bytes
-from slimtorch.inspection.measure import compare, measure
-from slimtorch.prune import ChannelOptions, channels
-from slimtorch.shrinking.pretrained import save_pretrained
-from slimtorch.shrinking.saving import save_model
-from slimtorch.sources.companions import source_provenance
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from slimtorch.inspection.measure import LatencyComparison, ModelCost
+    from slimtorch.loading import ModelInput
+    from slimtorch.prune import PruneReport
 
 HELP = "remove whole channels (structured pruning) and save the smaller model without pickle"
 DESCRIPTION = """\
@@ -37,7 +47,7 @@ report says which and why.
 examples:
   slimtorch prune mypkg.models:resnet18 -o r18-half.safetensors --ratio 0.5
   slimtorch prune ./train.py:Net --weights ckpt.pt -o small.safetensors --ratio 0.3 --importance bn_scale
-  slimtorch prune mypkg.models:unet -o unet.safetensors --ratio 0.5 --input-shape 1,3,256,256 --ignore head
+  slimtorch prune mypkg.models:unet -o unet.safetensors --ratio 0.5 --input-shape 1,3,256,256 --skip head
   slimtorch prune mypkg.models:resnet50 -o r50.safetensors --target-macs 1e9 --round-to 8
   slimtorch prune ./llama-folder -o ./llama-half --ratio 0.5   (a Hugging Face folder: writes a folder)
 """
@@ -46,9 +56,7 @@ examples:
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "prune", HELP, DESCRIPTION)
     add_model_arguments(parser, "1,3,224,224")
-    parser.add_argument(
-        "-o", "--output", required=True, metavar="OUT", help="output .safetensors file or folder"
-    )
+    add_output(parser, "output .safetensors file or folder")
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--ratio", type=_ratio, help="share of channels to remove, 0 to <1")
     budget.add_argument("--target-params", type=_count, metavar="N", help="prune until at most N parameters")
@@ -59,13 +67,13 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("--scope", choices=("layer", "global"), default="layer", help="default layer")
     parser.add_argument("--round-to", type=int, metavar="K", help="keep channel counts multiples of K")
     parser.add_argument("--steps", type=int, default=1, help="reach the ratio in this many steps (default 1)")
-    parser.add_argument(
-        "--ignore", nargs="+", default=[], metavar="MODULE", help="modules whose outputs stay"
-    )
-    parser.add_argument("--quantize", choices=("int8", "int4"), help="also quantize the saved weights")
+    add_skip(parser, "module names whose outputs stay: their channels are not pruned")
+    add_deprecated(parser, "--ignore", "--skip", "skip", nargs="+", extend=True, metavar="MODULE")
+    add_scheme(parser, WEIGHT_SCHEMES, "also quantize the saved weights (as shrink --scheme does)")
+    add_deprecated(parser, "--quantize", "--scheme", "scheme", values=STORED_AS_SCHEME)
     add_runs(parser)
     add_layout(parser)
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json(parser, "slimtorch.prune/1")
     parser.set_defaults(run=run)
 
 
@@ -87,9 +95,13 @@ def _count(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from slimtorch.cli.progress import TerminalProgress
+    from slimtorch.inspection.measure import compare, measure
+    from slimtorch.prune import ChannelOptions, channels
+
     check_output(args.output, model_inputs(args.model, args.weights))
     loaded = command_model(args)
-    model, example, hugging_face = loaded.model, loaded.positional(), loaded.folder is not None
+    model, example = loaded.model, loaded.positional()
     model.eval()
     before = measure(model, example)
     original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the pruned model, in turns
@@ -101,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         importance=args.importance,
         scope=args.scope,
         round_to=args.round_to,
-        ignore=tuple(args.ignore),
+        ignore=tuple(args.skip),
     )
     with TerminalProgress() as progress:
         report = channels(model, loaded.args, options, example_kwargs=loaded.kwargs, progress=progress)
@@ -110,23 +122,7 @@ def run(args: argparse.Namespace) -> int:
         None if original is None else compare(original, model, loaded.args, loaded.kwargs, rounds=args.runs)
     )
     del original
-    problems: list[str] = []
-    if hugging_face:
-        companions = output_companions(loaded.folder)
-        provenance = source_provenance("prune", loaded.folder)
-        saved = save_pretrained(
-            model,
-            args.output,
-            companions=companions,
-            metadata=provenance,
-            quantize=args.quantize,
-            layout=args.layout,
-        )
-        problems = saved.config_update.problems
-        files = sorted(str(path) for path in Path(args.output).iterdir())
-    else:
-        files = save_model(model, args.output, quantize=args.quantize, layout=args.layout).files
-    size = sum(Path(f).stat().st_size for f in files if f.endswith(".safetensors"))
+    files, size, problems = _save(args, model, loaded)
     if args.json:
         print_json(
             {
@@ -141,6 +137,52 @@ def run(args: argparse.Namespace) -> int:
             }
         )
         return 0
+    _render(args, before, after, latency, report, files, size, problems)
+    return 0
+
+
+def _save(args: argparse.Namespace, model: nn.Module, loaded: ModelInput) -> tuple[list[str], int, list[str]]:
+    """The pruned model written to ``-o``: its files, their bytes, and what from_pretrained cannot rebuild."""
+    from slimtorch.shrinking.pretrained import save_pretrained
+    from slimtorch.shrinking.saving import save_model
+    from slimtorch.sources.companions import source_provenance
+
+    hugging_face = loaded.folder is not None
+    quantize = SCHEME_CODECS.get(args.scheme)
+    problems: list[str] = []
+    if hugging_face:
+        companions = output_companions(loaded.folder)
+        provenance = source_provenance("prune", loaded.folder)
+        saved = save_pretrained(
+            model,
+            args.output,
+            companions=companions,
+            metadata=provenance,
+            quantize=quantize,
+            layout=args.layout,
+        )
+        problems = saved.config_update.problems
+        files = sorted(str(path) for path in Path(args.output).iterdir())
+    else:
+        files = save_model(model, args.output, quantize=quantize, layout=args.layout).files
+    size = sum(Path(f).stat().st_size for f in files if f.endswith(".safetensors"))
+    return files, size, problems
+
+
+def _render(
+    args: argparse.Namespace,
+    before: ModelCost,
+    after: ModelCost,
+    latency: LatencyComparison | None,
+    report: PruneReport,
+    files: list[str],
+    size: int,
+    problems: list[str],
+) -> None:
+    from rich.table import Table
+
+    from slimtorch.cli.views.inspect_view import output_console
+
     console = output_console()
     unit = "parameters" if args.target_params else "MACs"
     asked = (
@@ -175,4 +217,3 @@ def run(args: argparse.Namespace) -> int:
         console.print(
             f"  from_pretrained cannot rebuild it: {problem}; slimtorch.load_model can", highlight=False
         )
-    return 0

@@ -5,21 +5,30 @@ from __future__ import annotations
 import argparse
 import copy
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.table import Table
-
-from slimtorch.cli.arguments import add_command, add_layout, add_runs, print_json
+from slimtorch.cli.arguments import (
+    add_command,
+    add_group_size,
+    add_json,
+    add_keep_embeddings,
+    add_layout,
+    add_output,
+    add_runs,
+    add_scheme,
+    add_skip,
+    print_json,
+)
+from slimtorch.cli.choices import INT4_GROUP_SIZE, SCHEMES
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
-from slimtorch.cli.progress import TerminalProgress
-from slimtorch.cli.views.inspect_view import output_console
-from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE
-from slimtorch.format.hf_layout import resolve_layout
 from slimtorch.format.units import format_bytes
-from slimtorch.inspection.measure import LatencyComparison, compare
-from slimtorch.quant import SCHEMES, QuantizeOptions, QuantizeReport, quantize
-from slimtorch.shrinking.saving import save_model
-from slimtorch.sources.companions import source_provenance
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from slimtorch.inspection.measure import LatencyComparison
+    from slimtorch.quant import QuantizeReport
 
 HELP = "quantize Linear, Embedding, LSTM and GRU layers (int8 / int4), check against the float model, save"
 DESCRIPTION = """\
@@ -28,8 +37,8 @@ quantized ones, except the few whose output error on the samples would dominate 
 too), and saves a slim file in which they stay quantized: load it back with slimtorch.load_model(OUT,
 factory) and the float model's factory, and the layers come back quantized, their codes mapped from the
 file. From a Hugging Face folder to a folder, the output is one transformers' from_pretrained reads too
-(--format hf, the default there): Linear (and int8 Embedding) layers in the compressed-tensors format,
-int4 codes on its symmetric grid; layers it cannot express written dense. --format slim keeps the
+(--layout hf, the default there): Linear (and int8 Embedding) layers in the compressed-tensors format,
+int4 codes on its symmetric grid; layers it cannot express written dense. --layout slim keeps the
 slim layout, which from_pretrained refuses. Every layer left float that holds a real share of the
 weights is listed with the reason; a --skip pattern that matches no module, or a model with nothing to
 quantize, is an error.
@@ -54,21 +63,11 @@ examples:
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "quantize", HELP, DESCRIPTION)
     add_model_arguments(parser, "1,3,224,224")
-    parser.add_argument(
-        "-o", "--output", required=True, metavar="OUT", help="output .safetensors file or folder"
-    )
-    parser.add_argument("--scheme", choices=SCHEMES, default="int8-dynamic", help="default int8-dynamic")
-    parser.add_argument(
-        "--group-size",
-        type=int,
-        default=INT4_GROUP_SIZE,
-        metavar="N",
-        help=f"int4 inputs per scale, even, 32 to 256 (default {INT4_GROUP_SIZE})",
-    )
-    parser.add_argument(
-        "--skip", nargs="+", default=[], metavar="PATTERN", help="module names or patterns that stay float"
-    )
-    parser.add_argument("--no-embeddings", action="store_true", help="keep nn.Embedding layers float")
+    add_output(parser, "output .safetensors file or folder")
+    add_scheme(parser, SCHEMES, "default int8-dynamic", default="int8-dynamic")
+    add_group_size(parser, INT4_GROUP_SIZE)
+    add_skip(parser, "module names or patterns that stay float")
+    add_keep_embeddings(parser)
     parser.add_argument(
         "--quantize-all",
         action="store_true",
@@ -80,17 +79,24 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("--layers", type=int, default=10, metavar="N", help="layers listed, worst first")
     add_runs(parser)
     add_layout(parser)
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from slimtorch.cli.progress import TerminalProgress
+    from slimtorch.format.hf_layout import resolve_layout
+    from slimtorch.inspection.measure import compare
+    from slimtorch.quant import QuantizeOptions, quantize
+    from slimtorch.shrinking.saving import save_model
+    from slimtorch.sources.companions import source_provenance
+
     check_output(args.output, model_inputs(args.model, args.weights))
     options = QuantizeOptions(  # a bad option fails before the model loads
         args.scheme,
         group_size=args.group_size,
         skip=args.skip,
-        embeddings=not args.no_embeddings,
+        embeddings=not args.keep_embeddings,
         keep_sensitive=not args.quantize_all,
     )
     loaded = command_model(args)
@@ -128,6 +134,10 @@ def _render(
     files: list[str],
     size: int,
 ) -> None:
+    from rich.table import Table
+
+    from slimtorch.cli.views.inspect_view import output_console
+
     console = output_console()
     table = Table(title=f"{args.model}, {args.scheme}", title_justify="left", header_style="dim")
     for column in ("", "float", "quantized", "quantized / float"):
@@ -173,7 +183,9 @@ def _kept_float_lines(report: QuantizeReport, shown: int = 8) -> list[str]:
     return lines + [f"  kept float: {note}" for note in report.notes]
 
 
-def _render_layers(console, report: QuantizeReport, shown: int) -> None:
+def _render_layers(console: Console, report: QuantizeReport, shown: int) -> None:
+    from rich.table import Table
+
     if not report.layers or shown <= 0:
         return
     worst = sorted(report.layers, key=lambda r: -(r.output_error or r.weight_error))[:shown]

@@ -163,7 +163,7 @@ class _Search:
         self.announce(f"timing {candidate.label}")
         trial = self.bench.try_time(candidate) if candidate.num_workers else self.bench.time(candidate)
         self.trials.append(trial)
-        if trial.error is None and _better(trial, self.trials[self.best], self.step_rate):
+        if trial.error is None and _better(trial, self.trials[self.best], self.trials[0], self.step_rate):
             self.best = len(self.trials) - 1
         return trial
 
@@ -176,14 +176,15 @@ class _Search:
             )
 
 
-def _better(trial: Trial, best: Trial, step_rate: float | None) -> bool:
+def _better(trial: Trial, best: Trial, baseline: Trial, step_rate: float | None) -> bool:
     """Faster by :data:`GAIN` as the training loop would see it (:func:`_loop_rate`); for persistent
     workers, which cannot be faster within an epoch, an epoch that starts sooner at a speed within
-    :data:`GAIN` of the best."""
+    :data:`GAIN` of the best, and still faster than ``baseline`` (no workers): never a slower pick."""
     rate, best_rate = _loop_rate(trial, step_rate), _loop_rate(best, step_rate)
     if trial.candidate.persistent_workers and not best.candidate.persistent_workers:
         sooner = trial.start_s is not None and best.start_s is not None and trial.start_s < best.start_s
-        return sooner and rate >= best_rate * (1 - GAIN)
+        faster = rate > _loop_rate(baseline, step_rate)
+        return sooner and faster and rate >= best_rate * (1 - GAIN)
     return rate > best_rate * (1 + GAIN)
 
 

@@ -53,8 +53,8 @@ def resolve_layout(asked: str | None, has_config: bool, where: object) -> str:
         raise OptionError(f"unknown layout {asked!r} (known: {', '.join(LAYOUTS)})")
     if asked == "hf" and not has_config:
         raise SlimtorchError(
-            f"{where}: --format hf writes a Hugging Face folder, which needs a config.json: give a Hugging "
-            "Face folder as input, a transformers model, or a folder output of one (or use --format slim)"
+            f"{where}: --layout hf writes a Hugging Face folder, which needs a config.json: give a Hugging "
+            "Face folder as input, a transformers model, or a folder output of one (or use --layout slim)"
         )
     return asked or ("hf" if has_config else "slim")
 

@@ -23,12 +23,15 @@ from slimtorch.format.progress import Progress, task
 from slimtorch.format.verbs import Report, resolve
 from slimtorch.memory.allocator import mallinfo2
 from slimtorch.memory.device import default_device, runnable_device
+from slimtorch.memory.heap import CODE_PAGES, repeated, resident_peak
 from slimtorch.memory.options import StepOptions
 from slimtorch.memory.parallel import RankMemory, parallel_step, rank_memory
 from slimtorch.memory.step import DONE, StepRecord, run_steps
 from slimtorch.memory.timeline import StorageTimeline
 
 CURVE_POINTS = 1000
+RESIDENT_STEPS = 3
+"""steps the resident-memory prediction runs (the steady one repeated): the loop that was measured"""
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "inputs", "temporaries")
 
 
@@ -65,6 +68,11 @@ class StepMemory:
     """the steady state's peak: ``peak_bytes``"""
     steps_run: int = 1
     """steps run until one started with the same tensors alive as the one before (2 in training)"""
+    resident_bytes: int | None = None
+    """on the CPU, the RSS a fresh process running these steps is predicted to grow by, from making the
+    weights and inputs through three steps: the tensors, what glibc's malloc keeps of the freed ones and
+    the library code the kernels page in (:mod:`slimtorch.memory.heap`, checked against real loops by
+    ``benchmarks/allocator_overhead.py``). None on CUDA"""
 
 
 @dataclass(frozen=True)
@@ -238,7 +246,24 @@ def _measured(record: StepRecord, batch_size: int | None, allocator: int | None 
         record.timeline.peak(step=0).bytes,
         peak.bytes,
         record.steps_run,
+        _resident(record),
     )
+
+
+def _resident(record: StepRecord) -> int | None:
+    """The CPU process's predicted RSS growth over :data:`RESIDENT_STEPS` steps, the steady one repeated
+    (None on CUDA: not glibc's heap)."""
+    timeline = record.timeline
+    if timeline.rounding != 1:
+        return None
+    window = timeline.window()
+    end = next((index for index in window if timeline.events[index].phase == DONE), window.stop)
+    events = [(event.key, event.nbytes) for event in timeline.events[:end]]
+    scratch = [op for op in timeline.scratch if op[0] < end]
+    if record.steps_run > 1:  # in training: the first step made the optimizer's state; repeat the steady one
+        steps = max(RESIDENT_STEPS - record.steps_run, 0)
+        events, scratch = repeated(events, scratch, range(window.start, end), steps)
+    return resident_peak(events, scratch) + CODE_PAGES
 
 
 def _curve(timeline: StorageTimeline) -> list[tuple[str, int]]:

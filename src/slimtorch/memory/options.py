@@ -47,8 +47,9 @@ class StepOptions:
     optimizer: str = "adamw"
     """one of :data:`OPTIMIZERS` (train mode): torch's own optimizer runs on the step's tensors"""
     precision: str = "fp32"
-    """``"fp32"``; ``"bf16-mixed"`` / ``"fp16-mixed"`` (fp32 weights, autocast); ``"bf16"`` / ``"fp16"``
-    (weights in that dtype)"""
+    """``"fp32"``; ``"bf16-mixed"`` / ``"fp16-mixed"`` (fp32 weights, autocast; fp16-mixed trains through
+    a ``torch.amp.GradScaler``, as PyTorch's AMP recipe does); ``"bf16"`` / ``"fp16"`` (weights in that
+    dtype)"""
     checkpointing: str | tuple[str, ...] | None = None
     """None; ``"blocks"`` (each entry of the longest ``nn.ModuleList``, non-reentrant); or module names"""
     device: str | None = None
@@ -148,15 +149,35 @@ class FitOptions:
     """whether activations may be offloaded to host memory (CUDA only) when nothing else fits"""
     margin: float = FIT_MARGIN
     """share of the budget kept free, for what the estimate misses"""
+    world_size: int | str | None = None
+    """ranks to plan for, each with the example's batch: None or 1, one device (when nothing fits there,
+    the error names the fewest ranks that would); N, exactly N ranks; ``"auto"``, one device when a plan
+    fits there, else the fewest ranks whose busiest rank fits the budget"""
+    strategies: tuple[str, ...] = PARALLEL
+    """the wrappers ranks may use (:data:`PARALLEL`), tried in this order at each count"""
+    max_world_size: int = 1024
+    """the most ranks ``world_size="auto"`` proposes"""
+    allow_checkpointing: bool = True
+    """whether blocks may be checkpointed (False: ranks before recomputation, when ranks are allowed)"""
+    apply: bool = True
+    """whether the plan is applied to the model; False only chooses, so the device may then be CUDA on a
+    machine without it (a plan for a GPU, made anywhere)"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", check_budget(self.budget))
         check_optimizer(self.optimizer)
         object.__setattr__(self, "device", check_device(self.device))
-        for name in ("allow_precision", "allow_offload"):
+        for name in ("allow_precision", "allow_offload", "allow_checkpointing", "apply"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be True or False, not {getattr(self, name)!r}")
         check_margin(self.margin)
+        if self.world_size not in (None, "auto") and not _positive_int(self.world_size):
+            raise OptionError(
+                f"world_size must be None, a positive integer or 'auto', not {self.world_size!r}"
+            )
+        if not _positive_int(self.max_world_size):
+            raise OptionError(f"max_world_size must be a positive integer, not {self.max_world_size!r}")
+        object.__setattr__(self, "strategies", _strategies(self.strategies))
 
 
 # -- one check per idea -------------------------------------------------------------------------------------
@@ -209,6 +230,14 @@ def _checkpointing(which: Any) -> str | tuple[str, ...] | None:
     if names == ("blocks",):
         return "blocks"
     return names or None
+
+
+def _strategies(which: Any) -> tuple[str, ...]:
+    """A non-empty tuple of :data:`PARALLEL` names (a list or one name is taken)."""
+    names = (which,) if isinstance(which, str) else tuple(which) if isinstance(which, list | tuple) else ()
+    if not names or any(name not in PARALLEL for name in names):
+        raise OptionError(f"strategies must be a list of {', '.join(PARALLEL)}, not {which!r}")
+    return names
 
 
 def _batch_sizes(sizes: Any) -> tuple[int, ...] | None:

@@ -197,7 +197,8 @@ def rank_memory(
         per_rank = [_ddp(step, step.state_ratio * step.parameter_bytes, gradient_as_bucket_view)] * world_size
     elif strategy == "zero1":
         states = _zero_partition(step, world_size)
-        per_rank = [_ddp(step, state, gradient_as_bucket_view) for state in states]
+        alike = {state: _ddp(step, state, gradient_as_bucket_view) for state in set(states)}
+        per_rank = [alike[state] for state in states]
     else:
         per_rank = [_fsdp(step, world_size, offload=strategy == "fsdp-offload")] * world_size
     peaks = [max(moments, key=lambda moment: sum(moment[1].values())) for moments, _ in per_rank]
@@ -216,9 +217,10 @@ def smallest_world_size(
     *,
     strategies: tuple[str, ...] = STRATEGIES,
     limit: int = 4096,
+    start: int = 1,
 ) -> RankMemory:
-    """The fewest ranks, and at that count the first of ``strategies`` (the least communication first), whose
-    busiest rank fits ``budget`` bytes of device memory (``"24GiB"`` or an int).
+    """The fewest ranks (``start`` to ``limit``), and at that count the first of ``strategies`` (the least
+    communication first), whose busiest rank fits ``budget`` bytes of device memory (``"24GiB"`` or an int).
 
     One rank counts too: DDP on one rank still pays for its buckets, so check the plain estimate first.
 
@@ -227,16 +229,53 @@ def smallest_world_size(
         {'schema': 'slimtorch.memory.rank/1', 'strategy': 'fsdp', 'world_size': 4, ...}
     """
     room = parse_size(budget) if isinstance(budget, str) else int(budget)
-    for world_size in range(1, limit + 1):
-        for strategy in strategies:
-            memory = rank_memory(step, strategy, world_size)
-            if memory.peak_bytes <= room:
-                return memory
+    found = fewest_ranks(step, room, strategies=strategies, sizes=range(start, limit + 1))
+    if found is not None:
+        return found
     best = min((rank_memory(step, s, limit) for s in strategies), key=lambda m: m.peak_bytes)
     raise SlimtorchError(
         f"no strategy fits {room} bytes per rank on up to {limit} ranks: the least is {best.peak_bytes} "
         f"bytes ({best.strategy}, at {best.where}); shrink the per-rank batch or checkpoint the blocks"
     )
+
+
+def fewest_ranks(
+    step: ParallelStep, room: int, /, *, strategies: tuple[str, ...] = STRATEGIES, sizes: range
+) -> RankMemory | None:
+    """The first world size in ``sizes``, then the first of ``strategies``, whose busiest rank fits ``room``
+    bytes; None when none does (at once when :func:`unshardable_bytes` alone is over ``room``).
+
+    Counts that cannot change a strategy's answer are skipped: DDP's ranks each hold everything whatever
+    their number, and ZeRO-1 deals one parameter at most to each rank once there are as many ranks.
+
+    Example:
+        >>> fewest_ranks(step, 40 * 2**20, sizes=range(2, 65)).world_size  # doctest: +SKIP
+        2
+    """
+    if unshardable_bytes(step) > room:
+        return None
+    parameters = sum(len(unit.shapes) for unit in (step.root, *step.units))
+    for world_size in sizes:
+        for strategy in strategies:
+            if world_size > sizes.start and (
+                strategy == "ddp" or (strategy == "zero1" and world_size > parameters)
+            ):
+                continue
+            memory = rank_memory(step, strategy, world_size)
+            if memory.peak_bytes <= room:
+                return memory
+    return None
+
+
+def unshardable_bytes(step: ParallelStep) -> int:
+    """What every rank holds at the end of the forward pass under every strategy, however many ranks:
+    buffers, inputs and the activations kept for backward (a smaller per-rank batch shrinks them).
+
+    Example:
+        >>> unshardable_bytes(ParallelStep((), buffer_bytes=8, input_bytes=16))
+        24
+    """
+    return step.buffer_bytes + step.input_bytes + step.activation_bytes
 
 
 Moments = list[tuple[str, dict[str, int]]]

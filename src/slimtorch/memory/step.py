@@ -36,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.graph.capture import as_args
+from slimtorch.memory.heap import kernel_scratch
 from slimtorch.memory.options import OPTIMIZERS, StepOptions
 from slimtorch.memory.timeline import StorageTimeline
 from slimtorch.memory.workspaces import true_sizes
@@ -81,6 +82,8 @@ def run_steps(
     timeline = timeline or StorageTimeline(rounding)
     if fake and rounding == 1:  # oneDNN's kernels are the CPU's: CUDA's (cuDNN's) are not probed here
         timeline.true_sizes = true_sizes
+    if rounding == 1:  # what the CPU kernels allocate unseen, for the resident-memory prediction
+        timeline.scratch_sizes = kernel_scratch
     args, kwargs = _split(example)
     args, kwargs = _resized(args, batch_size), _resized(kwargs, batch_size)
     # real tensors a loss function closes over (the targets) join the fake ones as they are
@@ -116,11 +119,15 @@ def _loop(
     timeline = record.timeline
     trainable = list({id(t): t for t in tensors.values() if t.requires_grad}.values())  # tied ones once
     optimizer = OPTIMIZERS[plan.optimizer](trainable) if plan.mode == "train" else None
+    # fp16 autocast trains with a loss scaler (PyTorch's AMP recipe): its scale lives from step to step
+    scaler = torch.amp.GradScaler(
+        device.type, enabled=optimizer is not None and plan.precision == "fp16-mixed"
+    )
     start = sorted(timeline.live.values())
     for count in range(1, MAX_STEPS + 1):
         if count > 1:
             timeline.begin_step()
-        _step(model, trainable, optimizer, inputs, plan, device, loss_fn, record)
+        _step(model, trainable, (optimizer, scaler), inputs, plan, device, loss_fn, record)
         record.steps_run = count
         following = sorted(timeline.live.values())
         if following == start:
@@ -136,7 +143,7 @@ def _loop(
 def _step(
     model: nn.Module,
     trainable: list[torch.Tensor],
-    optimizer: torch.optim.Optimizer | None,
+    updater: tuple[torch.optim.Optimizer | None, torch.amp.GradScaler],
     inputs: tuple[Any, Any],
     plan: StepOptions,
     device: torch.device,
@@ -144,15 +151,17 @@ def _step(
     record: StepRecord,
 ) -> None:
     """One step of the loop: ``plan.accumulation`` forward and backward passes, then the optimizer's step
-    and ``zero_grad`` (gradients freed, or kept as zeros, as ``plan.set_to_none`` says)."""
+    and ``zero_grad`` (gradients freed, or kept as zeros, as ``plan.set_to_none`` says), through the
+    loss scaler when it is enabled (fp16 autocast)."""
+    optimizer, scaler = updater
     if optimizer is None:
-        _forward_backward(model, inputs, plan, device, loss_fn, record.timeline)
+        _forward_backward(model, inputs, plan, device, loss_fn, record.timeline, scaler)
         return
     for _ in range(plan.accumulation):
-        _forward_backward(model, inputs, plan, device, loss_fn, record.timeline)
+        _forward_backward(model, inputs, plan, device, loss_fn, record.timeline, scaler)
     record.gradients |= {record.timeline.key_of(t.grad) for t in trainable if t.grad is not None} - {None}
     with record.timeline.in_phase("optimizer"):
-        optimizer.step()
+        _scaled_step(optimizer, scaler)
         optimizer.zero_grad(set_to_none=plan.set_to_none)
     record.optimizer_state |= {
         record.timeline.key_of(value)
@@ -198,8 +207,10 @@ def _forward_backward(
     device: torch.device,
     loss_fn: Callable[[Any], torch.Tensor] | None,
     timeline: StorageTimeline,
+    scaler: torch.amp.GradScaler,
 ) -> None:
-    """The forward pass (and the backward, in training) of one micro-batch."""
+    """The forward pass (and the backward, of the loss as the scaler scales it, in training) of one
+    micro-batch."""
     train = plan.mode == "train"
     autocast = (
         torch.autocast(device.type, dtype=plan.autocast_dtype)
@@ -216,8 +227,19 @@ def _forward_backward(
     if not train:
         return
     with timeline.in_phase("backward"):
-        loss.backward()
+        scaler.scale(loss).backward()
         del loss
+
+
+def _scaled_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+    """``scaler.step(optimizer)`` and ``scaler.update()`` as an AMP loop calls them (the gradients
+    unscaled in place, checked for infs, the scale updated), except that the optimizer always steps: a
+    fake tensor has no value to find an inf in, and the steady state is that of a loop whose scale has
+    settled, where no step is skipped (so ``profile``, on real tensors, steps alike)."""
+    if scaler.is_enabled():
+        scaler.unscale_(optimizer)
+    optimizer.step()
+    scaler.update()
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -253,8 +275,11 @@ def _like(original: torch.Tensor, plan: StepOptions, device: torch.device, fake:
             tensor.normal_(0, 0.02)  # a real run of a meta model: values that keep activations finite
     else:
         tensor = original.detach().to(device=device, dtype=dtype, copy=True)
-    trainable = isinstance(original, nn.Parameter) and original.requires_grad and plan.mode == "train"
-    return nn.Parameter(tensor, requires_grad=True) if trainable else tensor
+    if not isinstance(original, nn.Parameter):
+        return tensor
+    # requires_grad as the model has it, in inference too: autocast caches its low-precision copy of a
+    # weight that requires grad until the autocast region ends, so a no_grad loop holds every copy
+    return nn.Parameter(tensor, requires_grad=original.requires_grad and tensor.is_floating_point())
 
 
 def _inputs(value: Any, device: torch.device, fake: bool) -> Any:

@@ -12,7 +12,8 @@ alive from one step to the next (the optimizer's state) stay counted, and each s
 curve are read from its own stretch of events.
 
 What it cannot see: scratch memory an op allocates and frees inside its own kernel (a convolution's
-workspace), and anything that is not a tensor.
+workspace: ``scratch_sizes`` names the blocks known, kept apart from the live bytes for the resident-memory
+model), and anything that is not a tensor.
 """
 
 from __future__ import annotations
@@ -74,13 +75,22 @@ class StorageTimeline(TorchDispatchMode):
         self.true_sizes: Callable[[Any, tuple, dict], dict[int, int]] | None = None
         """(op, args, kwargs) -> {output index: true bytes}, for outputs whose own size is wrong (a fake
         tensor's, where a meta function leaves a workspace out)"""
+        self.scratch_sizes: Callable[[Any, tuple, dict, Any], tuple[int, ...]] | None = None
+        """(op, args, kwargs, outputs) -> the blocks its kernel allocates and frees inside itself, which no
+        tensor shows (:func:`slimtorch.memory.heap.kernel_scratch`); recorded in ``scratch``"""
+        self.scratch: list[tuple[int, int, tuple[int, ...]]] = []
+        """(index in ``events`` where an op's outputs begin, where they end, its scratch blocks in bytes)"""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         sizes = self.true_sizes(func, args, kwargs or {}) if self.true_sizes else {}
+        start = len(self.events)
         for index, value in enumerate(tree_flatten(out)[0]):
             if isinstance(value, torch.Tensor):
                 self.track(value, sizes.get(index))
+        blocks = self.scratch_sizes(func, args, kwargs or {}, out) if self.scratch_sizes else ()
+        if blocks:
+            self.scratch.append((start, len(self.events), blocks))
         return out
 
     def key_of(self, tensor: torch.Tensor) -> int | None:

@@ -5,7 +5,9 @@ matters: oneDNN's LSTM layer (``aten.mkldnn_rnn_layer``, what ``nn.LSTM`` runs o
 workspace the backward pass needs, several times the layer's output, that its meta function makes 0
 bytes. oneDNN sizes it by its own rules (padded, page-aligned), which depend only on the shapes, so
 :func:`true_sizes` learns it by running the real kernel once per set of shapes, on uninitialised tensors
-of those shapes, and remembers it.
+of those shapes, and remembers it. Another gets a dtype wrong: batch norm under autocast (a bf16 or fp16
+input, fp32 weights) keeps its batch's mean and inverse deviation for backward in fp32 on the CPU, its
+meta function in the input's dtype; a rule gives their size from the arguments.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
+
+from slimtorch.errors import SlimtorchError
 
 # op -> the index of the output whose fake size is wrong
 PROBED: dict[Callable[..., Any], int] = {torch.ops.aten.mkldnn_rnn_layer.default: 3}
@@ -28,11 +32,31 @@ def true_sizes(func: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) ->
         >>> true_sizes(torch.ops.aten.mm.default, (), {})
         {}
     """
+    if func in RULES:
+        return RULES[func](args)
     index = PROBED.get(func)
     if index is None:
         return {}
     # the kernel keeps a workspace only when it may be asked for a backward pass: grad mode is an input
     return {index: _probe(func, index, _signature(args), _signature(kwargs), torch.is_grad_enabled())}
+
+
+def _batch_norm_statistics(args: tuple) -> dict[int, int]:
+    """``native_batch_norm``'s saved mean and inverse deviation (outputs 1 and 2: a value per channel in
+    training, none in eval): in the dtype of its weights (or running statistics) when the input's differs
+    (mixed precision), else the input's, as its fake outputs already are."""
+    tensor, *parameters = args[:5]
+    given = next((p for p in parameters if p is not None), None)
+    if given is None or given.dtype == tensor.dtype:
+        return {}
+    nbytes = (tensor.shape[1] if args[5] else 0) * given.element_size()
+    return {1: nbytes, 2: nbytes}
+
+
+# op -> output index -> true bytes, from the arguments alone
+RULES: dict[Callable[..., Any], Callable[[tuple], dict[int, int]]] = {
+    torch.ops.aten.native_batch_norm.default: _batch_norm_statistics
+}
 
 
 class _Shape(NamedTuple):
@@ -66,5 +90,11 @@ def _real(signature: Any) -> Any:
 def _probe(func: Callable[..., Any], index: int, args: tuple, kwargs: tuple, grad: bool) -> int:
     # no fake tensors, no recording: a real kernel (no tensor needs grad, so no graph is made)
     with _disable_current_modes(), torch.set_grad_enabled(grad):
-        out = func(*_real(args), **{key: _real(value) for key, value in kwargs})
+        try:
+            out = func(*_real(args), **{key: _real(value) for key, value in kwargs})
+        except RuntimeError as exc:  # oneDNN has no LSTM kernel for fp16 with a backward to come
+            raise SlimtorchError(
+                f"the real step would fail: {func} cannot run on this CPU for these shapes and dtypes "
+                f"({str(exc).split('.')[0]}); nn.LSTM trains in fp32 or bf16-mixed here, not fp16"
+            ) from None
     return 0 if out[index] is None else out[index].untyped_storage().nbytes()

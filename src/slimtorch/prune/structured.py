@@ -10,7 +10,7 @@ recorded as a :class:`StructuralDelta`, the part of a pruned model that its clas
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from slimtorch.graph.channels import channel_groups
 from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.graph.macs import count_macs
 from slimtorch.graph.spaces import ChannelGroup
-from slimtorch.prune.budget import ratio_for_budget
+from slimtorch.prune.budget import TRIALS, ratio_for_budget
 from slimtorch.prune.importance import Importance, scorer
 from slimtorch.prune.surgery import RESIZABLE, cut, model_tensors
 
@@ -115,7 +115,8 @@ def channels(
         model: any module ``torch.export`` can trace with ``example_inputs`` (a no_grad trace).
         example_inputs, example_kwargs: an input the model accepts, to trace it and to check it still runs.
         options: a :class:`ChannelOptions`; ``overrides`` replace its fields (``ratio=0.5``).
-        progress: told about the budget search and each pruning step (None: silent).
+        progress: told of each stage (None: silent): capturing the graph, each copy the budget search
+            measures, removing channels, checking the pruned model runs; "(step 2 of 3)" with steps.
 
     Example:
         >>> from tests.zoo import resnet18  # doctest: +SKIP
@@ -131,11 +132,10 @@ def channels(
     params_before = sum(p.numel() for p in model.parameters())
     ratio = options.ratio
     if ratio is None:
-        with task(progress, "finding the ratio for the budget"):
-            ratio = _ratio_for_budget(model, example, score, options)
-    with task(progress, "pruning channels", options.iterative_steps, unit="steps") as advance:
-        first, originals, kept, delta = _prune_in_steps(model, example, score, ratio, options, advance)
-    _still_runs(model, example)
+        ratio = _ratio_for_budget(model, example, score, options, progress)
+    first, originals, kept, delta = _prune_in_steps(model, example, score, ratio, options, progress)
+    with task(progress, "checking the pruned model runs"):
+        _still_runs(model, example)
     frozen: dict[str, int] = {}
     for group in first:
         if group.reason:
@@ -176,23 +176,28 @@ class _Example:
 
 
 def _ratio_for_budget(
-    model: nn.Module, example: _Example, score: Importance, options: ChannelOptions
+    model: nn.Module, example: _Example, score: Importance, options: ChannelOptions, progress: Progress | None
 ) -> float:
     """The smallest one-step ratio whose pruned model fits ``target_params`` or ``target_macs``."""
-    every, groups, scores = _analyse(model, example, score)
+    with task(progress, "capturing the graph"):
+        every, groups, scores = _analyse(model, example, score)
     _refuse_nothing_to_prune(model, every, groups)
     if options.target_params is not None:
         target, measure = options.target_params, lambda m: sum(p.numel() for p in m.parameters())
     else:
         target, measure = options.target_macs, lambda m: count_macs(m, example.inputs, example.kwargs)
-    return ratio_for_budget(
-        model,
-        lambda trial, r: cut(
-            trial, groups, _lowest(groups, scores, _keep(groups, scores, r, options.scope, options.round_to))
-        ),
-        measure,
-        int(target),  # type: ignore[arg-type]
-    )
+    with task(progress, "finding the ratio for the budget", TRIALS, unit="steps") as advance:
+        return ratio_for_budget(
+            model,
+            lambda trial, r: cut(
+                trial,
+                groups,
+                _lowest(groups, scores, _keep(groups, scores, r, options.scope, options.round_to)),
+            ),
+            measure,
+            int(target),  # type: ignore[arg-type]
+            advance,
+        )
 
 
 def _prune_in_steps(
@@ -201,27 +206,29 @@ def _prune_in_steps(
     score: Importance,
     ratio: float,
     options: ChannelOptions,
-    advance: Callable[[int], None],
+    progress: Progress | None,
 ) -> tuple[list[ChannelGroup], dict[str, int], dict[str, int], StructuralDelta]:
     """Prune to ``ratio`` in ``options.iterative_steps`` steps, scoring again before each. Returns the
     groups found first, each group's original and final channel count (by :func:`_identity`), and the
     delta of all the steps together."""
     originals: dict[str, int] = {}
     delta, first, kept = StructuralDelta(), None, {}
-    for step in range(1, options.iterative_steps + 1):
-        every, groups, scores = _analyse(model, example, score)
+    steps = options.iterative_steps
+    for step in range(1, steps + 1):
+        which = f" (step {step} of {steps})" if steps > 1 else ""
+        with task(progress, f"capturing the graph{which}"):  # torch.export: most of a step's time
+            every, groups, scores = _analyse(model, example, score)
         if first is None and ratio > 0:
             _refuse_nothing_to_prune(model, every, groups)
         first = first or every
         for group in groups:
             originals.setdefault(_identity(group), group.size)
-        step_ratio = ratio * step / options.iterative_steps
-        keep = _keep(groups, scores, step_ratio, options.scope, options.round_to, originals)
-        step_delta = cut(model, groups, _lowest(groups, scores, keep))
+        keep = _keep(groups, scores, ratio * step / steps, options.scope, options.round_to, originals)
+        with task(progress, f"removing channels{which}"):
+            step_delta = cut(model, groups, _lowest(groups, scores, keep))
         record(model, step_delta)  # slimtorch.save_model writes it beside the weights
         delta = delta.merge(step_delta)
         kept = {_identity(g): keep[id(g)] for g in groups}  # the sizes the last step left
-        advance(1)
     return first or [], originals, kept, delta
 
 

@@ -47,6 +47,7 @@ from slimtorch.quant.recorded import put_module
 from slimtorch.quant.recurrent import QuantizedRecurrent
 from slimtorch.quant.sensitivity import (
     OutputErrors,
+    each_sample,
     flat_outputs,
     one_unit_quantized,
     sensitive_units,
@@ -138,7 +139,9 @@ def quantize(
             the sensitivity check measures output errors besides judging weights, and
             ``int4-weight`` chooses its codes by GPTQ (errors spread where these inputs feel them
             least) instead of rounding each weight.
-        progress: told how many bytes got quantized (:mod:`slimtorch.format.progress`); None: silent.
+        progress: told how many bytes got quantized and, with ``calibration``, of each input the float
+            model, the sensitivity check and the final comparison run (:mod:`slimtorch.format.progress`);
+            None: silent.
 
     Example:
         >>> import slimtorch, torch
@@ -165,13 +168,15 @@ def quantize(
             }
             moments = InputMoments(linear if scheme == "int4-weight" else {})
             with moments.recording():
-                references = [_outputs(_call(model, sample)) for sample in inputs]
+                references = each_sample(
+                    inputs, lambda s: _outputs(_call(model, s)), progress, "running the float model"
+                )
             targets, twins = _twins(choice.targets, chosen, moments, skipped, progress)
             sensitive: dict[str, str] = {}
             if chosen.keep_sensitive:
                 codec = "int4" if scheme == "int4-weight" else "int8"
                 build = one_unit_quantized(twins, scheme, group_size)
-                sensitive = sensitive_units(model, targets, build, inputs, _call, codec, group_size)
+                sensitive = sensitive_units(model, targets, build, inputs, _call, codec, group_size, progress)
                 targets, twins = without_units(targets, twins, sensitive, scheme, group_size)
                 skipped.update(sensitive)
             if not twins:
@@ -185,7 +190,7 @@ def quantize(
                 originals[target.name] = target.module
                 layers.append(_layer_result(target, quantized))
             record(model, StructuralDelta(quantized=_recorded(twins, scheme, group_size)))
-            output_errors, agreement = _calibrate(model, inputs, references, originals)
+            output_errors, agreement = _calibrate(model, inputs, references, originals, progress)
     finally:
         model.train(was_training)
     if output_errors:
@@ -354,6 +359,7 @@ def _calibrate(
     inputs: list[Any],
     references: list[list[torch.Tensor]],
     originals: dict[str, nn.Module],
+    progress: Progress | None,
 ) -> tuple[dict[str, float], tuple[float | None, float | None]]:
     """Each quantized layer's output error against its float layer, and the model's output agreement."""
     if not inputs:
@@ -365,7 +371,9 @@ def _calibrate(
 
     modules = dict(model.named_modules())
     with watching_outputs({name: modules[name] for name in originals}, compare):
-        outputs = [_outputs(_call(model, sample)) for sample in inputs]
+        outputs = each_sample(
+            inputs, lambda s: _outputs(_call(model, s)), progress, "comparing with the float model"
+        )
     ratios = errors.ratios()
     layer_errors = {name: ratios.get(name, 0.0) for name in originals}
     got = torch.cat([t.reshape(-1) for out in outputs for t in out] or [torch.zeros(0)])

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from slimtorch.format.progress import Progress, task
 from slimtorch.format.sensitive import dominant_errors, rounding_error
 from slimtorch.quant.build import quantized_from
 from slimtorch.quant.modules import QuantizedWeight
@@ -45,11 +46,13 @@ def sensitive_units(
     call: Callable[[nn.Module, Any], Any],
     codec: str,
     group_size: int,
+    progress: Progress | None = None,
 ) -> dict[str, str]:
     """Unit name -> why it stays float, for the units whose error dominates.
 
     ``twin(target, unit)`` is the layer with only that unit quantized; ``call(model, sample)`` runs the
-    model on one calibration input; ``codec`` is ``"int8"`` or ``"int4"`` (for the weight statistics).
+    model on one calibration input; ``codec`` is ``"int8"`` or ``"int4"`` (for the weight statistics);
+    ``progress`` hears of each input run.
     """
     weights = {
         unit: rounding_error(weight.detach(), codec, group_size)
@@ -62,7 +65,7 @@ def sensitive_units(
         for k in dominant_errors(weights)
     }
     if inputs:
-        errors = output_errors(model, targets, twin, inputs, call)
+        errors = output_errors(model, targets, twin, inputs, call, progress)
         median = statistics.median(errors.values()) if errors else 0.0
         for k in dominant_errors(errors):
             if k.error >= OUTPUT_ERROR_FLOOR:
@@ -77,8 +80,9 @@ def output_errors(
     model: nn.Module,
     targets: list[Target],
     twin: Callable[[Target, str], QuantizedWeight],
-    inputs: Iterable[Any],
+    inputs: list[Any],
     call: Callable[[nn.Module, Any], Any],
+    progress: Progress | None = None,
 ) -> dict[str, float]:
     """Relative L2 error of each unit's layer output when only that unit is quantized, over ``inputs``."""
     units = {t.name: [(unit, twin(t, unit)) for unit in t.weights()] for t in targets}
@@ -90,9 +94,22 @@ def output_errors(
             errors.add(unit, flat_outputs(quantized(*args, **kwargs)), want)
 
     with watching_outputs({t.name: t.module for t in targets}, compare):
-        for sample in inputs:
-            call(model, sample)
+        each_sample(inputs, lambda sample: call(model, sample), progress, "measuring each layer's error")
     return errors.ratios()
+
+
+def each_sample(
+    inputs: list[Any], run: Callable[[Any], Any], progress: Progress | None, label: str
+) -> list[Any]:
+    """``run(sample)`` for each calibration input, in order, told to ``progress`` as one task counted in
+    inputs: a large model's forward pass takes seconds. Without inputs there is no task at all."""
+    results = []
+    if inputs:
+        with task(progress, label, len(inputs), unit="items") as advance:
+            for sample in inputs:
+                results.append(run(sample))
+                advance(1)
+    return results
 
 
 class OutputErrors:

@@ -62,7 +62,7 @@ def choose_layout(
         return folder, policy
     if policy.entropy:
         raise SlimtorchError(
-            f"{out}: --entropy stores parts transformers cannot read; use it with --format slim"
+            f"{out}: --entropy stores parts transformers cannot read; use it with --layout slim"
         )
     if policy.quantize and model is None:
         model = config_model(config)  # type: ignore[arg-type]
@@ -70,7 +70,7 @@ def choose_layout(
         if asked == "hf":
             raise SlimtorchError(
                 f"{out}: transformers cannot build the model config.json describes, so which weights "
-                "compressed-tensors can hold is unknown; use --format slim"
+                "compressed-tensors can hold is unknown; use --layout slim"
             )
         folder.layout = "slim"
         folder.notes.append("written in the slim layout: transformers cannot build this config's model")

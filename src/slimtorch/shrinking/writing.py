@@ -171,7 +171,7 @@ def _floated_note(names: list[str]) -> str:
     return (
         f"{len(names)} weight(s) kept at their precision in the hf layout "
         f"({', '.join(weight_names(names))}): compressed-tensors quantizes nn.Linear and nn.Embedding "
-        "weights only, int4 in whole groups per row; --format slim quantizes them"
+        "weights only, int4 in whole groups per row; --layout slim quantizes them"
     )
 
 

@@ -32,10 +32,18 @@ def _table(title: str, *columns: str) -> Table:
     return table
 
 
+class ReportConsole(Console):
+    """rich's console, except that a reader gone (``| head``) is left to the command line's one handler
+    (exit 0, quietly) instead of rich's own exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
 def output_console() -> Console:
     """A console for reports: the terminal's width, or a wide page when piped to a file."""
-    console = Console()
-    return console if console.is_terminal else Console(width=PIPED_WIDTH)
+    console = ReportConsole()
+    return console if console.is_terminal else ReportConsole(width=PIPED_WIDTH)
 
 
 def render_inspect(report: InspectReport, console: Console, *, show_objects: int = 8) -> None:

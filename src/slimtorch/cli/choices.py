@@ -1,0 +1,42 @@
+"""The values the parsers offer, copied from the packages that own them.
+
+``slimtorch --help`` and a mistyped option must answer at once, and the packages that own these values
+import torch (1.5 s or more). So the command line keeps its own copy of each, and
+``tests/test_cli_conventions.py`` compares every copy with its owner: a value added there and not here
+fails that test, never a user.
+"""
+
+from __future__ import annotations
+
+SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight")
+"""``slimtorch.quant.SCHEMES``: every quantization scheme; each command offers those it can do."""
+WEIGHT_SCHEMES = ("int8-weight", "int4-weight")
+"""The schemes a file stores (shrink, prune): weights quantized, activations computed in float."""
+SCHEME_CODECS = {"int8-weight": "int8", "int4-weight": "int4", "int8-dynamic": "int8"}
+"""A scheme as the writers and the exporter name it (``quantize="int8"``)."""
+STORED_AS_SCHEME = {"int8": "int8-weight", "int4": "int4-weight"}
+"""The retired ``--quantize`` values of shrink and prune, as the schemes they meant."""
+
+INT4_GROUP_SIZE = 128
+"""``slimtorch.format.codecs.lossy.INT4_GROUP_SIZE``: int4 values per scale of ``slimtorch quantize``."""
+SHRINK_INT4_GROUP_SIZE = 32
+"""``slimtorch.format.policy.SHRINK_INT4_GROUP_SIZE``: the smaller groups ``shrink`` stores."""
+GROUP_SIZES = range(32, 257)
+"""``slimtorch.format.codecs.lossy.INT4_GROUP_SIZES``: allowed when even (checked by the same rule)."""
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-no-momentum", "adagrad", "rmsprop")
+"""``slimtorch.memory.OPTIMIZERS``' names."""
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp16")
+"""``slimtorch.memory.PRECISIONS``."""
+PARALLEL = ("ddp", "zero1", "fsdp", "fsdp-offload")
+"""``slimtorch.memory.options.PARALLEL``."""
+FIT_MARGIN = 0.05
+"""``slimtorch.memory.options.FIT_MARGIN``."""
+
+START_METHODS = ("fork", "spawn", "forkserver")
+"""``slimtorch.data.options.START_METHODS``."""
+TUNE_BUDGET_S = 20.0
+"""``slimtorch.data.TuneOptions.budget_s``."""
+
+DEFAULT_SHAPE = (1, 3, 224, 224)
+"""``slimtorch.models.examples.DEFAULT_SHAPE``."""
