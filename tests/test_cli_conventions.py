@@ -24,7 +24,7 @@ from slimtorch.cli.completion_cmd import SHELLS
 from slimtorch.cli.main import COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
-RETIRED = {"--quantize", "--no-embeddings", "--ignore", "--keep"}
+RETIRED = {"--quantize", "--no-embeddings", "--ignore", "--keep", "--batch-size"}
 """Spellings no command may use as its own any more (each still works where it was, with a warning)."""
 SAME_EVERYWHERE = ("type", "nargs", "choices", "default", "const", "required")
 """What an option shared by commands must agree on, unless listed in PER_COMMAND."""
@@ -37,6 +37,7 @@ PER_COMMAND = {
     "--world-size": {"default", "type"},  # fit also takes auto
     "--budget": {"required"},  # fit's whole point; memory's optional check
     "--output": {"required"},  # ops prints to stdout without -o
+    "--batch": {"nargs"},  # memory estimates several batch sizes at once, dataloader times one
 }
 
 
@@ -132,6 +133,7 @@ def test_no_command_uses_a_retired_spelling_as_its_own() -> None:
         (["shrink", "m.pt", "-o", "o", "--format", "slim"], "layout", "slim", "--layout slim"),
         (["prune", "m:f", "-o", "o", "--ratio", "0.5", "--ignore", "a", "b"], "skip", ["a", "b"], "--skip"),
         (["footprint", "b", "--keep", "v"], "keep_venv", "v", "--keep-venv"),
+        (["dataloader", "m:d", "--batch-size", "8"], "batch", 8, "--batch"),
     ],
 )
 def test_a_retired_spelling_still_works_with_one_line_naming_the_new_one(

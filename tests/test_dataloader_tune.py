@@ -249,12 +249,12 @@ def test_report_is_json_its_schema_describes_and_progress_names_each_candidate()
 
 def test_cli_prints_the_table_or_json_and_refuses_a_bad_spec(capsys) -> None:
     spec = "tests.test_dataloader_tune:cheap_dataset"
-    assert main(["dataloader", spec, "--batch-size", "64", "--budget-s", "5", "--max-workers", "1"]) == 0
+    assert main(["dataloader", spec, "--batch", "64", "--budget-s", "5", "--max-workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "num_workers=0" in out and "chosen" in out and "DataLoader(dataset, batch_size=64" in out
-    assert main(["dataloader", spec, "--batch-size", "64", "--max-workers", "0", "--json"]) == 0
+    assert main(["dataloader", spec, "--batch", "64", "--max-workers", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["settings"]["num_workers"] == 0
-    assert main(["dataloader", "tests.test_dataloader_tune:nothing", "--batch-size", "8"]) == 2
+    assert main(["dataloader", "tests.test_dataloader_tune:nothing", "--batch", "8"]) == 2
     assert "has no attribute 'nothing'" in capsys.readouterr().err
 
 

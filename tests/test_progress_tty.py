@@ -38,11 +38,20 @@ SLOW_MODEL = """
             time.sleep(0.4)
             return self.down(torch.relu(self.up(x)))
 """
-PRUNE_STAGES = ("capturing the graph", "removing channels", "checking the pruned model runs")
+PRUNE_STAGES = (
+    "loading the model",
+    "counting parameters and MACs",
+    "capturing the graph",
+    "removing channels",
+    "checking the pruned model runs",
+    "saving",
+)
 QUANTIZE_STAGES = (
+    "loading the model",
     "running the float model",
     "measuring each layer's error",
     "comparing with the float model",
+    "saving",
 )
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.graph.capture import capture
 from slimtorch.graph.channels import channel_groups
 from slimtorch.graph.macs import count_macs
@@ -134,6 +134,16 @@ def test_ignore_keeps_a_modules_output_channels() -> None:
     other = ConvNet().eval()
     channels(other, SMALL, ratio=0.5, ignore=["conv2"])
     assert other.conv1.out_channels == 8 and other.conv2.out_channels == 32
+    by_pattern = ConvNet().eval()  # a pattern (fnmatch) fences off the modules it names
+    channels(by_pattern, SMALL, ratio=0.5, ignore=["conv[2-9]"])
+    assert by_pattern.conv1.out_channels == 8 and by_pattern.conv2.out_channels == 32
+
+
+def test_an_ignore_that_names_no_module_is_refused_before_anything_is_pruned() -> None:
+    model = ConvNet().eval()
+    with pytest.raises(OptionError, match=r"'conv3' names no module of the model \(closest: conv2, conv1"):
+        channels(model, SMALL, ratio=0.5, ignore=["conv3"])
+    assert model.conv1.out_channels == 16 and model.conv2.out_channels == 32
 
 
 def test_round_to_keeps_multiples() -> None:

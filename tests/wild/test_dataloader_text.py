@@ -22,7 +22,7 @@ from tests.wild.models import BY_NAME
 
 def test_dataloader_cli_tunes_a_tokenizing_text_dataset_and_its_loader_feeds_minilm(capsys) -> None:
     spec = "tests.wild.datasets:minilm_sentences"
-    args = ["dataloader", spec, "--batch-size", "16", "--budget-s", "8", "--max-workers", "2", "--json"]
+    args = ["dataloader", spec, "--batch", "16", "--budget-s", "8", "--max-workers", "2", "--json"]
     assert main(args) == 0, capsys.readouterr().err
     report = json.loads(capsys.readouterr().out)
     assert report["trials"][0]["candidate"]["num_workers"] == 0

@@ -1,4 +1,4 @@
-"""`slimtorch dataloader mypkg.data:train_set --batch-size 64`: the DataLoader settings that load a dataset
+"""`slimtorch dataloader mypkg.data:train_set --batch 64`: the DataLoader settings that load a dataset
 fastest on this machine, measured."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slimtorch.cli.arguments import add_command, add_json, print_json
+from slimtorch.cli.arguments import add_command, add_deprecated, add_json, print_json
 from slimtorch.cli.choices import START_METHODS, TUNE_BUDGET_S
 from slimtorch.errors import SlimtorchError
 
@@ -29,16 +29,17 @@ candidates it did not try. Prints the settings as DataLoader(...) keywords.
 Workers are processes: under spawn or forkserver a dataset that cannot be pickled keeps num_workers=0.
 
 examples:
-  slimtorch dataloader mypkg.data:train_set --batch-size 64
-  slimtorch dataloader ./data.py:make_dataset --batch-size 32 --budget-s 60 --max-workers 8
-  slimtorch dataloader mypkg.data:train_set --batch-size 64 --json > loader.json
+  slimtorch dataloader mypkg.data:train_set --batch 64
+  slimtorch dataloader ./data.py:make_dataset --batch 32 --budget-s 60 --max-workers 8
+  slimtorch dataloader mypkg.data:train_set --batch 64 --json > loader.json
 """
 
 
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "dataloader", HELP, DESCRIPTION)
     parser.add_argument("dataset", metavar="DATASET", help="pkg.module:name or file.py:name")
-    parser.add_argument("--batch-size", type=int, required=True, metavar="N", help="samples per batch")
+    parser.add_argument("--batch", type=int, metavar="N", help="samples per batch (required)")
+    add_deprecated(parser, "--batch-size", "--batch", "batch", type=int, metavar="N")
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -56,9 +57,11 @@ def run(args: argparse.Namespace) -> int:
     from slimtorch.cli.progress import TerminalProgress
     from slimtorch.data import TuneOptions, tune
 
+    if getattr(args, "batch", None) is None:  # not argparse's required: --batch-size may give it
+        raise SlimtorchError("dataloader needs --batch N: the samples per batch to time")
     dataset = resolve_dataset(args.dataset)
     options = TuneOptions(
-        batch_size=args.batch_size,
+        batch_size=args.batch,
         budget_s=args.budget_s,
         max_workers=args.max_workers,
         start_method=args.start_method,

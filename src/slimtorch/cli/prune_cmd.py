@@ -96,16 +96,12 @@ def _count(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from slimtorch.cli.progress import TerminalProgress
+    from slimtorch.format.progress import announcer
     from slimtorch.inspection.measure import compare, measure
     from slimtorch.prune import ChannelOptions, channels
 
     check_output(args.output, model_inputs(args.model, args.weights))
-    loaded = command_model(args)
-    model, example = loaded.model, loaded.positional()
-    model.eval()
-    before = measure(model, example)
-    original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the pruned model, in turns
-    options = ChannelOptions(
+    options = ChannelOptions(  # a bad option fails before the model loads
         ratio=args.ratio,
         target_params=args.target_params,
         target_macs=args.target_macs,
@@ -115,14 +111,29 @@ def run(args: argparse.Namespace) -> int:
         round_to=args.round_to,
         ignore=tuple(args.skip),
     )
-    with TerminalProgress() as progress:
+    progress = TerminalProgress()  # each stage named as it starts, on a terminal
+    stage = announcer(progress)
+    with progress:
+        stage("loading the model")
+        loaded = command_model(args)
+        model, example = loaded.model, loaded.positional()
+        model.eval()
+        stage("counting parameters and MACs")
+        before = measure(model, example)
+        original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the pruned one, in turns
         report = channels(model, loaded.args, options, example_kwargs=loaded.kwargs, progress=progress)
-    after = measure(model, example)
-    latency = (
-        None if original is None else compare(original, model, loaded.args, loaded.kwargs, rounds=args.runs)
-    )
-    del original
-    files, size, problems = _save(args, model, loaded)
+        stage("counting parameters and MACs")
+        after = measure(model, example)
+        if original is not None:
+            stage(f"timing the pruned model against the original ({args.runs} rounds)")
+        latency = (
+            None
+            if original is None
+            else compare(original, model, loaded.args, loaded.kwargs, rounds=args.runs)
+        )
+        del original
+        stage(f"saving {args.output}")
+        files, size, problems = _save(args, model, loaded)
     if args.json:
         print_json(
             {

@@ -86,6 +86,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
 def run(args: argparse.Namespace) -> int:
     from slimtorch.cli.progress import TerminalProgress
     from slimtorch.format.hf_layout import resolve_layout
+    from slimtorch.format.progress import announcer
     from slimtorch.inspection.measure import compare
     from slimtorch.quant import QuantizeOptions, quantize
     from slimtorch.shrinking.saving import save_model
@@ -99,23 +100,31 @@ def run(args: argparse.Namespace) -> int:
         embeddings=not args.keep_embeddings,
         keep_sensitive=not args.quantize_all,
     )
-    loaded = command_model(args)
-    out = Path(args.output)
-    folder_out = loaded.folder is not None and out.suffix != ".safetensors"
-    extra = output_companions(loaded.folder) if folder_out else {}
-    layout = resolve_layout(args.layout, "config.json" in extra, out)
-    model = loaded.model.eval()
-    samples = loaded.samples(max(1, args.samples))
-    original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the quantized model, in turns
-    with TerminalProgress() as bar:
+    bar = TerminalProgress()  # each stage named as it starts, on a terminal
+    stage = announcer(bar)
+    with bar:
+        stage("loading the model")
+        loaded = command_model(args)
+        out = Path(args.output)
+        folder_out = loaded.folder is not None and out.suffix != ".safetensors"
+        extra = output_companions(loaded.folder) if folder_out else {}
+        layout = resolve_layout(args.layout, "config.json" in extra, out)
+        model = loaded.model.eval()
+        samples = loaded.samples(max(1, args.samples))
+        original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the quantized one, in turns
         # int4 codes on the grid compressed-tensors reads as they are, for a Hugging Face folder
         report = quantize(model, options, calibration=samples, progress=bar, symmetric=layout == "hf")
-    latency = (
-        None if original is None else compare(original, model, loaded.args, loaded.kwargs, rounds=args.runs)
-    )
-    del original
-    provenance = source_provenance(f"quantize {args.scheme}", loaded.folder)
-    saved = save_model(model, out, extra_files=extra, layout=layout, metadata=provenance)
+        if original is not None:
+            stage(f"timing the quantized model against the original ({args.runs} rounds)")
+        latency = (
+            None
+            if original is None
+            else compare(original, model, loaded.args, loaded.kwargs, rounds=args.runs)
+        )
+        del original
+        stage(f"saving {args.output}")
+        provenance = source_provenance(f"quantize {args.scheme}", loaded.folder)
+        saved = save_model(model, out, extra_files=extra, layout=layout, metadata=provenance)
     files = saved.files
     report.notes.extend(saved.notes)
     size = sum(Path(f).stat().st_size for f in files if f.endswith(".safetensors"))

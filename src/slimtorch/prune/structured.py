@@ -9,6 +9,7 @@ recorded as a :class:`StructuralDelta`, the part of a pruned model that its clas
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from torch import nn
 
 from slimtorch.errors import OptionError, SlimtorchError, deprecated
 from slimtorch.format.delta import StructuralDelta, record
+from slimtorch.format.names import unmatched_pattern
 from slimtorch.format.progress import Progress, task
 from slimtorch.format.verbs import NOT_JSON, Report, resolve
 from slimtorch.graph.capture import as_args, capture
@@ -58,7 +60,8 @@ class ChannelOptions:
     round_to: int | None = None
     """keep channel counts a multiple of this (hardware-friendly widths)"""
     ignore: tuple[str | nn.Module, ...] = ()
-    """modules (or their names) whose output channels must stay (a classifier, a detector head)"""
+    """modules, or patterns of their names (``fnmatch``: ``classifier``, ``heads.*``), whose output channels
+    must stay (a classifier, a detector head); a pattern that names no module is refused"""
     iterative_steps: int = 1
     """reach the ratio in this many steps, scoring the channels again after each"""
 
@@ -319,15 +322,22 @@ def _identity(group: ChannelGroup) -> str:
 
 
 def _ignored_names(model: nn.Module, ignore: Iterable[str | nn.Module]) -> list[str]:
+    """The names of the modules ``ignore`` gives, as modules or name patterns; one naming nothing is an
+    error (a typo would otherwise quietly prune the head it meant to keep)."""
     by_module = {id(m): name for name, m in model.named_modules()}
+    modules = [name for name in by_module.values() if name]
     names = []
     for item in ignore:
         if isinstance(item, nn.Module):
             if id(item) not in by_module:
                 raise SlimtorchError(f"ignore: a {type(item).__name__} that is not part of the model")
             names.append(by_module[id(item)])
-        else:
-            names.append(str(item))
+            continue
+        unmatched = unmatched_pattern([str(item)], modules)
+        if unmatched is not None:
+            shown = ", ".join(unmatched[1] or modules[:3])
+            raise OptionError(f"ignore: {str(item)!r} names no module of the model (closest: {shown})")
+        names += [name for name in modules if fnmatch.fnmatchcase(name, str(item))]
     return names
 
 
