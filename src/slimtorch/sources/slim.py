@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import zlib
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -23,7 +22,7 @@ from slimtorch.errors import FormatError
 from slimtorch.format.codecs import CodecError, decode
 from slimtorch.format.codecs.chain import undo
 from slimtorch.format.codecs.lossy import int4_layer_parts
-from slimtorch.format.layout import CHECKSUM_CHUNK, Entry, Layout, check_seal
+from slimtorch.format.layout import CHECKSUM_CHUNK, Entry, Layout, check_seal, crc32, tensor_bytes
 from slimtorch.format.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
 from slimtorch.sources.pickled import flatten
 
@@ -147,7 +146,7 @@ def _check_crc(
     path: Path, entry: Entry, role: str, tensor: torch.Tensor, within: tuple[int, int] | None = None
 ) -> None:
     """Check the part's CRC-32 chunks, or only those overlapping the byte range ``within``."""
-    data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
+    data = tensor_bytes(tensor)
     expected = entry.crc32[role]
     chunks = max(1, math.ceil(len(data) / CHECKSUM_CHUNK))
     if len(expected) != chunks:
@@ -156,7 +155,7 @@ def _check_crc(
         (0, chunks) if within is None else (within[0] // CHECKSUM_CHUNK, -(-within[1] // CHECKSUM_CHUNK))
     )
     for i in range(first, max(first + 1, last)):
-        if zlib.crc32(data[i * CHECKSUM_CHUNK : (i + 1) * CHECKSUM_CHUNK]) != expected[i]:
+        if crc32(data[i * CHECKSUM_CHUNK : (i + 1) * CHECKSUM_CHUNK]) != expected[i]:
             raise FormatError(
                 path,
                 f"tensor {entry.name!r}: checksum mismatch in part {entry.parts[role]!r} "
