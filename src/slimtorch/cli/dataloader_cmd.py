@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from slimtorch.cli.progress import TerminalProgress
     from slimtorch.data import TuneOptions, tune
 
-    if getattr(args, "batch", None) is None:  # not argparse's required: --batch-size may give it
+    if args.batch is None:  # not argparse's required: the retired --batch-size may give it
         raise SlimtorchError("dataloader needs --batch N: the samples per batch to time")
     dataset = resolve_dataset(args.dataset)
     options = TuneOptions(

@@ -45,6 +45,7 @@ from slimtorch.format.layout import (
     is_slim,
     part_key,
     seal,
+    tensor_bytes,
 )
 from slimtorch.format.untrusted import load_json
 
@@ -291,9 +292,7 @@ def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata:
         stream.write(struct.pack("<Q", len(raw)))
         stream.write(raw)
         for key in order:
-            t = tensors[key]
-            if t.numel():
-                stream.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            stream.write(tensor_bytes(tensors[key]))
         stream.flush()
         os.fsync(stream.fileno())
     return 8 + len(raw) + offset

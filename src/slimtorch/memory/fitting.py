@@ -180,10 +180,9 @@ def _plan(
     model: nn.Module, how: FitOptions, budget: int, device: str, peak: Callable[[list[str], str], int]
 ) -> FitPlan:
     """The first plan that fits, levers pulled in order; else every lever pulled (it may still not fit)."""
-    blocks = checkpoint_blocks(model) if how.allow_checkpointing else []
+    blocks, precisions = _levers(model, how)
     usable = budget * (1 - how.margin)
     unmodified = peak([], "fp32")
-    precisions = ["fp32", "bf16-mixed"] if how.allow_precision else ["fp32"]
     chosen = _fewest_blocks(blocks, precisions, usable, unmodified, peak)
     offload, cuda, notes = False, torch.device(device).type == "cuda", []
     if chosen is None:
@@ -198,6 +197,12 @@ def _plan(
     return FitPlan(
         names, precision, offload, predicted, unmodified, budget, share, device, notes, model=model
     )
+
+
+def _levers(model: nn.Module, how: FitOptions) -> tuple[list[str], list[str]]:
+    """The blocks that may be checkpointed and the precisions that may be tried, in the order pulled."""
+    blocks = checkpoint_blocks(model) if how.allow_checkpointing else []
+    return blocks, ["fp32", "bf16-mixed"] if how.allow_precision else ["fp32"]
 
 
 def _precision_notes(precision: str, device: str) -> list[str]:
@@ -216,8 +221,7 @@ def _ranked(
     precision), at that count the first strategy that does, and there the fewest levers; None when no
     count fits. Under sharding bf16 autocast can cost more than it saves (autocast keeps a bf16 copy of
     each weight it casts through the forward, and those copies are not sharded), so both are tried."""
-    blocks = checkpoint_blocks(model) if how.allow_checkpointing else []
-    precisions = ["fp32", "bf16-mixed"] if how.allow_precision else ["fp32"]
+    blocks, precisions = _levers(model, how)
     usable = int(how.budget * (1 - how.margin))
     strategies, notes = _strategies(how, device)
     leanest = [parallel_step(model, estimated(blocks, precision)) for precision in precisions]
