@@ -1,9 +1,11 @@
 """Benchmark: what the CPU allocator adds over a real training loop, and how well ``estimate`` predicts it.
 
-Run it with ``.venv/bin/python benchmarks/allocator_overhead.py`` (about 6 minutes on 2 cores;
+Run it with ``.venv/bin/python benchmarks/allocator_overhead.py`` (about 12 minutes on 2 cores;
 ``--models bert --batches 4`` for a quick look; ``--check`` exits 1 when a prediction misses by more than
-15%). For each model and batch size, in a fresh process each run (a second run in one process reuses the
-heap the first freed, and grows RSS by almost nothing), it measures with
+15%). The two CNNs also run at batch 32 (``LARGE_BATCHES``): their kernels' scratch grows with the batch,
+so a rule fitted at one batch would show it there. For each model and batch size, in a fresh process each
+run (a second run in one process reuses the heap the first freed, and grows RSS by almost nothing), it
+measures with
 ``slimtorch.memory.allocator.measure_host`` a loop that builds the model and an AdamW optimizer and trains
 3 real steps, fp32, on the CPU:
 
@@ -49,6 +51,8 @@ from slimtorch.memory.allocator import measure_host  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "allocator_overhead.json"
 BATCHES = (4, 16)
+LARGE_BATCHES = {"resnet18": (32,), "unet": (32,)}
+"""batches run beside ``BATCHES`` when ``--batches`` is not given"""
 STEPS = 3
 TOLERANCE = 0.15
 MiB = 2**20
@@ -148,14 +152,16 @@ def table(results: list[dict[str, Any]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(ZOO), default=list(ZOO))
-    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    parser.add_argument(
+        "--batches", nargs="+", type=int, help=f"batch sizes (default {BATCHES}, and {LARGE_BATCHES})"
+    )
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per case (median)")
     parser.add_argument(
         "--mmap-threshold",
         type=int,
         help="run the loops with MALLOC_MMAP_THRESHOLD_ set to this many bytes (e.g. 65536)",
     )
-    parser.add_argument("--check", action="store_true", help=f"exit 1 on an error over {TOLERANCE:.0%}")
+    parser.add_argument("--check", action="store_true", help=f"exit 1 on an error over {TOLERANCE:.0%}%")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # a child's single run: model, batch
     args = parser.parse_args()
     if args.one:
@@ -163,7 +169,7 @@ def main() -> int:
         return 0
     results = []
     for name in args.models:
-        for batch_size in args.batches:
+        for batch_size in args.batches or (*BATCHES, *LARGE_BATCHES.get(name, ())):
             results.append(measured(name, batch_size, args.runs, args.mmap_threshold))
             print(
                 f"  {name} batch {batch_size}: error {results[-1]['error']:+.1%}", file=sys.stderr, flush=True

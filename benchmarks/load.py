@@ -1,37 +1,60 @@
-"""Benchmark: time until a model is ready, and peak memory, for every way of loading it.
+"""Benchmark: time until a model is ready and its checksums verified, and peak memory, for every way of
+loading it, against the strongest anchors; warm and cold page cache.
 
-Run it with ``.venv/bin/python benchmarks/load.py`` (about 6 minutes; ``--help`` lists the flags). It prints
-one table per model, one PASS/FAIL line per target, and writes every measurement to
-benchmarks/results/load.json. ``--check`` exits 1 when a target fails.
+Run it with ``.venv/bin/python benchmarks/load.py`` (about 15 minutes on 2 busy cores; ``--help`` lists the
+flags). It prints one table per model and cache state (with the load average), one PASS/FAIL line per
+target, and writes every measurement to benchmarks/results/load.json. ``--check`` exits 1 when a target
+fails. Models: an fp32 MLP of ``--size-mib`` (2 GiB) and BERT-base (transformers' default config, random
+weights).
 
-Methods (each run in a fresh Python process, imports done before the clock starts):
+Every run is a fresh Python process; torch, safetensors, transformers and ``slimtorch.loading`` are
+imported before the clock (a lazy import inside it compiled .py files: 0.1 s that is not loading). In the
+timed region each method builds its model and loads it; then "ready" means **every tensor summed** (each
+byte read once, by the same code for every method, so lazily mapped weights pay their page faults) and,
+for slimtorch, **every checksum verified**: ``report.wait()`` is called inside the timed region, after the
+sums, so before-use's checks run beside them as they would beside a first forward.
 
-* ``torch.load + load_state_dict``: build the model (random init), ``torch.load(weights_only=True)`` the
-  .pt file, copy it in.
-* ``torch.load(mmap) + assign``: PyTorch's recipe: build under ``torch.device("meta")``,
-  ``torch.load(mmap=True, weights_only=True)``, ``load_state_dict(assign=True)``. Buffers that no
-  checkpoint holds (BERT's ``position_ids``) stay on meta, so that model is not usable; the table says so.
-* ``safetensors load_model``: build the model (random init), ``safetensors.torch.load_model``.
-* ``slimtorch raw``: ``slimtorch.load_model(slim file, factory)``; the slim file of dense random weights
-  stores every tensor as is.
-* ``slimtorch raw, model pre-built``: the same with the model already built on the meta device before
-  the clock starts; the difference to ``slimtorch raw`` is what building the model adds to the load.
-* ``slimtorch int8``: the same on an int8 slim file (``slimtorch.save(quantize="int8")``).
-* ``slimtorch on .safetensors`` / ``on .pt``: ``slimtorch.load_model`` on the dense peer files.
-* ``floor: read into a buffer``: ``readinto`` of the dense safetensors file into one buffer allocated in
-  the timed region (an untouched allocation, so its page faults count, as they do for every method).
+The sums run on ``--sum-threads`` torch threads, 1 by default: on a busy machine a parallel sum of BERT's
+200 small tensors mostly times the wake-up of a descheduled worker (1.1 s instead of 0.1). This leaves the
+other cores free for slimtorch's verifying threads, as a model computing on fewer threads than the
+machine has would; ``--sum-threads 2`` shows the case where the checks compete with the sums.
 
-"Ready" means the model holds its weights and one byte of every 4 KiB page of every parameter and buffer
-has been read, so lazily mapped weights pay for their page faults inside the timed region. Peak RSS is the
-process's high-water mark (``VmHWM``, reset after the imports) minus its RSS before the load; mapped file
-pages count, as they do for the kernel. The page cache is warm (one untimed warm-up round), rounds are
-interleaved so a noisy neighbour hits every method alike, and the figures are medians of ``--runs`` runs.
+Methods:
+
+* ``safetensors load_file + assign``: build under ``torch.device("meta")``, ``safetensors.torch.load_file``,
+  ``load_state_dict(assign=True)``: the strongest anchor (mapped, no checksums).
+* ``torch.load(mmap) + assign``: the same with ``torch.load(mmap=True, weights_only=True)`` of a .pt file.
+* ``safetensors load_model``: build the model (random init), ``safetensors.torch.load_model`` into it.
+* ``fastsafetensors``: only where it is importable (it is not here).
+* ``slimtorch verified (before-use)``: ``slimtorch.load_model(slim file, factory, verify="before-use")``:
+  checks on threads of their own, waited for at the end.
+* ``slimtorch verified (eager)``: ``verify="eager"`` (the default): every check done before load_model
+  returns.
+* ``slimtorch verify=False``: no checks: the mapping alone.
+* ``slimtorch pre-built model``: before-use with the model already built on meta before the clock; the
+  difference to before-use is what building the model adds.
+* ``slimtorch int8``: before-use on an int8 slim file (decoded tensors, checked before decoding).
+* ``slimtorch on .safetensors``: ``slimtorch.load_model`` on the plain safetensors file (no checksums).
+* ``floor: readinto``: ``readinto`` of the safetensors file into a buffer allocated and pre-faulted
+  before the clock (a fresh buffer would time anonymous page faults, not the read), then its sum.
+* ``floor: 4 parallel preads`` (cold only): the same read as 64 MiB ``pread`` calls on 4 threads. The
+  cold target is against the faster of the two floors ("x cold read" column).
+
+Cold runs (``cold:`` rows) first evict the file's pages with ``posix_fadvise(POSIX_FADV_DONTNEED)`` (no
+root needed for clean pages) and check with ``mincore`` that under 2% of them stayed resident; the
+``resident`` column says what did. Peak RSS is the process's high-water mark (``VmHWM``, reset before the
+clock) minus its RSS then; mapped file pages count, as they do for the kernel. Rounds are interleaved (every
+method once per round, one untimed warm-up round), and the figures are medians of ``--runs`` with the
+spread.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import importlib.util
 import json
+import mmap
 import os
 import platform
 import statistics
@@ -47,19 +70,41 @@ from torch import nn
 
 RESULTS = Path(__file__).resolve().parent / "results" / "load.json"
 MIB = 1 << 20
-PAGE = 4096
 WIDTH = 4096
+ANCHOR = "safetensors load_file + assign"
+OURS = "slimtorch verified (before-use)"
+FLOOR = "floor: readinto"
+PARALLEL_FLOOR = "floor: 4 parallel preads"
 METHODS = (
-    "torch.load + load_state_dict",
+    ANCHOR,
     "torch.load(mmap) + assign",
     "safetensors load_model",
-    "slimtorch raw",
-    "slimtorch raw, model pre-built",
+    *(("fastsafetensors",) if importlib.util.find_spec("fastsafetensors") else ()),
+    OURS,
+    "slimtorch verified (eager)",
+    "slimtorch verify=False",
+    "slimtorch pre-built model",
     "slimtorch int8",
     "slimtorch on .safetensors",
-    "slimtorch on .pt",
-    "floor: read into a buffer",
+    FLOOR,
 )
+COLD = (
+    f"cold: {FLOOR}",
+    f"cold: {PARALLEL_FLOOR}",
+    f"cold: {OURS}",
+    "cold: slimtorch verified (eager)",
+    f"cold: {ANCHOR}",
+)
+READS = {  # the file each method reads
+    ANCHOR: "safetensors",
+    "torch.load(mmap) + assign": "pt",
+    "safetensors load_model": "safetensors",
+    "fastsafetensors": "safetensors",
+    "slimtorch int8": "int8",
+    "slimtorch on .safetensors": "safetensors",
+    FLOOR: "safetensors",
+    PARALLEL_FLOOR: "safetensors",
+}
 TITLES = {"mlp": "synthetic MLP", "bert": "BERT-base (transformers)"}
 
 
@@ -101,7 +146,39 @@ def write_files(folder: Path, model: str, layers: int) -> int:
     safetensors.torch.save_file(state, paths["safetensors"])
     slimtorch.save(state, paths["slim"])
     slimtorch.save(state, paths["int8"], quantize="int8")
+    for path in paths.values():  # cached as a read caches them, whichever writer made them: written pages
+        evict(path)  # can sit in smaller folios, which made a sum of the same bytes 1.5x slower here
+        warm(path)
     return sum(t.numel() * t.element_size() for t in state.values())
+
+
+# -- the page cache ------------------------------------------------------------------------------------------
+def evict(path: Path) -> None:
+    """Drop the file's clean pages from the page cache (no root needed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def resident_share(path: Path) -> float:
+    """The share of the file's pages in the page cache (``mincore`` over a mapping of it)."""
+    size = path.stat().st_size
+    with open(path, "rb") as stream, mmap.mmap(stream.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
+        pages = -(-size // mmap.PAGESIZE)
+        vector = (ctypes.c_ubyte * pages)()
+        address = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vector):
+            raise OSError(ctypes.get_errno(), "mincore failed")
+        return sum(v & 1 for v in vector) / pages
+
+
+def warm(path: Path) -> None:
+    with open(path, "rb", buffering=0) as stream:
+        while stream.read(64 * MIB):
+            pass
 
 
 # -- one run, in a fresh process -----------------------------------------------------------------------------
@@ -112,66 +189,121 @@ def status(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def touch(tensors: list[torch.Tensor]) -> int:
-    """Read one byte of every page of every tensor (meta tensors cannot be read: counted instead)."""
-    on_meta = 0
-    for tensor in tensors:
-        if tensor.is_meta:
-            on_meta += 1
-        elif tensor.numel():
-            tensor.detach().reshape(-1).view(torch.uint8)[::PAGE].sum()
+def touch(tensors: list[torch.Tensor], threads: int) -> int:
+    """Sum every tensor on ``threads`` torch threads (meta tensors cannot be read: counted instead)."""
+    on_meta, before = 0, torch.get_num_threads()
+    torch.set_num_threads(threads)
+    with torch.no_grad():
+        for tensor in tensors:
+            if tensor.is_meta:
+                on_meta += 1
+            elif tensor.numel():
+                tensor.sum()
+    torch.set_num_threads(before)
     return on_meta
 
 
-def load_once(method: str, model: str, folder: Path, layers: int) -> dict[str, Any]:
+def file_of(method: str) -> str:
+    base = method.removeprefix("cold: ")
+    return READS.get(base, "slim")
+
+
+def load(method: str, build, paths: dict[str, Path], buffer: torch.Tensor | None):
+    """Load as ``method`` does; returns the model (None for the floor) and slimtorch's report."""
     import safetensors.torch
 
     import slimtorch
 
+    base = method.removeprefix("cold: ")
+    if base == ANCHOR:
+        with torch.device("meta"):
+            net = build()
+        net.load_state_dict(safetensors.torch.load_file(paths["safetensors"]), assign=True)
+        return net, None
+    if base == "torch.load(mmap) + assign":
+        with torch.device("meta"):
+            net = build()
+        net.load_state_dict(torch.load(paths["pt"], mmap=True, weights_only=True), assign=True)
+        return net, None
+    if base == "safetensors load_model":
+        net = build()
+        safetensors.torch.load_model(net, paths["safetensors"])
+        return net, None
+    if base == "fastsafetensors":
+        from fastsafetensors import fastsafe_open
+
+        with torch.device("meta"):
+            net = build()
+        with fastsafe_open([str(paths["safetensors"])], nogds=True) as opened:
+            state = {key: opened.get_tensor(key).clone() for key in opened.get_keys()}
+        net.load_state_dict(state, assign=True)
+        return net, None
+    if base == FLOOR:
+        with open(paths["safetensors"], "rb", buffering=0) as stream:
+            stream.readinto(memoryview(buffer.numpy()))  # type: ignore[union-attr]
+        return None, None
+    if base == PARALLEL_FLOOR:
+        parallel_read(paths["safetensors"], memoryview(buffer.numpy()))  # type: ignore[union-attr]
+        return None, None
+    verify = {OURS: "before-use", "slimtorch verified (eager)": "eager", "slimtorch verify=False": False}
+    report = slimtorch.load_model(paths[file_of(method)], build, verify=verify.get(base, "before-use"))
+    return report.model, report
+
+
+def parallel_read(path: Path, view: memoryview, threads: int = 4, step: int = 64 * MIB) -> None:
+    """``pread`` the file into ``view`` in ``step`` pieces on ``threads`` threads (many reads in flight)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    fd = os.open(path, os.O_RDONLY)
+
+    def read(offset: int) -> None:
+        end = min(offset + step, len(view))
+        while offset < end:
+            offset += os.preadv(fd, [view[offset:end]], offset) or end - offset
+
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(read, range(0, len(view), step)))
+    finally:
+        os.close(fd)
+
+
+def load_once(method: str, model: str, folder: Path, layers: int, sum_threads: int) -> dict[str, Any]:
+    import slimtorch.loading.loader  # noqa: F401  (imported before the clock: see the docstring)
+
     build = factory(model, layers)
     paths = files(folder, model)
-    construct_s = None
-    if method == "slimtorch raw, model pre-built":
+    if method == "slimtorch pre-built model":
         from slimtorch.loading.construct import build_on_meta
 
         build = build_on_meta(build)
+    buffer = None
+    if method.endswith((FLOOR, PARALLEL_FLOOR)):
+        buffer = torch.ones(paths["safetensors"].stat().st_size, dtype=torch.uint8)  # pre-faulted
+    read = paths[file_of(method)]
+    if method.startswith("cold: "):
+        evict(read)
+    resident = resident_share(read)
     with open("/proc/self/clear_refs", "w") as stream:
         stream.write("5")  # reset VmHWM to the current RSS
     rss_before = status("VmRSS")
     start = time.perf_counter()
-    if method == "torch.load + load_state_dict":
-        net = build()
-        net.load_state_dict(torch.load(paths["pt"], weights_only=True))
-    elif method == "torch.load(mmap) + assign":
-        with torch.device("meta"):
-            net = build()
-        net.load_state_dict(torch.load(paths["pt"], mmap=True, weights_only=True), assign=True)
-    elif method == "safetensors load_model":
-        net = build()
-        safetensors.torch.load_model(net, paths["safetensors"])
-    elif method.startswith("slimtorch"):
-        key = {
-            "raw": "slim",
-            "raw, model pre-built": "slim",
-            "int8": "int8",
-            "on .safetensors": "safetensors",
-            "on .pt": "pt",
-        }[method.removeprefix("slimtorch ")]
-        report = slimtorch.load_model(paths[key], build)
-        net, construct_s = report.model, report.construct_s
-    else:
-        buffer = torch.empty(paths["safetensors"].stat().st_size, dtype=torch.uint8)
-        with open(paths["safetensors"], "rb", buffering=0) as stream:
-            stream.readinto(memoryview(buffer.numpy()))
-        net = None
-    tensors = [buffer] if net is None else [*net.parameters(), *net.buffers()]
-    on_meta = touch(tensors)
+    net, report = load(method, build, paths, buffer)
+    returned = time.perf_counter() - start
+    usable = buffer[: buffer.numel() // 4 * 4].view(torch.float32) if net is None else None  # type: ignore[union-attr]
+    on_meta = touch([usable] if net is None else [*net.parameters(), *net.buffers()], sum_threads)
+    if report is not None:
+        report.wait()
     seconds = time.perf_counter() - start
     return {
         "seconds": seconds,
-        "construct_s": construct_s,
+        "returned_s": returned,
+        "construct_s": report.construct_s if report else None,
+        "verify_s": report.verify_s if report else None,
+        "verify_after_s": report.verify_after_s if report else None,
         "peak_rss_growth": status("VmHWM") - rss_before,
         "on_meta": on_meta,
+        "resident_before": resident,
     }
 
 
@@ -180,12 +312,15 @@ def child(args: argparse.Namespace) -> None:
         # transformers imports a model's code on first use of its class: do it before the clock, like
         # `import torch` (it is import time, not load time, and it is the same for every method).
         from transformers import BertConfig, BertModel  # noqa: F401
-    print(json.dumps(load_once(args.child, args.model, Path(args.dir), args.layers)))
+    print(json.dumps(load_once(args.child, args.model, Path(args.dir), args.layers, args.sum_threads)))
 
 
 # -- driver --------------------------------------------------------------------------------------------------
-def run_child(method: str, model: str, folder: Path, layers: int, threads: int | None) -> dict[str, Any]:
+def run_child(
+    method: str, model: str, folder: Path, layers: int, threads: int | None, sum_threads: int
+) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", method, "--model", model, "--dir", str(folder)]
+    command += ["--sum-threads", str(sum_threads)]
     command += ["--layers", str(layers)] + (["--threads", str(threads)] if threads else [])
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -193,11 +328,28 @@ def run_child(method: str, model: str, folder: Path, layers: int, threads: int |
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(model: str, folder: Path, layers: int, runs: int, threads: int | None) -> dict[str, list[dict]]:
-    results: dict[str, list[dict]] = {m: [] for m in METHODS}
+def measure(
+    model: str,
+    folder: Path,
+    layers: int,
+    runs: int,
+    threads: int | None,
+    cold: bool,
+    only: list[str],
+    sums: int,
+) -> dict[str, list[dict]]:
+    """Every method once per round (cold ones first, then the files warmed again), ``runs`` rounds after
+    an untimed warm-up."""
+    methods = [m for m in (*(COLD if cold else ()), *METHODS) if not only or any(o in m for o in only)]
+    methods += [ANCHOR] if ANCHOR not in methods else []
+    first_warm = next(m for m in methods if not m.startswith("cold: "))
+    results: dict[str, list[dict]] = {m: [] for m in methods}
     for round_ in range(runs + 1):
-        for method in METHODS:
-            result = run_child(method, model, folder, layers, threads)
+        for method in methods:
+            if method == first_warm:
+                for path in files(folder, model).values():
+                    warm(path)  # after the cold runs evicted them
+            result = run_child(method, model, folder, layers, threads, sums)
             if round_:
                 results[method].append(result)
         print(f"  {TITLES[model]}: {'warm-up' if round_ == 0 else f'round {round_}/{runs}'} done", flush=True)
@@ -208,78 +360,110 @@ def summarize(results: dict[str, list[dict]], model_bytes: int) -> dict[str, dic
     rows = {}
     for method, runs in results.items():
         seconds = [r["seconds"] for r in runs]
+        growth = statistics.median(r["peak_rss_growth"] for r in runs)
         rows[method] = {
             "median_s": statistics.median(seconds),
             "min_s": min(seconds),
             "max_s": max(seconds),
             "runs_s": seconds,
-            "peak_rss_growth": statistics.median(r["peak_rss_growth"] for r in runs),
-            "peak_rss_x_model": statistics.median(r["peak_rss_growth"] for r in runs) / model_bytes,
+            "returned_median_s": statistics.median(r["returned_s"] for r in runs),
+            "peak_rss_growth": growth,
+            "peak_rss_x_model": growth / model_bytes,
             "on_meta": max(r["on_meta"] for r in runs),
+            "resident_before_max": max(r["resident_before"] for r in runs),
         }
-        constructs = [r["construct_s"] for r in runs if r["construct_s"] is not None]
-        if constructs:
-            rows[method]["construct_median_s"] = statistics.median(constructs)
+        for key in ("construct_s", "verify_s", "verify_after_s"):
+            values = [r[key] for r in runs if r[key] is not None]
+            if values:
+                rows[method][f"{key.removesuffix('_s')}_median_s"] = statistics.median(values)
+        if rows[method].get("construct_median_s") is not None:
             rows[method]["construct_share"] = statistics.median(r["construct_s"] / r["seconds"] for r in runs)
     return rows
 
 
 def checks(model: str, rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    raw, int8 = rows["slimtorch raw"], rows["slimtorch int8"]
-    floor, peer = rows["floor: read into a buffer"]["median_s"], rows["safetensors load_model"]["median_s"]
-    title = TITLES[model]
-    found = [
-        (f"{title}: slimtorch raw time / safetensors load_model", raw["median_s"] / peer, 1.0),
-        (f"{title}: slimtorch raw time / read floor", raw["median_s"] / floor, 1.3),
-        (f"{title}: slimtorch raw peak RSS / model bytes", raw["peak_rss_x_model"], 1.1),
-        (f"{title}: slimtorch int8 time / read floor of the dense file", int8["median_s"] / floor, 1.5),
-        (f"{title}: building the model on meta / slimtorch raw load", raw["construct_share"], 0.05),
-    ]
-    added = (raw["median_s"] - rows["slimtorch raw, model pre-built"]["median_s"]) / raw["median_s"]
-    print(
-        f"  {title}: building on meta takes {1000 * raw['construct_median_s']:.1f} ms "
-        f"({100 * raw['construct_share']:.1f}% of the load) and adds {100 * added:.1f}% to it "
-        "(raw against raw with the model pre-built; the pool verifies the file meanwhile)"
-    )
+    """The issue's three targets for this model (those whose rows ran), and the build's share."""
+    title, found = TITLES[model], []
+    if OURS in rows:
+        ours = rows[OURS]
+        found += [
+            (
+                f"{title}: verified load / load_file + assign, warm",
+                ours["median_s"] / rows[ANCHOR]["median_s"],
+                1.1,
+            ),
+            (f"{title}: verified load peak RSS / model bytes", ours["peak_rss_x_model"], 1.05),
+            (f"{title}: building the model on meta / verified load", ours["construct_share"], 0.05),
+        ]
+    floors = [rows[f"cold: {f}"]["median_s"] for f in (FLOOR, PARALLEL_FLOOR) if f"cold: {f}" in rows]
+    if f"cold: {OURS}" in rows and floors:  # the faster read is the floor: a floor we beat is none
+        cold = rows[f"cold: {OURS}"]["median_s"] / min(floors)
+        found.append((f"{title}: verified load / the faster cold read (sequential or parallel)", cold, 1.1))
+        evicted = max(r["resident_before_max"] for m, r in rows.items() if m.startswith("cold: "))
+        found.append((f"{title}: share of the file still cached before a cold run", evicted, 0.02))
     return [{"name": n, "measured": v, "target": t, "ok": v <= t} for n, v, t in found]
 
 
-def print_table(model: str, rows: dict[str, dict[str, Any]], model_bytes: int, runs: int) -> None:
+def load_average() -> str:
+    return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def print_table(model: str, rows: dict[str, dict[str, Any]], model_bytes: int, runs: int, load: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    floor = rows["floor: read into a buffer"]["median_s"]
-    peer = rows["safetensors load_model"]["median_s"]
+    anchor = rows[ANCHOR]["median_s"]
     table = Table(
-        title=f"{TITLES[model]}, {model_bytes / MIB:,.0f} MiB of tensors: time until ready (every page "
-        f"touched), median of {runs} fresh processes, warm page cache"
+        title=f"{TITLES[model]}, {model_bytes / MIB:,.0f} MiB of tensors: time until every tensor is summed "
+        f"and (slimtorch) every checksum verified; median of {runs} fresh processes; {load}"
     )
-    for header in ("method", "median s", "min-max s", "x floor", "x safetensors", "peak RSS MiB", "x model"):
+    headers = (
+        "method",
+        "median s",
+        "min-max s",
+        "returned s",
+        "x anchor",
+        "x cold read",
+        "peak MiB",
+        "x model",
+    )
+    for header in headers:
         table.add_column(header, justify="left" if header == "method" else "right")
     table.add_column("note")
     for method, row in rows.items():
-        note = []
-        if row["on_meta"]:
-            note.append(f"{row['on_meta']} tensors left on meta: not usable")
-        if "construct_share" in row:
-            note.append(f"meta build {1000 * row['construct_median_s']:.1f} ms")
+        floors = [rows[f"cold: {f}"]["median_s"] for f in (FLOOR, PARALLEL_FLOOR) if f"cold: {f}" in rows]
+        floor = min(floors) if method.startswith("cold: ") and floors else None
         table.add_row(
             method,
             f"{row['median_s']:.3f}",
-            f"{row['min_s']:.2f}-{row['max_s']:.2f}",
-            f"{row['median_s'] / floor:.2f}",
-            f"{row['median_s'] / peer:.2f}",
+            f"{row['min_s']:.3f}-{row['max_s']:.3f}",
+            f"{row['returned_median_s']:.3f}",
+            "" if method.startswith("cold: ") else f"{row['median_s'] / anchor:.2f}",
+            f"{row['median_s'] / floor:.2f}" if floor else "",
             f"{row['peak_rss_growth'] / MIB:,.0f}",
             f"{row['peak_rss_x_model']:.2f}",
-            ", ".join(note),
+            ", ".join(notes(method, row)),
         )
-    Console(width=170).print(table)
+    Console(width=190).print(table)
+
+
+def notes(method: str, row: dict[str, Any]) -> list[str]:
+    found = []
+    if row["on_meta"]:
+        found.append(f"{row['on_meta']} tensors left on meta: not usable")
+    if row.get("verify_median_s") is not None and "verify=False" not in method:
+        after = row.get("verify_after_median_s") or 0.0
+        found.append(f"hashing {row['verify_median_s']:.3f} s over threads, {after:.3f} s after return")
+    if method.startswith("cold: "):
+        found.append(f"resident before: {100 * row['resident_before_max']:.1f}% at most")
+    return found
 
 
 def machine() -> dict[str, Any]:
     import safetensors
 
     import slimtorch
+    from slimtorch.format import layout
 
     return {
         "cpus": os.cpu_count(),
@@ -288,6 +472,7 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "safetensors": safetensors.__version__,
         "slimtorch": slimtorch.__version__,
+        "crc32": f"{layout.crc32.__module__}.{layout.crc32.__name__}",
     }
 
 
@@ -295,10 +480,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--size-mib", type=float, default=1024, help="synthetic MLP size (default 1024)")
+    parser.add_argument("--size-mib", type=float, default=2048, help="synthetic MLP size (default 2048)")
     parser.add_argument("--runs", type=int, default=5, help="timed runs per method (default 5)")
     parser.add_argument("--models", default="mlp,bert", help="comma-separated: mlp, bert (default both)")
+    parser.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold-cache runs")
     parser.add_argument("--threads", type=int, help="torch intra-op threads in each run")
+    parser.add_argument(
+        "--sum-threads",
+        type=int,
+        default=1,
+        help="torch threads of the sums that make a model ready (default 1)",
+    )
+    parser.add_argument("--only", help="comma-separated parts of method names to run (development)")
     parser.add_argument("--dir", help="folder for the files (default: a temporary one)")
     parser.add_argument("--check", action="store_true", help="exit 1 when any target fails")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -316,9 +509,15 @@ def main() -> None:
         for model in args.models.split(","):
             print(f"writing the {TITLES[model]} files ...", flush=True)
             model_bytes = write_files(Path(tmp), model, layers)
-            rows = summarize(measure(model, Path(tmp), layers, args.runs, args.threads), model_bytes)
-            print_table(model, rows, model_bytes, args.runs)
-            record["models"][model] = {"model_bytes": model_bytes, "rows": rows}
+            before = load_average()
+            only = args.only.split(",") if args.only else []
+            results = measure(
+                model, Path(tmp), layers, args.runs, args.threads, args.cold, only, args.sum_threads
+            )
+            load = f"{before} -> {load_average()}"
+            rows = summarize(results, model_bytes)
+            print_table(model, rows, model_bytes, args.runs, load)
+            record["models"][model] = {"model_bytes": model_bytes, "rows": rows, "load": load}
             record["checks"] += checks(model, rows)
             for path in files(Path(tmp), model).values():
                 path.unlink()

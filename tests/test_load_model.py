@@ -221,7 +221,9 @@ def test_checksum_mismatch_names_the_tensor(tmp_path) -> None:
     data[start + 5] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(slimtorch.FormatError, match=r"'layers\.2\.weight'.*checksum mismatch"):
-        slimtorch.load_model(path, MLP)
+        slimtorch.load_model(path, MLP, verify="eager")
+    with pytest.raises(slimtorch.FormatError, match=r"'layers\.2\.weight'.*checksum mismatch"):
+        slimtorch.load_model(path, MLP).wait()  # the default verifies beside the caller
 
 
 def test_shape_mismatch_names_the_tensor_and_both_shapes(tmp_path) -> None:

@@ -100,7 +100,7 @@ def test_an_unknown_option_names_the_fields_there_are(tmp_path) -> None:
 def test_load_refuses_the_options_that_match_names_to_a_model(tmp_path, field, value) -> None:
     path = tmp_path / "mlp.safetensors"
     slimtorch.save(MLP().state_dict(), path)
-    with pytest.raises(OptionError, match=f"load: '{field}' matches a file's names to a model's.*load_model"):
+    with pytest.raises(OptionError, match=f"load: '{field}' applies to a model.*load_model"):
         slimtorch.load(path, **{field: value})
     with pytest.raises(OptionError, match=f"'{field}'"):
         slimtorch.load(path, LoadOptions(**{field: value}))

@@ -379,3 +379,17 @@ def test_cli_quantizes_an_lstm_model_into_a_file_load_model_reads(tmp_path, caps
     assert "Int8DynamicLSTM" in text and "cosine similarity" in text and "kept float" not in text
     loaded = slimtorch.load_model(out, OnlyLSTM).model
     assert type(loaded.lstm) is Int8DynamicRecurrent and len(loaded.lstm.stages) == 4
+
+
+def test_a_kernel_that_lost_keeps_no_state_after_a_later_batch_size_is_timed() -> None:
+    """Timing a new batch size builds every candidate again (the float fallback: a whole float copy of
+    the weights); the losers' state must go whichever kernel wins, not only the first time."""
+    kernels.CHOICES.clear()
+    model = nn.Sequential()
+    model.rnn = nn.LSTM(32, 32, num_layers=2, batch_first=True)
+    slimtorch.quantize(model, "int8-dynamic")
+    layer = model.rnn
+    with torch.inference_mode():
+        for batch in (1, 16, 3):
+            layer(torch.randn(batch, 5, 32))
+            assert {kernel for kernel, _ in layer._prepared} <= layer._chosen

@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # type checkers see every name; at run time each is imported 
         load_model_profiled,
         open_model,
     )
+    from slimtorch.loading.dcp_reader import SlimStorageReader
     from slimtorch.quant import QuantizeOptions, QuantizeReport, quantize, quantize_with_report
     from slimtorch.recovery import RecoverOptions, RecoverReport, recover
     from slimtorch.shrinking import ShrinkOptions, ShrinkReport, save, save_model, save_pretrained, shrink
@@ -78,6 +79,7 @@ _HOMES = {
         "load_model_profiled",
         "open_model",
     ),
+    "slimtorch.loading.dcp_reader": ("SlimStorageReader",),  # imports torch.distributed.checkpoint (~1 s)
     "slimtorch.quant": ("QuantizeOptions", "QuantizeReport", "quantize", "quantize_with_report"),
     "slimtorch.recovery": ("RecoverOptions", "RecoverReport", "recover"),
     "slimtorch.shrinking": (
@@ -174,6 +176,7 @@ __all__ = [
     "RecoverReport",
     "ShrinkOptions",
     "ShrinkReport",
+    "SlimStorageReader",
     "SlimtorchError",
     "TensorInfo",
     "TensorSource",

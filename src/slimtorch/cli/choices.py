@@ -40,3 +40,6 @@ TUNE_BUDGET_S = 20.0
 
 DEFAULT_SHAPE = (1, 3, 224, 224)
 """``slimtorch.models.examples.DEFAULT_SHAPE``."""
+
+VERIFY_MODES = ("eager", "before-use")
+"""``slimtorch.loading.options.VERIFY_MODES``: when ``slimtorch load`` checks the checksums."""

@@ -13,6 +13,7 @@ from slimtorch.cli.arguments import (
     machine_device,
     print_json,
 )
+from slimtorch.cli.choices import VERIFY_MODES
 from slimtorch.cli.model_spec import PATH_HELP, SPEC_HELP
 from slimtorch.errors import SlimtorchError
 
@@ -26,8 +27,10 @@ memory-mapped from the file without a copy, coded ones (int8, int4, sparse, ...)
 pool, every CRC-32 of a slim file verified. With --model, the model is built on the meta device (no
 RAM, no random init) and filled from the file, so shapes and names are checked against it.
 
---profile splits the time into phases: open (parse headers), construct (the factory), read (map and
-verify), decode, copy (dtype, device) and assign. A corrupt file fails with the tensor's name, exit 2.
+--profile splits the time into phases: open (parse headers), construct (the factory), read (map, and
+verify what is decoded), decode, copy (dtype, device) and assign, and says how long the checksums of the
+mapped tensors took and whether they ran before the load returned (--verify eager, the default) or
+after it (--verify before-use). A corrupt file fails with the tensor's name, exit 2.
 
 examples:
   slimtorch load model.safetensors --profile
@@ -36,6 +39,7 @@ examples:
   slimtorch load google-bert/bert-base-uncased@main --profile   (a Hub repo id, from the local cache only)
   slimtorch load ckpt.pt --model ./train.py:Net --device cuda --dtype bf16
   slimtorch load pretrained.pt --model ./voice.py:Encoder --prefix model_state. --rename lstm.=rnn.
+  slimtorch load big.safetensors --model ./net.py:Net --max-memory cpu=4GB --offload disk
 
 Names: the wrapper a training script put around the model's names (model_state., state_dict., module.)
 is found by matching; --prefix names it, --rename OLD=NEW maps names once it is off. Names the model
@@ -56,7 +60,15 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         action="store_false",
         help="with --model: allow tensors the model lacks, and buffers the file lacks",
     )
-    parser.add_argument("--no-verify", dest="verify", action="store_false", help="skip the CRC-32 checks")
+    checks = parser.add_mutually_exclusive_group()
+    checks.add_argument(
+        "--verify",
+        choices=VERIFY_MODES,
+        help="when the CRC-32 checks run: before the load returns (eager, the default), or beside the work "
+        "after it, each module's forward waiting for its own (before-use); the command waits for "
+        "all of them either way, and --profile shows how long they took and whether they overlapped",
+    )
+    checks.add_argument("--no-verify", action="store_true", help="skip the checks")
     parser.add_argument(
         "--threads", type=int, metavar="N", help="decode threads (default: one per core, up to 4)"
     )
@@ -71,6 +83,20 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         default=[],
         metavar="OLD=NEW",
         help="with --model: file names starting OLD (after the prefix) start NEW instead; repeatable",
+    )
+    parser.add_argument(
+        "--max-memory",
+        action="append",
+        default=[],
+        metavar="cpu=SIZE",
+        help="with --model: the most the model may hold in memory (cpu=4GB); blocks past it need --offload",
+    )
+    parser.add_argument(
+        "--offload",
+        choices=("none", "disk"),
+        default="none",
+        help="with --max-memory: blocks past the budget stay mapped from the file, brought in by each "
+        "forward and released after it (inference only)",
     )
     parser.add_argument("--profile", action="store_true", help="show the time of each phase")
     add_json(parser)
@@ -91,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             report = load_model(args.path, resolve_factory(args.model), options, progress=bar)
         else:
             report = load(args.path, options, progress=bar)
+        report.wait()  # the command's result is a verified load (or exit 2 naming the tensor)
     if args.json:
         print_json(report.to_dict())
     else:
@@ -112,15 +139,19 @@ def _options(args: argparse.Namespace) -> LoadOptions:
         raise SlimtorchError(
             "--non-strict, --prefix and --rename match the file's names to a model's: they need --model"
         )
+    if not args.model and (args.max_memory or args.offload != "none"):
+        raise SlimtorchError("--max-memory and --offload budget a model's memory: they need --model")
     return LoadOptions(
         device=args.device or machine_device(),
         dtype=getattr(torch, DTYPES[args.dtype]) if args.dtype else None,
         strict=args.strict,
-        verify=args.verify,
+        verify=False if args.no_verify else args.verify or "eager",
         threads=args.threads,
         allow_globals=tuple(args.allow_global),
         prefix=args.prefix,
         rename=tuple(args.rename),
+        max_memory=tuple(args.max_memory),
+        offload=args.offload,
     )
 
 

@@ -189,7 +189,11 @@ def _kept_float_lines(report: QuantizeReport, shown: int = 8) -> list[str]:
             f"{format_bytes(sum(k.bytes for k in group))}: {reason}"
             for reason, group in by_reason.items()
         ]
-    return lines + [f"  kept float: {note}" for note in report.notes]
+    return (
+        lines
+        + [f"  kept float: {note}" for note in report.notes]
+        + [f"  kernels: {line}" for line in report.kernels]
+    )
 
 
 def _render_layers(console: Console, report: QuantizeReport, shown: int) -> None:

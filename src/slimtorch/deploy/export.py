@@ -37,6 +37,7 @@ from slimtorch.deploy.tolerance import (
     output_errors,
 )
 from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.pending import wait_for_checks
 from slimtorch.format.progress import Progress, announcer
 from slimtorch.format.verbs import Report, resolve
 from slimtorch.graph.capture import as_args, random_like, without_cache
@@ -167,6 +168,7 @@ def export(
         (True, True)
     """
     how = resolve(ExportOptions, options, overrides, "export")
+    wait_for_checks(model)  # the bundle holds the weights: verified ones
     if how.format == "onnx":
         onnx_model.require_onnx()  # before a long capture, not after it
     say = announcer(progress)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from slimtorch.errors import FormatError
+from slimtorch.format.shard_read import ShardRead, Span, read_region, region
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,12 @@ class TensorSource:
         has checksums); a plain format's tensor is its one part, role ``""``."""
         return {"": self.get(name)}
 
+    def checks(self, name: str, parts: Mapping[str, torch.Tensor]) -> list[Callable[[], int]]:
+        """The checksum checks of tensor ``name``'s ``parts``, mapped with ``verify`` off, for a caller that
+        runs them later or on other threads: each returns the bytes it read, or raises
+        :class:`~slimtorch.errors.FormatError` naming the tensor. Formats without checksums have none."""
+        return []
+
     def decode_parts(self, name: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
         """Tensor ``name`` from its :meth:`parts`."""
         return parts[""]
@@ -325,6 +332,36 @@ class TensorSource:
             raw = raw.clone()  # a legacy file can place a storage at an odd offset; kernels want alignment
         out = torch.empty(0, dtype=info.dtype)
         return out.set_(raw.untyped_storage(), info.storage_offset // info.itemsize, info.shape, info.stride)
+
+    def read_into(
+        self, name: str, out: torch.Tensor, *, rows: Span | None = None, cols: Span | None = None
+    ) -> ShardRead:
+        """Read rows ``rows`` (None: all) and columns ``cols`` (dim 1; None: all) of tensor ``name`` into
+        ``out`` with ``pread``, never mapping the file: a sharded load keeps only its own bytes in memory.
+        ``out`` takes the region's shape; its dtype may differ (converted, as ``copy_`` does).
+
+        Example:
+            >>> shard = torch.empty(500, 1024)
+            >>> source.read_into("fc.weight", shard, rows=(500, 1000)).bytes_read  # doctest: +SKIP
+            2048000
+        """
+        info = self.info(name)
+        rows, cols, shape = region(info.shape, rows, cols)
+        if tuple(out.shape) != shape:
+            raise ValueError(f"{name}: the region is {list(shape)}, the tensor given {list(out.shape)}")
+        if info.stride != contiguous_strides(info.shape):  # a legacy view: its rows are not together
+            out.copy_(self.get(name)[(slice(*rows), *([slice(*cols)] if cols else []))])
+            return ShardRead(info.nbytes, note=f"{name}: stored with strides {info.stride}, mapped")
+        direct = out.dtype == info.dtype and out.is_contiguous() and out.device.type == "cpu"
+        target = out if direct else torch.empty(shape, dtype=info.dtype)
+        location = self.locations[info.storage]
+        data = memoryview(target.reshape(-1).view(torch.uint8).numpy()) if target.numel() else memoryview(b"")
+        read_region(
+            location.file, location.offset + info.storage_offset, info.shape, info.itemsize, rows, cols, data
+        )
+        if not direct:
+            out.copy_(target)
+        return ShardRead(len(data))
 
     def get_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows ``start:stop`` of tensor ``name`` (its first dimension), reading only their bytes.

@@ -18,11 +18,12 @@ separate parameters is copied so that they do not share memory.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,8 +45,11 @@ from slimtorch.loading.model_slots import (
     place_the_rest,
     target_dtype,
 )
+from slimtorch.loading.offload import plan_offload
 from slimtorch.loading.options import LoadOptions, LoadProfile, LoadReport
+from slimtorch.loading.sharded import fill_sharded, is_sharded, shard_model
 from slimtorch.loading.staging import Stager
+from slimtorch.loading.verification import Check, Verification
 from slimtorch.sources import open_checkpoint
 
 __all__ = [
@@ -89,15 +93,17 @@ def load(
     given = options.model_only_given()
     if given is not None:
         raise OptionError(
-            f"load: {given!r} matches a file's names to a model's, and load has no model: use "
-            "load_model (slimtorch load --model)"
+            f"load: {given!r} applies to a model (matching names, a memory budget, shards), and load "
+            "has no model: use load_model (slimtorch load --model)"
         )
     started = time.perf_counter()
     target = _device(options.device)
     source, report = _open(path, target, options)
+    checks = Verification(report.threads) if options.verify else None
     with source, ThreadPoolExecutor(report.threads) as pool:
         slots = file_slots(source)
-        _fill(source, slots, target, options.dtype, stager_for(target), pool, {}, progress, report)
+        _fill(source, slots, target, options.dtype, stager_for(target), pool, {}, progress, report, checks)
+    _verify(checks, "eager" if options.verify else False, report)  # no forward to wait in: wait now
     report.wall_s = time.perf_counter() - started
     by_name = {name: slot.tensor for slot in slots for name in slot.names}
     report.tensors = {name: by_name[name] for name in source.names()}
@@ -112,6 +118,8 @@ class _Fetched:
     copy_s: float = 0.0
     zero_copy: bool = False
     codec: str = "raw"
+    checks: list[Check] = field(default_factory=list)
+    """Checks of the bytes ``tensor`` maps, not run yet (it is those bytes, as stored)."""
 
 
 def load_model(
@@ -138,6 +146,10 @@ def load_model(
             in the report, never refused.
         progress: told how many bytes got loaded (:mod:`slimtorch.format.progress`); None: silent.
 
+    A slim file's checksums are verified as ``verify`` says (:class:`LoadOptions`): by default beside
+    your code, each module's forward waiting for its own tensors' (and raising a mismatch there);
+    ``report.wait()`` waits for all of them, ``verify="eager"`` before returning.
+
     Example:
         >>> import slimtorch, torch
         >>> build = lambda: torch.nn.Linear(1024, 1024)
@@ -147,25 +159,57 @@ def load_model(
     options = resolve(LoadOptions, options, overrides, "load_model")
     started = time.perf_counter()
     target = _device(options.device)
+    if options.mesh is not None or is_sharded(model_or_factory):
+        return _load_sharded(path, model_or_factory, options, target, progress)
     source, report = _open(path, target, options)
+    checks = Verification(report.threads) if options.verify else None
     with source, ThreadPoolExecutor(report.threads) as pool:
-        # The factory runs Python (holding the GIL) while the pool verifies and decodes (releasing it).
+        # The factory runs Python (holding the GIL) while the pool maps and decodes (releasing it).
         stager = stager_for(target)
-        early = {} if stager else _prefetch(source, pool, options.dtype)
+        budget = bool(options.max_memory)  # offload: nothing decoded before the plan says what stays
+        early = {} if stager or budget else _prefetch(source, pool, options.dtype, checks is not None)
         try:
             model, slots = _matched_model(source, model_or_factory, options, report)
-            _fill(source, slots, target, options.dtype, stager, pool, early, progress, report)
+            plan = plan_offload(model, slots, source, options, target) if budget else None
+            filled, fill_checks = (plan.to_fill(slots), plan.checks(checks)) if plan else (slots, checks)
+            _fill(source, filled, target, options.dtype, stager, pool, early, progress, report, fill_checks)
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)  # fail now, not after decoding the whole file
             raise
         place_the_rest(model, target, options.dtype)
+        if plan is not None:
+            plan.attach(report)
+    _verify(checks, options.verify, report)
+    report.wall_s = time.perf_counter() - started
+    report.model = model
+    return report
+
+
+def _load_sharded(
+    path: str | os.PathLike[str],
+    model_or_factory: ModelOrFactory,
+    options: LoadOptions,
+    target: torch.device | None,
+    progress: Progress | None,
+) -> LoadReport:
+    """Each rank reads only its own shards into a model torch shards (:mod:`slimtorch.loading.sharded`)."""
+    started = time.perf_counter()
+    source, report = _open(path, target, options)
+    with source:
+        shard = functools.partial(shard_model, options=options, device=target)
+        model, slots = _matched_model(source, model_or_factory, options, report, shard)
+        fill_sharded(source, slots, options, report, progress)
     report.wall_s = time.perf_counter() - started
     report.model = model
     return report
 
 
 def _matched_model(
-    source: TensorSource, model_or_factory: ModelOrFactory, options: LoadOptions, report: LoadReport
+    source: TensorSource,
+    model_or_factory: ModelOrFactory,
+    options: LoadOptions,
+    report: LoadReport,
+    shard: Callable[[nn.Module], None] | None = None,
 ) -> tuple[nn.Module, list[Slot]]:
     """The model built (or given), reshaped to the file's structural delta, and its slots matched to the
     file's names, shapes checked: everything decided before a tensor is put in."""
@@ -175,6 +219,8 @@ def _matched_model(
     report.model_class = type(model).__name__
     report.notes += [note] if note else []
     _reshape(source, model)
+    if shard is not None:
+        shard(model)  # sharded and given memory before its slots are taken: they are the DTensors
     slots = model_slots(model)
     built = not isinstance(model_or_factory, nn.Module)
     report.record(
@@ -216,11 +262,32 @@ def _open(
 ) -> tuple[TensorSource, LoadReport]:
     clock = time.perf_counter()
     source = open_checkpoint(path, allow_globals=options.allow_globals)
-    source.verify = options.verify
+    source.verify = False  # the loader runs the checks itself (source.checks): some now, some later
     report = LoadReport(str(path), source.format, str(device or "cpu"), options.threads or DECODE_THREADS)
     report.open_s = time.perf_counter() - clock
     report.file_bytes = source.file_bytes
     return source, report
+
+
+def _verify(checks: Verification | None, mode: str | bool, report: LoadReport) -> None:
+    """Run the load's checks as ``mode`` says: all before returning (``"eager"``), or beside the caller
+    with each module's forward waiting for its own (``"before-use"``)."""
+    report.verify = mode or "off"
+    if checks is None:
+        return
+    checks.start(hooks=mode == "before-use", on_finish=lambda: _record_checks(checks, report))
+    if mode == "eager":
+        checks.wait()
+    else:
+        checks.returned()
+        report.checks = checks
+
+
+def _record_checks(checks: Verification, report: LoadReport) -> None:
+    stats = checks.stats
+    report.verify_s, report.verified_bytes = stats.check_s, stats.checked_bytes
+    report.verify_wall_s, report.verify_after_s = stats.wall_s, stats.after_return_s
+    report.verify_waited_s = stats.waited_s
 
 
 def _device(device: str | torch.device | None) -> torch.device | None:
@@ -267,13 +334,24 @@ def _reshape(source: TensorSource, model: nn.Module) -> None:
         raise FormatError(source.path, str(exc)) from None
 
 
-def _fetch(source: TensorSource, name: str, dtype: torch.dtype | None, convert: bool) -> _Fetched:
-    """Read (and decode) one tensor on a worker thread; converted to ``dtype`` when ``convert``."""
+def _fetch(
+    source: TensorSource, name: str, dtype: torch.dtype | None, convert: bool, verify: str | None
+) -> _Fetched:
+    """Read (and decode) one tensor on a worker thread; converted to ``dtype`` when ``convert``.
+
+    ``verify``: None (no checks), ``"now"``, or ``"later"``: a tensor that stays the mapped bytes
+    themselves leaves its checks to the caller; one decoded or converted is checked first, always."""
     clock = time.perf_counter()
     parts = source.parts(name)
+    codec = source.codec(name)
+    converts = convert and dtype is not None and source.info(name).dtype != dtype
+    later = verify == "later" and codec == "raw" and not converts
+    checks = _checked(source.checks(name, parts), later) if verify else []
     read = time.perf_counter()
     tensor = source.decode_parts(name, parts)
-    fetched = _Fetched(tensor, read - clock, time.perf_counter() - read, codec=source.codec(name))
+    if checks and tensor is not parts.get(""):
+        checks = _checked(checks, later=False)  # decoding only viewed them, but the model gets a copy
+    fetched = _Fetched(tensor, read - clock, time.perf_counter() - read, codec=codec, checks=checks)
     fetched.zero_copy = fetched.codec == "raw"
     if convert and dtype is not None and fetched.tensor.dtype != dtype:
         clock = time.perf_counter()
@@ -283,7 +361,18 @@ def _fetch(source: TensorSource, name: str, dtype: torch.dtype | None, convert: 
     return fetched
 
 
-def _prefetch(source: TensorSource, pool: ThreadPoolExecutor, dtype: torch.dtype | None) -> dict[str, Future]:
+def _checked(checks: list[Check], later: bool) -> list[Check]:
+    """``checks`` to run later, or none once they have run here."""
+    if later:
+        return checks
+    for check in checks:
+        check()
+    return []
+
+
+def _prefetch(
+    source: TensorSource, pool: ThreadPoolExecutor, dtype: torch.dtype | None, verify: bool
+) -> dict[str, Future]:
     """Start verifying and decoding every stored tensor of a slim file before the model exists.
 
     Only without staging (the CPU), where what is decoded becomes the model's memory anyway (before a
@@ -298,7 +387,12 @@ def _prefetch(source: TensorSource, pool: ThreadPoolExecutor, dtype: torch.dtype
     quantized = _quantized_weights(source)
     return {
         info.name: pool.submit(
-            _fetch, source, info.name, dtype if info.dtype.is_floating_point else None, dtype is not None
+            _fetch,
+            source,
+            info.name,
+            dtype if info.dtype.is_floating_point else None,
+            dtype is not None,
+            "later" if verify else None,
         )
         for info in stored
         if info.name not in quantized
@@ -316,11 +410,20 @@ def _quantized_weights(source: TensorSource) -> set[str]:
     return {f"{name}.{tensor}" if name else tensor for name, tensor in tensors}
 
 
-def _fetch_part(source: TensorSource, slot: Slot) -> _Fetched:
-    """A quantized layer's buffer: one part of a coded tensor, as stored (mapped, verified)."""
+def _fetch_part(source: TensorSource, slot: Slot, verify: str | None) -> _Fetched:
+    """A quantized layer's buffer: one part of a coded tensor, as stored (mapped; checked as ``verify``
+    says for :func:`_fetch`, or now when the part is made from the stored ones)."""
     clock = time.perf_counter()
     name, role = slot.file_name, slot.part[1]  # type: ignore[index]
+    checks: list[Check] = []
+    if verify:
+        stored, stages = source.parts(name), source.stages(name)  # type: ignore[arg-type]
+        as_stored = role in stored and len(stages) <= 1 and not (stages and stages[0].get("packing"))
+        if not as_stored:
+            _checked(source.checks(name, stored), later=False)  # type: ignore[arg-type]
     tensor = source.part(name, role)  # type: ignore[arg-type]
+    if verify and as_stored:
+        checks = _checked(source.checks(name, {role: tensor}), verify == "later")  # type: ignore[arg-type]
     if tensor.numel() == slot.tensor.numel() and _squeezed(tensor.shape) == _squeezed(slot.tensor.shape):
         tensor = tensor.reshape(slot.tensor.shape)  # a scale per row stored as a column (compressed-tensors)
     if tuple(tensor.shape) != tuple(slot.tensor.shape):
@@ -330,7 +433,8 @@ def _fetch_part(source: TensorSource, slot: Slot) -> _Fetched:
             f"{slot.names[0]!r} is {list(slot.tensor.shape)}",
         )
     codec = source.codec(name)  # type: ignore[arg-type]
-    return _Fetched(tensor, time.perf_counter() - clock, zero_copy=len(codec.split("+")) == 1, codec=codec)
+    zero_copy = len(codec.split("+")) == 1
+    return _Fetched(tensor, time.perf_counter() - clock, zero_copy=zero_copy, codec=codec, checks=checks)
 
 
 def _squeezed(shape: torch.Size) -> tuple[int, ...]:
@@ -347,11 +451,15 @@ def _fill(
     early: dict[str, Future],
     progress: Progress | None,
     report: LoadReport,
+    checks: Verification | None,
 ) -> None:
     """Fetch every slot's tensor on the pool and put it into the model as it arrives.
 
-    ``early`` holds fetches started before the model existed, by stored name (each serves one slot)."""
+    ``early`` holds fetches started before the model existed, by stored name (each serves one slot).
+    A tensor that becomes the model's as mapped leaves its checks to ``checks``; any other is checked
+    before the model gets it."""
     todo = [s for s in slots if s.file_name is not None]
+    order = {id(slot): i for i, slot in enumerate(todo)}
     total = sum(_stored_bytes(source, s) for s in todo)
     handed_out: set[int] = set()  # storages already given to a slot: a second slot gets a copy
     stored = source.ties()
@@ -359,10 +467,12 @@ def _fill(
     convert = stager is None
 
     def task(slot: Slot) -> Future | Callable[[], _Fetched]:
+        verify = None if checks is None else "later" if stager is None and slot.tensor.is_meta else "now"
         if slot.part is not None:
-            return lambda: _fetch_part(source, slot)
+            return lambda: _fetch_part(source, slot, verify)
         started = early.pop(stored.get(slot.file_name, slot.file_name), None)  # type: ignore[arg-type]
-        return started or (lambda: _fetch(source, slot.file_name, target_dtype(slot, dtype), convert))
+        dtype_of = target_dtype(slot, dtype)
+        return started or (lambda: _fetch(source, slot.file_name, dtype_of, convert, verify))
 
     with progress_task(progress, "loading", total) as advance:
         for slot, fetched in _bounded(pool, ((s, task(s)) for s in todo), window=2 * report.threads):
@@ -377,6 +487,10 @@ def _fill(
                 if key in handed_out:  # the file stores it once, the model has two separate tensors
                     tensor, zero_copy = tensor.clone(), False
                 handed_out.add(key)
+            if fetched.checks and zero_copy:
+                checks.add(fetched.checks, tensor, [m for m, _ in slot.places], order[id(slot)])  # type: ignore[union-attr]
+            elif fetched.checks:
+                _checked(fetched.checks, later=False)  # copied from the mapping: checked before it is used
             copy = time.perf_counter() - clock
             assign(slot, tensor)
             report.tensor_count += 1

@@ -11,10 +11,13 @@ from torch import nn
 
 from slimtorch.errors import OptionError
 from slimtorch.format.names import Skipped, rename_rules
+from slimtorch.format.pending import Checks
+from slimtorch.format.units import parse_size
 from slimtorch.format.verbs import NOT_JSON, Report
 from slimtorch.loading.model_slots import Matching
 
-MODEL_ONLY = {"strict": True, "prefix": None, "rename": ()}
+MODEL_ONLY = {"strict": True, "prefix": None, "rename": (), "max_memory": (), "offload": "none"}
+MODEL_ONLY |= {"mesh": None, "placements": "fsdp"}  # sharded loading (issue 22)
 """Options that match a file's names to a model's, with their defaults: :func:`slimtorch.load` has no
 model, so any other value of them is refused there."""
 
@@ -38,8 +41,15 @@ class LoadOptions:
     """Refuse a file that lacks a tensor of the model or holds one the model does not have (load_model
     only). Parameters of a factory-built model must come from the file whatever it says, and a file that
     matches no name at all is refused either way."""
-    verify: bool = True
-    """Check the CRC-32 of every part of a slim file (a mismatch names the tensor)."""
+    verify: bool | str = "eager"
+    """Check the CRC-32 of every part of a slim file (a mismatch raises
+    :class:`~slimtorch.FormatError` naming the file and tensor). ``"eager"`` (``True`` means it): every
+    check is done, on several threads, before load_model returns. ``"before-use"`` (opt in): load_model
+    returns once the model holds the file's mapped bytes, the checks run on threads of their own, and each
+    module's forward waits for its own tensors' (raising there on a mismatch); the report's ``wait()``
+    waits for all, and save, quantize, prune and export wait first; copying or pickling the model before
+    the checks are done is refused. ``False``: none. Decoded tensors are always checked before decoding,
+    and :func:`slimtorch.load` (no model, no forward) always waits."""
     threads: int | None = None
     """Decode threads (None: one per core, up to 4)."""
     allow_globals: tuple[str, ...] = ()
@@ -52,21 +62,113 @@ class LoadOptions:
     only); a mapping or ``"old=new"`` strings are taken too (``{"lstm.": "rnn."}``; ``{"": "bert."}`` puts a
     prefix in front of all)."""
 
+    # -- offload (issue 22): a model larger than the memory it may hold ----------------------------------
+    max_memory: tuple[tuple[str, int], ...] = ()
+    """The most the loaded model may hold, per device, in bytes (load_model only): a mapping or pairs,
+    sizes as numbers or text (``{"cpu": "4GB"}``, ``"cpu=512MiB"``). Only ``"cpu"`` is built. Units of the
+    model (blocks) fill it in forward order; the rest need ``offload="disk"``. (): no limit."""
+    offload: str = "none"
+    """What happens to the units beyond ``max_memory``: ``"none"`` (a model over it is refused) or
+    ``"disk"`` (they stay memory-mapped from the checkpoint, paged in by each forward and released after
+    it: inference only, see :mod:`slimtorch.loading.offload`)."""
+
+    # -- sharded loading (issue 22): each rank of FSDP2 / tensor parallel reads only its own shards -------
+    mesh: Any = None
+    """A 1-D ``torch.distributed`` ``DeviceMesh`` to shard the model over before it is filled (load_model
+    only): each rank then reads only its own rows or columns (:mod:`slimtorch.loading.sharded`). None:
+    unsharded, unless the model given holds DTensors already (sharded by you), which are filled alike."""
+    placements: str | tuple[tuple[str, str], ...] = "fsdp"
+    """How ``mesh`` shards the model: ``"fsdp"`` (FSDP2 ``fully_shard`` on each repeated block, then the
+    root) or a tensor-parallel plan, module name patterns to ``"colwise"``, ``"rowwise"`` or
+    ``"replicate"`` (``{"layers.*.up": "colwise", "layers.*.down": "rowwise"}``)."""
+
     def __post_init__(self) -> None:
         if isinstance(self.device, torch.device):
             object.__setattr__(self, "device", str(self.device))
         if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
             raise OptionError(f"dtype takes a torch.dtype (torch.bfloat16), not {self.dtype!r}")
+        object.__setattr__(self, "verify", _verify_mode(self.verify))
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise OptionError(f"threads must be 1 or more, not {self.threads!r}")
         if isinstance(self.allow_globals, str):  # one global, not its characters
             raise OptionError(f"allow_globals takes a list of names, not the string {self.allow_globals!r}")
         object.__setattr__(self, "allow_globals", tuple(self.allow_globals))
         object.__setattr__(self, "rename", rename_rules(self.rename))
+        object.__setattr__(self, "max_memory", _max_memory(self.max_memory))
+        if self.offload not in OFFLOAD_MODES:
+            raise OptionError(f"offload takes {' or '.join(map(repr, OFFLOAD_MODES))}, not {self.offload!r}")
+        if self.offload == "disk" and not self.max_memory:
+            raise OptionError("offload='disk' needs a budget to offload beyond: max_memory={'cpu': '4GB'}")
+        object.__setattr__(self, "placements", _placements(self.placements, self.mesh, self.offload))
 
     def model_only_given(self) -> str | None:
         """The first option set that only a load into a model uses (None: none is)."""
         return next((name for name, default in MODEL_ONLY.items() if getattr(self, name) != default), None)
+
+
+VERIFY_MODES = ("eager", "before-use")
+TP_STYLES = ("colwise", "rowwise", "replicate")
+
+
+def _placements(value: object, mesh: object, offload: str) -> str | tuple[tuple[str, str], ...]:
+    """``placements`` as ``"fsdp"`` or (pattern, style) pairs; the mesh checked to be 1-D (sharded loads
+    of 2-D meshes, FSDP over TP, are not built)."""
+    if mesh is not None and getattr(mesh, "ndim", None) != 1:
+        raise OptionError(
+            f"mesh takes a 1-D DeviceMesh, not {type(mesh).__name__} of ndim {getattr(mesh, 'ndim', None)}"
+        )
+    if mesh is not None and offload != "none":
+        raise OptionError("a sharded load (mesh=) does not offload: give one or the other")
+    if value == "fsdp":
+        return "fsdp"
+    pairs = tuple(value.items()) if isinstance(value, dict) else value
+    if mesh is None or not isinstance(pairs, tuple) or not pairs:
+        problem = "it needs mesh=" if mesh is None else f"not {value!r}"
+        raise OptionError(f"placements takes 'fsdp' or a plan {{pattern: 'colwise'}} ({problem})")
+    for pair in pairs:
+        if not (
+            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and pair[1] in TP_STYLES
+        ):
+            raise OptionError(f"placements: {pair!r} is not a (pattern, one of {', '.join(TP_STYLES)}) pair")
+    return pairs
+
+
+OFFLOAD_MODES = ("none", "disk")
+MEMORY_DEVICES = ("cpu",)
+
+
+def _max_memory(value: object) -> tuple[tuple[str, int], ...]:
+    """``max_memory`` as (device, bytes) pairs, from a mapping, pairs or ``"device=size"`` strings."""
+    if isinstance(value, str):
+        value = [value]
+    pairs = value.items() if isinstance(value, dict) else value
+    try:
+        pairs = [tuple(p.split("=", 1)) if isinstance(p, str) else tuple(p) for p in pairs]  # type: ignore[union-attr]
+    except TypeError:
+        raise OptionError(f"max_memory takes a mapping like {{'cpu': '4GB'}}, not {value!r}") from None
+    out = []
+    for pair in pairs:
+        if len(pair) != 2 or pair[0] not in MEMORY_DEVICES:
+            raise OptionError(
+                f"max_memory: {pair!r} is not a budget this build has: only 'cpu' (like {{'cpu': '4GB'}}); "
+                "GPU placement with offload is not built yet"
+            )
+        device, size = pair
+        size = parse_size(size) if isinstance(size, str) else size
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise OptionError(f"max_memory[{device!r}] must be a positive size, not {size!r}")
+        out.append((device, size))
+    return tuple(out)
+
+
+def _verify_mode(value: object) -> str | bool:
+    """``verify`` as one of its modes or False; True is the default mode, ``"eager"`` (what ``verify=True``
+    meant before the modes existed: every checksum checked before the load returns)."""
+    if value is True:
+        return "eager"
+    if value is False or value in VERIFY_MODES:
+        return value  # type: ignore[return-value]
+    raise OptionError(f"verify takes 'eager', 'before-use', True or False, not {value!r}")
 
 
 @dataclass
@@ -99,13 +201,28 @@ class LoadReport(Report):
     construct_s: float = 0.0
     """Calling the model factory with parameters on the meta device."""
     read_s: float = 0.0
-    """Mapping parts and verifying their checksums (which reads every stored byte)."""
+    """Mapping parts, and verifying the checksums of parts decoded or copied (before their bytes are
+    used)."""
     decode_s: float = 0.0
     copy_s: float = 0.0
     """dtype conversion, copies into existing tensors, host-to-device transfer."""
     assign_s: float = 0.0
     """Putting the tensors into the model."""
     wall_s: float = 0.0
+    verify: str = "off"
+    """How checksums were verified: ``"eager"`` (before the load returned), ``"before-use"`` (beside the
+    caller's work: see ``verify_after_s``), ``"off"``."""
+    verify_s: float = 0.0
+    """Hashing the mapped tensors' bytes (which pages them in), summed over the verifying threads; filled
+    in as the checks run."""
+    verified_bytes: int = 0
+    """Bytes of mapped tensors checked so far (decoded tensors' parts are counted in ``read_s``)."""
+    verify_wall_s: float = 0.0
+    """From the first check to the last, once all are done."""
+    verify_after_s: float = 0.0
+    """How long the checks went on after the load returned (0: none did: nothing overlapped)."""
+    verify_waited_s: float = 0.0
+    """Time forwards and ``wait()`` spent blocked on checks."""
     by_codec: dict[str, int] = field(default_factory=dict)
     prefix: str = ""
     """The wrapper prefix the model's names were read under in the file (``model_state.``)."""
@@ -127,6 +244,45 @@ class LoadReport(Report):
         default=None, repr=False, compare=False, metadata=NOT_JSON
     )
     """Every tensor of the file by name (:func:`slimtorch.load`)."""
+
+    checks: Checks | None = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
+    """The checks still running (``verify="before-use"``); :meth:`wait` waits for them."""
+
+    # -- offload (issue 22) ----------------------------------------------------------------------------
+    offload: str = "none"
+    """``"disk"``: units beyond ``max_memory`` stay mapped from the file (``offloaded``)."""
+    max_memory: dict[str, int] = field(default_factory=dict)
+    """The budget the load was given, in bytes per device."""
+    offloaded: list[str] = field(default_factory=list)
+    """Units (module names) whose tensors stay in the file, brought in by each forward."""
+    resident_bytes: int = 0
+    """Bytes of the model's tensors held in memory between forwards (the rest is ``offloaded``); with
+    ``offload="none"``, 0."""
+    page_release: str = ""
+    """How offloaded pages leave memory after a unit's forward (``"madvise"``: MADV_DONTNEED, Linux)."""
+
+    # -- sharded loading (issue 22) --------------------------------------------------------------------
+    rank: int = 0
+    """This process's rank in the model's mesh (0 and ``world_size`` 1: an unsharded load)."""
+    world_size: int = 1
+    bytes_read: int = 0
+    """File bytes this rank read (``pread``), checksum re-reads included; 0 for an unsharded load."""
+    share_bytes: int = 0
+    """Bytes of this rank's tensors as the model holds them (its shards, and whatever is not sharded)."""
+    verified_with: str = ""
+    """How a sharded load checked checksums: ``"ranks"`` (every rank hashed its own bytes, the chunks'
+    CRCs combined across ranks), ``"none"`` (the format has none), ``"off"``; ``""``: unsharded."""
+
+    def wait(self) -> LoadReport:
+        """Block until every checksum of this load is verified; raise :class:`~slimtorch.FormatError` on a
+        mismatch. Returns the report, with the verification's times filled in.
+
+        Example:
+            >>> model = slimtorch.load_model("model.safetensors", Net).wait().model  # doctest: +SKIP
+        """
+        if self.checks is not None:
+            self.checks.wait()
+        return self
 
     def record(self, matching: Matching) -> None:
         """Keep what name matching decided."""

@@ -9,21 +9,26 @@ live tensor bytes, and the gap is malloc's: its heap held, in every run measured
   threshold starts at 128 KiB and rises to the size of the largest such block freed (up to 32 MiB), so
   from a loop's first backward pass on, nearly every activation lives in the heap;
 - the heap gives memory back only from its top: a freed block below it stays resident, for reuse;
-- freed blocks are reused by later requests that fit them, and in a training process they are hardly
-  ever merged with their neighbours: the small objects a step allocates between its tensors (autograd's
-  records, tensor headers, kernels' small buffers, tens of thousands a step) sit between them.
+- a request takes the smallest freed block that fits it (best fit: glibc keeps large free chunks in
+  size-sorted bins), and in a training process freed blocks are hardly ever merged with their
+  neighbours: the small objects a step allocates between its tensors (autograd's records, tensor
+  headers, kernels' small buffers, tens of thousands a step) sit between them.
 
 Replaying a real loop's complete malloc trace (every call, recorded with an ``LD_PRELOAD`` shim) through
 glibc itself reproduces its RSS growth within 3.5%; replaying only its tensors misses 13-29%, because the
 small objects keep freed blocks apart, and so do the kernels' own scratch blocks that no tensor shows (a
-oneDNN convolution reorders its input and output; an ``mm`` on an expanded gradient copies it).
+oneDNN convolution reorders its input and output; an ``mm`` on an expanded gradient copies it), and
+the order they come and go in: a reorder freed before the op's output is made leaves a hole the output
+fills.
 :func:`resident_peak` replays a step's tensor allocations, with the scratch :func:`kernel_scratch` knows
 of, through a model of those rules: blocks at the threshold or above are mapped on their own; below it, the
-first freed block (by address) large enough is reused, never merged with a neighbour, else the top grows;
-the top comes down when the block at its edge is freed. What is not malloc's, library code paged in on
-first use, is :data:`CODE_PAGES`. Against real loops (the measured table is in the README) it is within
-15% in 11 of 12 cases (CNNs, transformers, an LSTM; the worst +15.5%); oneDNN's compiled kernels (mapped
-code) are not counted.
+smallest freed block large enough is reused, never merged with a neighbour, else the top grows; the top
+comes down when the block at its edge is freed. (Taking the first block by address instead fragments the
+heap step after step where a model's blocks come in a few sizes, such as a U-Net's: +36 MiB in the third
+step at batch 16, against a real heap flat from the second.) What is not malloc's, library code paged in
+on first use, is :data:`CODE_PAGES`. Against real loops (the measured table is in the README) it is
+within 15% in every case measured (CNNs, transformers, an LSTM); oneDNN's compiled kernels (mapped code)
+are not counted.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 MMAP_THRESHOLD = 128 * 2**10
 """glibc's ``M_MMAP_THRESHOLD`` before any mapped block is freed"""
@@ -48,36 +52,137 @@ HEADER = 16  # a malloc chunk's size field and alignment slack
 ALIGNMENT = 64  # PyTorch's CPU allocator asks posix_memalign for 64-byte blocks
 
 Scratch = tuple[int, int, tuple[int, ...]]
-"""(index in the events where an op's outputs begin, where they end, the op's scratch blocks in bytes)"""
+"""(index in the events where an op's outputs begin, where they end, the op's scratch program: see
+:func:`kernel_scratch`)"""
 
 _aten = torch.ops.aten
 _BLAS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default}
 
 
 def kernel_scratch(func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> tuple[int, ...]:
-    """The blocks ``func``'s CPU kernel allocates and frees inside itself, in bytes, where known.
+    """What ``func``'s CPU kernel allocates and frees inside itself, where known, as a program in the
+    order malloc sees it: ``n > 0`` makes a block of ``n`` bytes, ``-n`` frees the last live one of ``n``
+    bytes, ``0`` is where the op's outputs are made (a program without it runs before them); blocks still
+    alive at the end are freed after the outputs.
 
-    Found with a malloc trace of real steps, each block matched to the op running when it was made:
-    oneDNN's convolution reorders its input and its output to a blocked layout; its backward, the output's
-    gradient and the input (twice); batch norm's backward makes one input-sized buffer; BLAS copies an
-    input that is expanded (a stride of 0: the gradient of a ``sum``) before it multiplies.
+    Found with a malloc trace of real steps, each block matched to the op running when it was made (the
+    order matters: a block freed before an output is made leaves a hole the output fills). oneDNN's
+    convolution (:func:`_onednn_forward`) reorders its input and weights to a blocked layout, freed before
+    the output, and computes into a blocked output, freed after; its backward is two such passes; batch
+    norm's backward makes one input-sized buffer; BLAS copies an input that is expanded (a stride of 0:
+    the gradient of a ``sum``) before it multiplies.
     """
     if func not in _SCRATCH:
         return ()
-    tensors = [value for value in tree_leaves((args, kwargs, out)) if isinstance(value, torch.Tensor)]
-    return tuple(size for size in _SCRATCH[func](tensors) if size > 0)
+    named = {argument.name: value for argument, value in zip(func._schema.arguments, args, strict=False)}
+    program = tuple(_SCRATCH[func]({**named, **kwargs}, out))
+    return program if any(size > 0 for size in program) else ()
 
 
-def _convolution(tensors: list[torch.Tensor]) -> list[int]:
-    return [_nbytes(tensors[0]), _nbytes(tensors[-1])]  # the input, the output (the last tensor)
+def _convolution(a: dict[str, Any], out: Any) -> list[int]:
+    """A convolution forward; a transposed one runs oneDNN's backward-data pass."""
+    if not _onednn(a["input"], a["weight"]):
+        return []
+    copy = _contiguous_copy(a["input"])
+    if a["transposed"]:
+        return [*copy, *_onednn_backward_data(a["input"], a["weight"], out, a["stride"]), 0]
+    return [*copy, *_onednn_forward(a["input"], a["weight"], out, a["stride"]), 0]
 
 
-def _convolution_backward(tensors: list[torch.Tensor]) -> list[int]:
-    gradient, source = tensors[0], tensors[1]
-    return [_nbytes(gradient), _nbytes(source), _nbytes(source)]
+def _convolution_backward(a: dict[str, Any], out: Any) -> list[int]:
+    """The gradient of the input (a pass in the other direction: backward-data, or a forward for a
+    transposed convolution), the outputs, then the weights' gradient (both activations reordered)."""
+    gradient, source, weight = a["grad_output"], a["input"], a["weight"]
+    if not _onednn(source, weight):
+        return []
+    program = _contiguous_copy(gradient)
+    if a["output_mask"][0]:
+        if a["transposed"]:
+            program += _onednn_forward(gradient, weight, out[0], a["stride"])
+        else:
+            program += _onednn_backward_data(gradient, weight, out[0], a["stride"])
+    program.append(0)
+    if a["output_mask"][1]:
+        activation, difference = (gradient, source) if a["transposed"] else (source, gradient)
+        program += _onednn_weights(activation, difference, weight)
+    return program
 
 
-def _expanded(tensors: list[torch.Tensor]) -> list[int]:
+def _onednn_forward(
+    source: torch.Tensor, weight: torch.Tensor, result: torch.Tensor, stride: Any
+) -> list[int]:
+    """Reorder the source (not when it has fewer channels than a block: oneDNN's first-layer kernel reads
+    it as it is) and the weights, compute into a blocked result; free the reorders, keep the result
+    until the output is made. A strided 1x1 convolution first gathers each thread's input pixels."""
+    gather = 0
+    if weight.shape[2:].numel() == 1 and any(step > 1 for step in stride):
+        gather = torch.get_num_threads() * source.shape[1] * result.shape[2:].numel() * source.element_size()
+    reordered = _blocked(source) if source.shape[1] >= _channel_block() else 0
+    blocks = [gather, reordered, _nbytes(weight)]
+    return [*_made(blocks), _blocked(result), *_freed(reversed(blocks))]
+
+
+def _onednn_backward_data(
+    source: torch.Tensor, weight: torch.Tensor, result: torch.Tensor, stride: Any
+) -> list[int]:
+    """As :func:`_onednn_forward`, the source always reordered; a strided pass makes a second blocked
+    result once the reorders are freed, and both are alive when the output is made."""
+    blocks = [_blocked(source), _nbytes(weight)]
+    strided = [_blocked(result)] if any(step > 1 for step in stride) else []
+    return [*_made(blocks), _blocked(result), *_freed(reversed(blocks)), *strided]
+
+
+def _onednn_weights(activation: torch.Tensor, difference: torch.Tensor, weight: torch.Tensor) -> list[int]:
+    """The weights' gradient: both activations reordered (the one the forward pass read, not when it has
+    fewer channels than a block) and a blocked gradient, after the op's outputs."""
+    reordered = _blocked(activation) if activation.shape[1] >= _channel_block() else 0
+    blocks = [_blocked(difference), reordered, _nbytes(weight)]
+    return [*_made(blocks), *_freed(reversed(blocks))]
+
+
+def _onednn(source: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ATen hands this convolution to oneDNN: a batch of more than one, fp32 or bf16, on a build
+    with it (otherwise ATen's own kernels, whose scratch is not modelled)."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and source.dim() == 4
+        and source.shape[0] > 1
+        and weight.dtype in (torch.float32, torch.bfloat16)
+    )
+
+
+def _channel_block() -> int:
+    """oneDNN's channel block: 16 with AVX-512, 8 with AVX2 (channels padded up to a multiple of it)."""
+    return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
+
+
+def _blocked(tensor: torch.Tensor) -> int:
+    """``tensor``'s bytes in oneDNN's blocked layout: its channels padded up to a multiple of a block."""
+    block = _channel_block()
+    channels = tensor.shape[1]
+    return _nbytes(tensor) // max(channels, 1) * (-(-channels // block) * block)
+
+
+def _contiguous_copy(tensor: torch.Tensor) -> list[int]:
+    """ATen's contiguous copy of a strided operand (a slice of ``cat``'s gradient, an expanded one),
+    made before the kernel runs and freed after it."""
+    return [] if tensor.is_contiguous() else [_nbytes(tensor)]
+
+
+def _made(blocks: Any) -> list[int]:
+    return [size for size in blocks if size > 0]
+
+
+def _freed(blocks: Any) -> list[int]:
+    return [-size for size in blocks if size > 0]
+
+
+def _batch_norm_backward(a: dict[str, Any], out: Any) -> list[int]:
+    return [_nbytes(a["input"])]
+
+
+def _expanded(a: dict[str, Any], out: Any) -> list[int]:
+    tensors = [value for value in a.values() if isinstance(value, torch.Tensor)]
     return [_nbytes(t) for t in tensors if t.dim() >= 2 and t.numel() > 1 and 0 in t.stride()]
 
 
@@ -85,21 +190,21 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-_SCRATCH: dict[Any, Callable[[list[torch.Tensor]], list[int]]] = {
+_SCRATCH: dict[Any, Callable[[dict[str, Any], Any], list[int]]] = {
     _aten.convolution.default: _convolution,
     _aten.convolution_backward.default: _convolution_backward,
-    _aten.native_batch_norm_backward.default: lambda tensors: [_nbytes(tensors[1])],
+    _aten.native_batch_norm_backward.default: _batch_norm_backward,
     **dict.fromkeys(_BLAS, _expanded),
 }
 
 
 def resident_peak(events: Sequence[tuple[int, int]], scratch: Sequence[Scratch] = ()) -> int:
     """The most bytes the heap and the mapped blocks hold at once over ``events`` ((key, bytes): positive
-    allocates the storage ``key``, negative frees it), with each op's ``scratch`` blocks made before its
-    outputs and freed after them: the RSS growth a run with these allocations is predicted to cause."""
+    allocates the storage ``key``, negative frees it), with each op's ``scratch`` program run around its
+    outputs: the RSS growth a run with these allocations is predicted to cause."""
     heap = _Heap()
     starts: dict[int, list[Scratch]] = {}
-    ends: dict[int, list[int]] = {}
+    ends: dict[int, list[_Pending]] = {}
     for op in scratch:
         starts.setdefault(op[0], []).append(op)
     for index, (key, nbytes) in enumerate(events):
@@ -148,19 +253,43 @@ def repeated(
     return events, scratch
 
 
+_Pending = tuple[tuple[int, ...], list[tuple[int, int]]]
+"""what is left of an op's scratch program once its outputs are made, and its live blocks (bytes, key)"""
+
+
 def _scratch_at(
-    index: int, heap: _Heap, starts: dict[int, list[Scratch]], ends: dict[int, list[int]]
+    index: int, heap: _Heap, starts: dict[int, list[Scratch]], ends: dict[int, list[_Pending]]
 ) -> None:
-    """Free the scratch of ops whose outputs ended before ``index``; make that of ops whose begin here."""
-    for key in ends.pop(index, ()):
-        heap.free(key)
-    for _, end, blocks in starts.pop(index, ()):
-        keys = [heap.allocate(nbytes) for nbytes in blocks]
-        if end == index:  # an op with no new output: its scratch comes and goes at once
-            for key in keys:
-                heap.free(key)
+    """Finish the scratch programs of ops whose outputs ended before ``index``; run those of ops whose
+    outputs begin here up to their outputs (all of it for an op with no new output)."""
+    for rest, live in ends.pop(index, ()):
+        _finish(rest, heap, live)
+    for _, end, program in starts.pop(index, ()):
+        split = program.index(0) if 0 in program else len(program)
+        live: list[tuple[int, int]] = []
+        _run(program[:split], heap, live)
+        if end == index:
+            _finish(program[split:], heap, live)
         else:
-            ends.setdefault(end, []).extend(keys)
+            ends.setdefault(end, []).append((program[split:], live))
+
+
+def _run(steps: Sequence[int], heap: _Heap, live: list[tuple[int, int]]) -> None:
+    """Run a scratch program's ``steps`` on ``heap`` (``live``: its blocks made and not yet freed)."""
+    for size in steps:
+        if size > 0:
+            live.append((size, heap.allocate(size)))
+        elif size < 0:
+            index = max(i for i, (nbytes, _) in enumerate(live) if nbytes == -size)
+            heap.free(live.pop(index)[1])
+
+
+def _finish(steps: Sequence[int], heap: _Heap, live: list[tuple[int, int]]) -> None:
+    """Run the rest of a scratch program, then free its blocks still alive, the last made first."""
+    _run(steps, heap, live)
+    for _, key in reversed(live):
+        heap.free(key)
+    live.clear()
 
 
 class _Heap:
@@ -169,8 +298,7 @@ class _Heap:
     def __init__(self) -> None:
         self.threshold = MMAP_THRESHOLD
         self.top = self.mapped = self.peak = 0
-        self._holes: list[int] = []  # freed blocks' addresses, sorted
-        self._hole_size: dict[int, int] = {}
+        self._holes: list[tuple[int, int]] = []  # freed blocks (size, address), sorted
         self._blocks: dict[int, tuple[int | None, int]] = {}  # key -> (address, None if mapped; size)
         self._scratch_keys = -1
 
@@ -195,18 +323,17 @@ class _Heap:
         self.peak = max(self.peak, self.top + self.mapped)
 
     def _reuse(self, size: int) -> tuple[int, int]:
-        """(address, size) of the first freed block that fits, cut to ``size`` when what is left is worth
-        keeping free; else a new block at the top."""
-        for index, address in enumerate(self._holes):
-            room = self._hole_size[address]
-            if room >= size:
-                del self._holes[index], self._hole_size[address]
-                if room - size < ALIGNMENT:
-                    return address, room
-                bisect.insort(self._holes, address + size)
-                self._hole_size[address + size] = room - size
-                return address, size
-        address, self.top = self.top, self.top + size
+        """(address, size) of the smallest freed block that fits (glibc's best fit from its size-sorted
+        bins; the lowest address among equals), cut to ``size`` when what is left is worth keeping free;
+        else a new block at the top."""
+        index = bisect.bisect_left(self._holes, (size, -1))
+        if index == len(self._holes):
+            address, self.top = self.top, self.top + size
+            return address, size
+        room, address = self._holes.pop(index)
+        if room - size < ALIGNMENT:
+            return address, room
+        bisect.insort(self._holes, (room - size, address + size))
         return address, size
 
     def free(self, key: int) -> None:
@@ -218,5 +345,4 @@ class _Heap:
         elif address + size == self.top:
             self.top = address
         else:
-            bisect.insort(self._holes, address)
-            self._hole_size[address] = size
+            bisect.insort(self._holes, (size, address))

@@ -283,10 +283,13 @@ def _like(original: torch.Tensor, plan: StepOptions, device: torch.device, fake:
 
 
 def _inputs(value: Any, device: torch.device, fake: bool) -> Any:
+    """The step's own copy of the inputs (a fake one, or a real one made here, as the weights are): the
+    heap ``profile`` reads counts from before the step made them, and a batch already on the device,
+    made before, would be in the step's peak but not in that heap."""
     if isinstance(value, torch.Tensor):
         if fake:
             return torch.empty(value.shape, dtype=value.dtype, device=device)
-        return value.to(device)
+        return value.to(device, copy=True)
     if isinstance(value, dict):
         return {k: _inputs(v, device, fake) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -333,7 +336,8 @@ def _flat_tensors(value: Any) -> Iterator[torch.Tensor]:
 def _swapped(model: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[None]:
     """The step's tensors in the model's place for the whole step (checkpointing recomputes parts of the
     forward during backward, so ``torch.func.functional_call``'s swap, undone after the forward, would
-    not do); the model's own tensors are put back afterwards, whatever happens."""
+    not do); the model's own tensors are put back afterwards, whatever happens, and so are the weight
+    lists its modules keep beside them (:data:`WEIGHT_CACHES`)."""
     originals = []
     for name, tensor in tensors.items():
         owner, _, attr = name.rpartition(".")
@@ -341,11 +345,22 @@ def _swapped(model: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[Non
         table = module._parameters if attr in module._parameters else module._buffers
         originals.append((table, attr, table[attr]))
         table[attr] = tensor
+    for module in model.modules():
+        state = module.__dict__
+        originals += [(state, attr, state[attr]) for attr in WEIGHT_CACHES if attr in state]
     try:
         yield
     finally:
         for table, attr, original in originals:
             table[attr] = original
+
+
+WEIGHT_CACHES = ("_flat_weights", "_flat_weight_refs")
+"""Attributes in which a module keeps its weights a second time, outside ``_parameters``: an RNN's
+(``nn.LSTM``, ``nn.GRU``) flat weight list, which its forward refreshes when its parameters changed. Left
+holding the step's tensors, it would keep them alive after the step (a real run's copies of the weights,
+released only by the model's next forward: inside the next ``profile``, which then measured its heap
+short by their size), so the lists the model had are put back."""
 
 
 # -- module names and checkpointing -----------------------------------------------------------------------

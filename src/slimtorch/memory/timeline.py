@@ -77,9 +77,10 @@ class StorageTimeline(TorchDispatchMode):
         tensor's, where a meta function leaves a workspace out)"""
         self.scratch_sizes: Callable[[Any, tuple, dict, Any], tuple[int, ...]] | None = None
         """(op, args, kwargs, outputs) -> the blocks its kernel allocates and frees inside itself, which no
-        tensor shows (:func:`slimtorch.memory.heap.kernel_scratch`); recorded in ``scratch``"""
+        tensor shows, in order around its outputs (:func:`slimtorch.memory.heap.kernel_scratch`); recorded
+        in ``scratch``"""
         self.scratch: list[tuple[int, int, tuple[int, ...]]] = []
-        """(index in ``events`` where an op's outputs begin, where they end, its scratch blocks in bytes)"""
+        """(index in ``events`` where an op's outputs begin, where they end, its scratch program)"""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

@@ -21,6 +21,7 @@ from torch import nn
 from slimtorch.errors import OptionError, SlimtorchError, deprecated
 from slimtorch.format.delta import StructuralDelta, record
 from slimtorch.format.names import unmatched_pattern
+from slimtorch.format.pending import wait_for_checks
 from slimtorch.format.progress import Progress, task
 from slimtorch.format.verbs import NOT_JSON, Report, resolve
 from slimtorch.graph.capture import as_args, capture
@@ -128,6 +129,7 @@ def channels(
         0.26
     """
     options = resolve(ChannelOptions, options, overrides, "prune.channels")
+    wait_for_checks(model)  # importance reads the weights outside a forward
     if all(getattr(options, name) is None for name in BUDGETS):
         raise OptionError("give exactly one of ratio, target_params or target_macs")
     example = _Example(example_inputs, example_kwargs, _ignored_names(model, options.ignore))

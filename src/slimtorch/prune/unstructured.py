@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.utils import prune as torch_prune
 
 from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.pending import wait_for_checks
 from slimtorch.format.verbs import NOT_JSON, Report, resolve
 
 PRUNABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -119,6 +120,7 @@ def weights(
     if isinstance(options, (int, float, Mapping)) and not isinstance(options, bool):
         options = SparsityOptions(amount=options)
     options = resolve(SparsityOptions, options, overrides, "prune.weights")
+    wait_for_checks(model)  # magnitudes are read outside a forward
     if options.amount is None:
         raise OptionError("prune.weights needs an amount: weights(model, 0.9) or amount={'layer.*': 0.5}")
     amount, method = options.amount, options.method

@@ -34,14 +34,16 @@ from torch import nn
 from slimtorch.errors import OptionError, SlimtorchError, deprecated
 from slimtorch.format.codecs.chain import CodecError
 from slimtorch.format.delta import StructuralDelta, delta_of, record
+from slimtorch.format.pending import wait_for_checks
 from slimtorch.format.progress import Progress, task
 from slimtorch.format.source import dtype_name
 from slimtorch.format.verbs import NOT_JSON, Report, resolve
 from slimtorch.graph.capture import as_args
 from slimtorch.graph.layers import is_hf_conv1d
+from slimtorch.quant import rowcodes
 from slimtorch.quant.build import quantized_from
 from slimtorch.quant.gptq import InputMoments
-from slimtorch.quant.modules import QuantizedWeight
+from slimtorch.quant.modules import QuantizedWeight, share_input_codes
 from slimtorch.quant.options import QuantizeOptions
 from slimtorch.quant.recorded import put_module
 from slimtorch.quant.recurrent import QuantizedRecurrent
@@ -101,6 +103,9 @@ class QuantizeReport(Report):
     """cosine similarity of the model's outputs with the float model's, over the calibration inputs"""
     output_max_abs: float | None = None
     notes: list[str] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)
+    """how the quantized layers run in this process where it depends on what is installed (int8-dynamic:
+    activation rows quantized by numba's fused kernel, or torch's operations and why)"""
     kept_float: list[FloatLayer] = field(default_factory=list)
     """the layers (and LSTM / GRU matrices) left float that hold a real share of the weights, largest
     first, each with the reason; the rest are summed up in ``notes``"""
@@ -151,6 +156,7 @@ def quantize(
         ('Int8DynamicLinear', [('1', 'int8-dynamic has no convolut')])
     """
     chosen = _options(options, overrides)
+    wait_for_checks(model)  # the weights are read (quantized) outside a forward
     scheme, group_size = chosen.scheme, chosen.group_size
     check_skip_patterns(model, chosen.skip)
     choice = choose_targets(model, scheme, chosen.skip, chosen.embeddings)
@@ -190,6 +196,7 @@ def quantize(
                 originals[target.name] = target.module
                 layers.append(_layer_result(target, quantized))
             record(model, StructuralDelta(quantized=_recorded(twins, scheme, group_size)))
+            share_input_codes(model)
             output_errors, agreement = _calibrate(model, inputs, references, originals, progress)
     finally:
         model.train(was_training)
@@ -207,9 +214,18 @@ def quantize(
         len(inputs),
         *agreement,
         notes=[summary] if summary else [],
+        kernels=_kernel_notes(scheme, layers),
         kept_float=float_layers,
         model=model,
     )
+
+
+def _kernel_notes(scheme: str, layers: list[LayerResult]) -> list[str]:
+    """How int8-dynamic layers quantize their activations in this process (the fused kernel or torch's
+    operations, and why): a speed that depends on an optional package is said, not left to guess."""
+    if scheme != "int8-dynamic" or not layers:
+        return []
+    return [f"activation rows quantized with {rowcodes.describe()}"]
 
 
 def _options(options: QuantizeOptions | str | None, overrides: dict[str, Any]) -> QuantizeOptions:

@@ -29,36 +29,55 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import statistics
 import threading
 import time
 import weakref
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+from slimtorch.quant import rowcodes
+
 FALLBACKS = ("dequantize",)
 """References that are real contenders; others (float64 ``reference``) only check the rest and run when
 nothing else does."""
-ROW_OFFSET = 128.5  # codes + 128 as uint8, +0.5 so that truncating rounds to nearest
 TRIALS = 3
 AGREEMENT = 1e-3  # relative L2 error a candidate may have against the reference kernel
 BF16_AGREEMENT = 1e-2  # for candidates that compute a float32 product in bfloat16
 _TINY = torch.finfo(torch.float32).tiny
-_OFFSET = torch.tensor(ROW_OFFSET)
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of a float matrix as uint8 codes ``round(x / scale) + 128`` and their float32 scales (M, 1).
+def quantize_rows(x: torch.Tensor, signed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of a float matrix as uint8 codes ``round(x / scale) + 128`` (int8 ``round(x / scale)`` if
+    ``signed``: the same bits but the top one, as ``torch._int_mm`` takes them) and their float32 scales
+    (M, 1).
 
-    Symmetric per row: ``scale = max|row| / 127``. Adding 128.5 and truncating rounds to nearest (ties
-    up) in two passes over the input, where ``round`` then ``to`` would take three.
+    Symmetric per row: ``scale = max|row| / 127``, rounded half to even. With numba installed one fused
+    pass computes them (:mod:`slimtorch.quant.rowcodes`, the same bits, several times faster); otherwise,
+    or where it does not apply, :func:`quantize_rows_torch`.
+    """
+    x = x.float()
+    fused = rowcodes.quantize_rows_fused(x, signed)
+    return fused if fused is not None else quantize_rows_torch(x, signed)
+
+
+def quantize_rows_torch(x: torch.Tensor, signed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows` in torch operations, for any input.
+
+    The codes are rounded in float, cast to int8 and moved up by 128 with a bitwise xor on their bytes:
+    torch casts float to int8 with vector instructions but float to uint8 element by element, 3 to 4 times
+    slower (as slow as the rest of this together). The rows are multiplied by the scales' reciprocals: a
+    division runs at half the speed.
     """
     x = x.float()
     # max and min in two reads beat abs().amax(), which writes a temporary as large as x
     largest = torch.maximum(x.amax(dim=1, keepdim=True), x.amin(dim=1, keepdim=True).neg_())
     scale = largest.div_(127).clamp_(min=_TINY)
-    return torch.addcmul(_OFFSET, x, scale.reciprocal()).to(torch.uint8), scale
+    codes = torch.mul(x, scale.reciprocal()).round_().to(torch.int8)  # within [-127, 127]: cast exactly
+    return (codes if signed else codes.view(torch.uint8).bitwise_xor_(128)), scale
 
 
 class SharedInputCodes:
@@ -66,22 +85,47 @@ class SharedInputCodes:
     tensor, which is then quantized once instead of three times.
 
     An entry holds the input itself, so its memory cannot be reused for another tensor while cached, and
-    its version counter, so an in-place change is seen. Inference-mode tensors have no version counter
-    and are never cached.
+    its version counter, so an in-place change is seen. Inference-mode tensors have no version counter:
+    their codes are shared only inside a scope (:meth:`open`), one call of a module known to change no
+    tensor in place while its layers run (:func:`slimtorch.quant.modules.share_input_codes` sets those
+    scopes up), and forgotten when it closes. Signed and unsigned codes (see :func:`quantize_rows`) are
+    entries of their own.
     """
 
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def codes(self, x: torch.Tensor, x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if x.is_inference():
-            return quantize_rows(x2d)
-        last = getattr(self._local, "last", None)
-        if last is not None and last[0] is x and last[1] == x._version and last[2].shape[1] == x2d.shape[1]:
-            return last[2], last[3]
-        codes, scale = quantize_rows(x2d)
-        self._local.last = (x, x._version, codes, scale)
+    def codes(
+        self, x: torch.Tensor, x2d: torch.Tensor, signed: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        local = self._local
+        if not x.is_inference():
+            version = x._version
+        elif getattr(local, "depth", 0):
+            version = -1  # no counter; the open scope vouches that nothing changes x in place
+        else:
+            return quantize_rows(x2d, signed)
+        last = getattr(local, "last", None)
+        if (
+            last is not None
+            and last[0] is x
+            and last[1] == version
+            and last[2] == signed
+            and last[3].shape[1] == x2d.shape[1]
+        ):
+            return last[3], last[4]
+        codes, scale = quantize_rows(x2d, signed)
+        local.last = (x, version, signed, codes, scale)
         return codes, scale
+
+    def open(self) -> None:
+        """Enter a scope in which inference-mode inputs share codes too (scopes nest)."""
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+
+    def close(self) -> None:
+        """Leave the innermost scope, forgetting what was cached: outside it, the input may change."""
+        self._local.depth = max(getattr(self._local, "depth", 0) - 1, 0)
+        self._local.last = None
 
     def clear(self) -> None:
         self._local.last = None
@@ -136,9 +180,11 @@ def int_mm_int8_linear(
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    signed = codes.bitwise_xor(128).view(torch.int8)  # +128 codes back to signed ones, bit for bit
-    product = torch.mul(torch._int_mm(signed, qweight.t()), weight_scale)
-    return scale_back(product, row_scale, bias)
+    """The product through ``torch._int_mm``, from signed codes (``quantize_rows(x, signed=True)``: turning
+    +128 codes into them costs as much as a third of the product at batch 1)."""
+    product = torch._int_mm(codes, qweight.t())
+    fused = rowcodes.scale_product_fused(product, weight_scale, row_scale, bias)
+    return fused if fused is not None else scale_back(torch.mul(product, weight_scale), row_scale, bias)
 
 
 def reference_int8_linear(
@@ -184,17 +230,64 @@ def int4pack_weight(packed_codes: torch.Tensor, in_features: int) -> torch.Tenso
 
 
 # -- choosing ---------------------------------------------------------------------------------------------
+FALLBACK_MARGIN = 1.15
+"""How many times faster than every other candidate a fallback (:data:`FALLBACKS`, the float path) must
+run to be chosen. A quantized kernel is there to be the faster one: a close call goes to it, and a busy
+spell of the machine that slows it while the fallback runs must not hand the layer to the float path."""
+CLOSE = 1.25  # a lead (after the margin) below this is a close call
+NOISY = 0.25  # a candidate whose median round is this much above its best one was timed on a busy machine
+CONFIRM_TRIALS = 8  # rounds a fallback must lead for before it wins, when timings allow that many
+MAX_TRIALS = 16
+ROUNDS_BUDGET_S = 2.0  # no round past the first TRIALS starts once the rounds have taken this long
+
+
+@dataclass(frozen=True)
+class KernelDecision:
+    """What one kernel choice measured: the kernel chosen, each timed candidate's best round (seconds), and
+    the rounds taken (0 when one candidate was left and nothing was timed)."""
+
+    kernel: str
+    seconds: dict[str, float]
+    rounds: int
+
+    @property
+    def ratio(self) -> float:
+        """How many times faster the chosen kernel ran than the fastest other one: 1.0 when it ran alone,
+        below 1 when a fallback was faster by less than :data:`FALLBACK_MARGIN`."""
+        others = [t for name, t in self.seconds.items() if name != self.kernel]
+        return min(others) / self.seconds[self.kernel] if others else 1.0
+
+    def describe(self) -> str:
+        """``quantized_rnn, 4.81x dequantize (3 rounds)``: the choice and the measurement behind it."""
+        others = [n for n in self.seconds if n != self.kernel]
+        if not others:
+            return f"{self.kernel} (the only candidate that agreed)"
+        runner_up = min(others, key=self.seconds.__getitem__)
+        return f"{self.kernel}, {self.ratio:.2f}x {runner_up} ({self.rounds} rounds)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel,
+            "seconds": dict(self.seconds),
+            "rounds": self.rounds,
+            "ratio": self.ratio,
+        }
+
+
 class KernelChoice:
     """Which kernel is fastest for a layer shape and batch size, measured on first use and remembered.
 
     One instance is shared by every quantized layer of the process (:data:`CHOICES`), so twelve layers of
     the same shape are timed once. ``clear()`` forgets what was measured (after changing
-    ``torch.set_num_threads``, the key already tells them apart).
+    ``torch.set_num_threads``, the key already tells them apart). ``clock`` is what the runs are timed
+    with (tests pass a fake one).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._best: dict[Hashable, str] = {}
+        self._decisions: dict[Hashable, KernelDecision] = {}
         self._lock = threading.Lock()
+        self._clock = clock
 
     def best(
         self,
@@ -209,15 +302,28 @@ class KernelChoice:
         if name is not None:
             return name
         with self._lock:
-            name = self._best.get(key) or _fastest(candidates, reference, tolerance or {})
-            self._best[key] = name
+            name = self._best.get(key)
+            if name is None:
+                decision = _fastest(candidates, reference, tolerance or {}, self._clock)
+                self._decisions[key], name = decision, decision.kernel
+                self._best[key] = name
         return name
 
     def measured(self) -> dict[Hashable, str]:
         return dict(self._best)
 
+    def decisions(self) -> dict[Hashable, KernelDecision]:
+        """What each timed choice measured (not the choices set by hand), by key.
+
+        Example:
+            >>> [d.describe() for d in CHOICES.decisions().values()]  # doctest: +SKIP
+            ['quantized_rnn, 4.81x dequantize (3 rounds)']
+        """
+        return dict(self._decisions)
+
     def clear(self) -> None:
         self._best.clear()
+        self._decisions.clear()
 
 
 CHOICES = KernelChoice()
@@ -229,12 +335,37 @@ def batch_bucket(rows: int) -> int:
 
 
 def _fastest(
-    candidates: Mapping[str, Callable[[], torch.Tensor]], reference: str, tolerance: Mapping[str, float]
-) -> str:
-    """The fastest candidate (best of :data:`TRIALS` runs) among those that agree with the reference.
+    candidates: Mapping[str, Callable[[], torch.Tensor]],
+    reference: str,
+    tolerance: Mapping[str, float],
+    clock: Callable[[], float] = time.perf_counter,
+) -> KernelDecision:
+    """The fastest candidate among those that agree with the reference, by each one's best round.
 
     The runs are taken in turns, one of each candidate per round, so that a busy moment of the machine
-    slows them alike instead of the one that happened to be timed then."""
+    slows them alike instead of the one that happened to be timed then. :data:`TRIALS` rounds decide a
+    clear lead on quiet timings; a close call on noisy ones, or a fallback ahead, takes more (see
+    :func:`_settled`), up to :data:`MAX_TRIALS` rounds or :data:`ROUNDS_BUDGET_S`."""
+    agreeing = _agreeing(candidates, reference, tolerance)
+    if len(agreeing) == 1:
+        return KernelDecision(agreeing[0], {}, 0)
+    times: dict[str, list[float]] = {name: [] for name in agreeing}
+    spent = 0.0
+    for done in range(1, MAX_TRIALS + 1):
+        for name in agreeing:
+            times[name].append(_timed(candidates[name], clock))
+        spent += sum(t[-1] for t in times.values())
+        if done >= TRIALS and (_settled(times, done) or spent >= ROUNDS_BUDGET_S):
+            break
+    best = {name: min(t) for name, t in times.items()}
+    return KernelDecision(_leader(best)[0], best, done)
+
+
+def _agreeing(
+    candidates: Mapping[str, Callable[[], torch.Tensor]], reference: str, tolerance: Mapping[str, float]
+) -> list[str]:
+    """The candidates whose output is within tolerance of the reference's on this input (the reference
+    too when it is a real contender, or when nothing else agrees)."""
     expected = candidates[reference]().float()
     norm = float(torch.linalg.vector_norm(expected))
     agreeing: list[str] = []
@@ -251,17 +382,35 @@ def _fastest(
             continue  # not available for this shape, dtype or build
     if reference in FALLBACKS or not agreeing:
         agreeing.append(reference)
-    timings = dict.fromkeys(agreeing, math.inf)
-    for _ in range(TRIALS):
-        for name in agreeing:
-            timings[name] = min(timings[name], _timed(candidates[name]))
-    return min(timings, key=timings.__getitem__)
+    return agreeing
 
 
-def _timed(run: Callable[[], torch.Tensor]) -> float:
-    start = time.perf_counter()
+def _leader(best: Mapping[str, float]) -> tuple[str, float]:
+    """The candidate with the least time, a fallback's counted :data:`FALLBACK_MARGIN` times longer, and
+    its lead: the runner-up's counted time over its own."""
+    counted = {name: t * (FALLBACK_MARGIN if name in FALLBACKS else 1.0) for name, t in best.items()}
+    first, *rest = sorted(counted, key=counted.__getitem__)
+    lead = min(counted[name] for name in rest) / max(counted[first], 1e-12) if rest else math.inf
+    return first, lead
+
+
+def _settled(times: Mapping[str, list[float]], rounds: int) -> bool:
+    """Whether the rounds so far decide the choice. A busy machine shows as a candidate whose typical
+    round is well above its best; a neighbour's spike can slow a quantized kernel's few rounds several
+    times over (it makes several threads wait on one), so a fallback ahead must lead clearly, on quiet
+    timings, for :data:`CONFIRM_TRIALS` rounds. A quantized kernel ahead needs a clear lead or quiet
+    timings: noise that slowed the fallback only strengthens the preference the margin states anyway."""
+    leader, lead = _leader({name: min(t) for name, t in times.items()})
+    noisy = any(statistics.median(t) > (1 + NOISY) * min(t) for t in times.values())
+    if leader in FALLBACKS:
+        return lead >= CLOSE and not noisy and rounds >= CONFIRM_TRIALS
+    return lead >= CLOSE or not noisy
+
+
+def _timed(run: Callable[[], torch.Tensor], clock: Callable[[], float] = time.perf_counter) -> float:
+    start = clock()
     run()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 # -- torch.compile -----------------------------------------------------------------------------------------
@@ -289,8 +438,15 @@ def compile_handle(layer: CompiledLayer) -> int:
 def quantized_layer(x: torch.Tensor, layer: int) -> torch.Tensor:
     """A quantized Linear or convolution, as ``torch.compile`` sees it: its eager forward, run as is.
 
-    Outputs are made contiguous, as the fake kernel promises (a no-op unless a kernel returned a view)."""
-    return _LAYERS[layer].eager_forward(x).contiguous()
+    Outputs are made contiguous, as the fake kernel promises (a no-op unless a kernel returned a view).
+    No input codes are shared from one call to the next (:data:`SHARED_INPUTS` is emptied around each):
+    inductor writes a later value into a dead input's buffer in place, which bumps no version counter, so
+    the next layer's input can be the same tensor, at the same version, holding other numbers."""
+    SHARED_INPUTS.clear()
+    try:
+        return _LAYERS[layer].eager_forward(x).contiguous()
+    finally:
+        SHARED_INPUTS.clear()
 
 
 @quantized_layer.register_fake

@@ -30,7 +30,7 @@ from slimtorch.format.codecs import Encoded
 from slimtorch.format.codecs.chain import parse_dtype
 from slimtorch.format.codecs.lossy import INT4, INT8
 from slimtorch.format.source import dtype_name
-from slimtorch.quant import kernels
+from slimtorch.quant import kernels, rowcodes
 from slimtorch.quant.kernels import BF16_AGREEMENT, CHOICES
 
 # Which buffer holds which part of the coded tensor ``weight``, for each codec (see the module docstring).
@@ -65,6 +65,9 @@ class QuantizedWeight(nn.Module):
         # (kernel, variant) -> (what it was made from, packed state); kept for the kernels chosen here
         self._prepared: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._chosen: set[str] = set()
+        # (batch bucket, dtype, device, threads, forced kernel) -> the chosen kernel's run (and what it
+        # needs to know about its inputs), so that a call skips rebuilding the choice's key and candidates
+        self._run_of: dict[tuple, Any] = {}
         self._compile_handle = kernels.compile_handle(self)
 
     @property
@@ -160,11 +163,11 @@ class QuantizedWeight(nn.Module):
             name = CHOICES.best(key, candidates, self.REFERENCE, tolerance or {})
             # A kernel's state is keyed by its plain name: ``int4pack`` and ``int4pack-bf16`` share one
             # packed weight.
-            plain = name.removesuffix("-bf16")
-            if plain not in self._chosen:
-                self._chosen.add(plain)
-                for unused in [k for k in self._prepared if k[0] not in self._chosen]:
-                    del self._prepared[unused]  # a packed copy of a kernel that lost is only memory
+            # Timing a new batch size builds every candidate's state again, the losers' too (an LSTM's
+            # float copy): whatever kernel won, what no chosen kernel uses is only memory.
+            self._chosen.add(name.removesuffix("-bf16"))
+            for unused in [k for k in self._prepared if k[0] not in self._chosen]:
+                del self._prepared[unused]
         return name
 
     def weight_only(
@@ -193,7 +196,7 @@ class QuantizedWeight(nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         # Packed weights are a cache (and oneDNN's cannot be copied): copies rebuild them on first use.
         state = self.__dict__.copy()
-        state["_prepared"], state["_chosen"] = {}, set()
+        state["_prepared"], state["_chosen"], state["_run_of"] = {}, set(), {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -211,6 +214,10 @@ class QuantizedWeight(nn.Module):
 
     def fake_forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+
+SIGNED_CODES = frozenset({"int_mm"})
+"""The int8-dynamic kernels that take signed activation codes (see :func:`kernels.quantize_rows`)."""
 
 
 # -- Linear ----------------------------------------------------------------------------------------------
@@ -256,25 +263,131 @@ class _QuantizedLinear(QuantizedWeight):
 
 class Int8DynamicLinear(_QuantizedLinear):
     """``nn.Linear`` with int8 weights (one scale per output channel) and int8 activations quantized per
-    row on each call; the product is exact in int32. The fastest kernel on this machine is chosen."""
+    row on each call; the product is exact in int32. The fastest kernel on this machine is chosen.
+
+    Each call costs a dozen small tensor operations around the int8 product, so at small batches the
+    Python around them counts too: once a batch size has its kernel, a call goes straight to it. (The
+    layer keeps that kernel after ``CHOICES.clear()``; every kernel computes the same outputs.)
+    """
 
     SCHEME = "int8-dynamic"
     SLIM_PARTS = INT8_PARTS
-    KERNELS = ("onednn", "int_mm", "reference")
+    KERNELS = ("onednn", "int_mm", "reference")  # int_mm takes signed codes, the others +128 ones
     REFERENCE = "reference"
 
+    def _init_kernels(self) -> None:
+        super()._init_kernels()
+        rowcodes.prepare()  # numba compiles the row quantization here, not in the first timed forward
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        rowcodes.prepare()  # an unpickled layer may be the first of its process
+
+    def eager_forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)
+        if torch.is_grad_enabled():  # entering no_grad costs more than asking, and inference never needs it
+            with torch.no_grad():  # int8 codes have no gradient
+                out = self._matmul(x, x2d)
+        else:
+            out = self._matmul(x, x2d)
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+
     def _matmul(self, x: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
-        codes, row_scale = kernels.SHARED_INPUTS.codes(x, x2d)
-        q, scale, bias = self.qweight, self.weight_scale, self.bias
-        candidates: dict[str, Callable[[], torch.Tensor]] = {
-            "reference": lambda: kernels.reference_int8_linear(codes, row_scale, q, scale, bias),
-            "int_mm": lambda: kernels.int_mm_int8_linear(codes, row_scale, q, scale, bias),
+        rows = x2d.shape[0]
+        # the choice's own key, less what never changes for this layer (its shape)
+        known = ((rows - 1).bit_length(), x2d.dtype, x2d.device, torch.get_num_threads(), self.kernel)
+        chosen = self._run_of.get(known)
+        if chosen is None:
+            chosen = self._run_of[known] = self._chosen_run(x2d, rows)
+        run, signed = chosen
+        codes, row_scale = kernels.SHARED_INPUTS.codes(x, x2d, signed)
+        return run(codes, row_scale)
+
+    def _chosen_run(self, x2d: torch.Tensor, rows: int) -> tuple[Callable, bool]:
+        """The kernel to run for this batch size, and whether it takes signed codes; each candidate is
+        timed on the codes it takes, as its calls will get them."""
+        codes, row_scale = kernels.quantize_rows(x2d)
+        signed = codes.bitwise_xor(128).view(torch.int8)  # bit for bit quantize_rows(x2d, signed=True)
+        runs = self._runs(x2d.device)
+        candidates = {
+            name: partial(kernel, signed if name in SIGNED_CODES else codes, row_scale)
+            for name, kernel in runs.items()
         }
-        if x2d.device.type == "cpu" and kernels.onednn_available():
-            candidates["onednn"] = lambda: kernels.onednn_int8_linear(
-                codes, row_scale, self.prepared("onednn", lambda: kernels.onednn_pack(q)), scale, bias
-            )
-        return self.run(x2d, candidates)
+        name = self.choose(x2d, rows, candidates)
+        return runs[name], name in SIGNED_CODES
+
+    def _runs(self, device: torch.device) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+        """The kernels that can run on ``device``, each from the codes and row scales to the output."""
+        runs = {"reference": self._reference, "int_mm": self._int_mm}
+        if device.type == "cpu" and kernels.onednn_available():
+            runs["onednn"] = self._onednn
+        return runs
+
+    def _reference(self, codes: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+        q, scale = self._buffers["qweight"], self._buffers["weight_scale"]
+        return kernels.reference_int8_linear(codes, row_scale, q, scale, self.bias)
+
+    def _int_mm(self, codes: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+        q, scale = self._buffers["qweight"], self._buffers["weight_scale"]
+        return kernels.int_mm_int8_linear(codes, row_scale, q, scale, self.bias)
+
+    def _onednn(self, codes: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+        packed = self.prepared("onednn", self._onednn_pack)
+        return kernels.onednn_int8_linear(codes, row_scale, packed, self._buffers["weight_scale"], self.bias)
+
+    def _onednn_pack(self) -> torch.Tensor:
+        return kernels.onednn_pack(self._buffers["qweight"])
+
+    def _prepared_from(self) -> list[torch.Tensor]:
+        return [self._buffers["qweight"]]  # the one packed weight; its scales are read on each call
+
+
+SHARING_PARENTS = frozenset(
+    {
+        "transformers.models.bert.modeling_bert.BertSelfAttention",
+        "transformers.models.bert.modeling_bert.BertCrossAttention",
+        "transformers.models.llama.modeling_llama.LlamaAttention",
+        "transformers.models.llama.modeling_llama.LlamaMLP",
+    }
+)
+"""Modules whose forward hands one tensor to several of their Linears and changes no tensor in place
+while those run (read in transformers 5.23): inside one call of theirs, the layers share that tensor's codes
+under ``torch.inference_mode`` too, where no version counter would show such a change. Others share them
+under ``no_grad`` only."""
+
+
+def share_input_codes(model: nn.Module) -> int:
+    """Let the int8-dynamic layers under each module of :data:`SHARING_PARENTS` share their input's codes
+    within one call of it, under any grad mode (hooks that open and close a
+    :class:`~slimtorch.quant.kernels.SharedInputCodes` scope); how many modules were set up. Idempotent.
+
+    Example:
+        >>> share_input_codes(bert)  # doctest: +SKIP
+        12
+    """
+    count = 0
+    for parent in model.modules():
+        kind = type(parent)
+        if f"{kind.__module__}.{kind.__qualname__}" not in SHARING_PARENTS:
+            continue
+        if sum(isinstance(child, Int8DynamicLinear) for child in parent.children()) < 2:
+            continue
+        if _open_sharing not in parent._forward_pre_hooks.values():
+            parent.register_forward_pre_hook(_open_sharing)
+            parent.register_forward_hook(_close_sharing, always_call=True)  # closed on errors too
+        count += 1
+    return count
+
+
+def _open_sharing(module: nn.Module, args: tuple) -> None:
+    if not torch.compiler.is_compiling():  # a compiled layer is one operator: nothing to share
+        kernels.SHARED_INPUTS.open()
+
+
+def _close_sharing(module: nn.Module, args: tuple, output: Any) -> None:
+    if not torch.compiler.is_compiling():
+        kernels.SHARED_INPUTS.close()
 
 
 class _WeightOnlyLinear(_QuantizedLinear):
@@ -371,8 +484,9 @@ class Int8Embedding(_QuantizedEmbedding):
     SLIM_PARTS = INT8_PARTS
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.qweight[ids].to(self.weight_dtype)
-        return rows.mul_(self.weight_scale[ids].to(self.weight_dtype).unsqueeze(1))
+        # index_select, not qweight[ids]: advanced indexing of int8 rows is ten times slower
+        rows = self.qweight.index_select(0, ids).to(self.weight_dtype)
+        return rows.mul_(self.weight_scale.index_select(0, ids).to(self.weight_dtype).unsqueeze(1))
 
 
 class Int4Embedding(_QuantizedEmbedding):
@@ -383,5 +497,8 @@ class Int4Embedding(_QuantizedEmbedding):
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
         stage = {**self.stage, "shape": [ids.numel(), self.embedding_dim]}
-        parts = {"scale": self.weight_scale[ids], "zero": self.weight_zero[ids]}
-        return INT4.decode(self.qweight[ids], parts, stage)
+        parts = {
+            "scale": self.weight_scale.index_select(0, ids),
+            "zero": self.weight_zero.index_select(0, ids),
+        }
+        return INT4.decode(self.qweight.index_select(0, ids), parts, stage)

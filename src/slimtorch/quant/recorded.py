@@ -13,6 +13,7 @@ from slimtorch.format.delta import Swaps, register_swaps
 from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.quant.build import CONV, SCHEMES, quantized_on_meta
 from slimtorch.quant.conv import quantizable_conv
+from slimtorch.quant.modules import share_input_codes
 from slimtorch.quant.recurrent import is_recurrent, recurrent_matrices
 
 FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
@@ -48,6 +49,7 @@ def restore(model: nn.Module, quantized: dict[str, dict[str, Any]]) -> None:
         dtype = parse_dtype(how["dtype"])
         group = how.get("group_size") or INT4_GROUP_SIZE  # int8 layers record none
         put_module(model, name, quantized_on_meta(module, how["scheme"], group, dtype, matrices))
+    share_input_codes(model)  # as quantize set it up
 
 
 def check_recorded(quantized: object) -> dict[str, dict[str, Any]]:

@@ -16,7 +16,9 @@ stays a float parameter under the same name. Biases stay float.
   int8 kernels of :mod:`slimtorch.quant.kernels` and one float matmul per step, measured twice as slow
   at batch 1 as this C++ loop, which also projects the whole sequence at once.)
 - ``dequantize``: torch's float LSTM / GRU (oneDNN's fused RNN on CPU) on the dequantized weights, kept
-  once made; often the faster one at batch 1 on several threads.
+  once made. A fallback: it wins only by :data:`~slimtorch.quant.kernels.FALLBACK_MARGIN` and after leading
+  on quiet timings for several rounds, so a busy spell of the machine during the timing cannot hand a
+  layer whose int8 loop is 4-5x faster to the float one (it did, in 1 of 9 processes, with best-of-3).
 
 The weight-only schemes (``int8-weight``, ``int4-weight``) dequantize the matrices on each call and run
 the float LSTM / GRU: their point is memory, not speed.

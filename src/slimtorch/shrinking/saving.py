@@ -29,6 +29,7 @@ from slimtorch.format.codecs import Encoded
 from slimtorch.format.codecs.chain import parse_dtype
 from slimtorch.format.delta import StructuralDelta, delta_of
 from slimtorch.format.hf_layout import ct_form, ct_weights, transposed_weights
+from slimtorch.format.pending import wait_for_checks
 from slimtorch.format.policy import (
     EMBEDDING,
     READING,
@@ -251,6 +252,8 @@ def _save(
     """:func:`save` with its options resolved and the folder's layout chosen: the planner reads the state
     dict as it reads a checkpoint, keeping every tensor under its own name."""
     started = time.perf_counter()
+    coded_parts = [part for encoded in (given.coded or {}).values() for part in encoded.parts.values()]
+    wait_for_checks([*state_dict.values(), *coded_parts])  # a loaded model's bytes: verified before saved
     plan = plan_tensors(state_dict_source(state_dict), keep_training=True, keep_names=True)
     for name, encoded in (given.coded or {}).items():
         stage = encoded.stages[0]

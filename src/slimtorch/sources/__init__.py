@@ -19,6 +19,7 @@ from typing import Any
 
 from slimtorch.errors import CheckpointNotFoundError, FormatError
 from slimtorch.format.source import TensorSource
+from slimtorch.sources.dcp import looks_like_dcp, open_dcp
 from slimtorch.sources.hf_folder import open_hf_folder
 from slimtorch.sources.hub_cache import resolve_model_path
 from slimtorch.sources.objects import plain_objects
@@ -43,6 +44,8 @@ def open_checkpoint(path: str | os.PathLike[str], *, allow_globals: Iterable[str
         raise CheckpointNotFoundError(path, "no such file or folder")
     try:
         if path.is_dir():
+            if looks_like_dcp(path):
+                return open_dcp(path, trusted)
             return open_hf_folder(path, lambda f: _open_file(folder_file(path, f), trusted, named=False))
         return _open_file(path, trusted)
     except PermissionError as exc:

@@ -22,12 +22,23 @@ from slimtorch.errors import FormatError
 from slimtorch.format.codecs import CodecError, decode
 from slimtorch.format.codecs.chain import undo
 from slimtorch.format.codecs.lossy import int4_layer_parts
-from slimtorch.format.layout import CHECKSUM_CHUNK, Entry, Layout, check_seal, crc32, tensor_bytes
+from slimtorch.format.layout import (
+    CHECKSUM_CHUNK,
+    ChunkCheck,
+    Entry,
+    Layout,
+    check_seal,
+    chunk_checks,
+    crc32,
+    tensor_bytes,
+)
+from slimtorch.format.shard_read import Piece, ShardRead, Span, read_region, region
 from slimtorch.format.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
 from slimtorch.sources.pickled import flatten
 
 ROW_CODECS = ("raw", "int8", "int4")  # chains whose parts are stored row by row, first dim = the tensor's
 SHARD_NAME = re.compile(r"model-\d+-of-(\d+)\.safetensors")
+READ_BLOCK = 16 << 20  # bytes of decoded rows per block when a sharded read decodes codes
 
 
 @dataclass
@@ -38,6 +49,8 @@ class SlimSource(TensorSource):
     physical: dict[str, TensorInfo] = field(default_factory=dict)
     """Physical parts by key, as a plain safetensors reader sees them (storage keys as in ``locations``)."""
     verify: bool = True
+    hash_reads: bool = True
+    """:meth:`read_into` hashes what it reads for the caller to check (False: no checksums, no cost)."""
 
     @property
     def coded(self) -> bool:
@@ -76,6 +89,16 @@ class SlimSource(TensorSource):
                 _check_crc(self.path, entry, role, tensor)
             parts[role] = tensor
         return parts
+
+    def checks(self, name: str, parts: Mapping[str, torch.Tensor]) -> list[ChunkCheck]:
+        """The CRC-32 checks of tensor ``name``'s ``parts`` as :meth:`parts` or :meth:`part` mapped them
+        (with ``verify`` off), one per stored chunk."""
+        entry = self.entry(name)
+        return [
+            check
+            for role, tensor in parts.items()
+            for check in chunk_checks(self.path, entry, role, tensor, chunk=CHECKSUM_CHUNK)
+        ]
 
     def part(self, name: str, role: str) -> torch.Tensor:
         """Part ``role`` of tensor ``name`` as the first codec stage made it (a quantized layer's codes or
@@ -124,6 +147,87 @@ class SlimSource(TensorSource):
         except CodecError as exc:
             raise FormatError(self.path, f"tensor {entry.name!r} does not decode: {exc}") from None
 
+    def read_into(
+        self, name: str, out: torch.Tensor, *, rows: Span | None = None, cols: Span | None = None
+    ) -> ShardRead:
+        """Rows and columns of tensor ``name`` into ``out`` with ``pread`` (see
+        :meth:`TensorSource.read_into`), each stored part's region only: raw and cast tensors by rows or
+        columns, int8 codes on any column (its scales are per row), row-grouped int4 on whole groups (the
+        covering groups read, then trimmed). The bytes read are hashed into :class:`Piece` s for the caller
+        to check (``verify``); other chains are decoded whole and checked here, with a ``note``."""
+        entry = self.entry(name)
+        rows, cols, shape = region(entry.shape, rows, cols)
+        if tuple(out.shape) != shape:
+            raise ValueError(f"{name}: the region is {list(shape)}, the tensor given {list(out.shape)}")
+        plan = _column_plan(entry, cols)
+        if plan is None:
+            return self._read_whole(entry, out, rows, cols)
+        done = ShardRead()
+        if not entry.stages and out.dtype == entry.dtype and out.is_contiguous() and out.device.type == "cpu":
+            self._read_part(entry, "", rows, cols, out, done)  # straight into the shard: no copy
+            return done
+        width = max(1, math.prod(shape[1:]) * entry.dtype.itemsize)
+        step = max(1, READ_BLOCK // width)  # decode in bounded blocks: scratch stays small
+        for start in range(rows[0], rows[1], step):
+            block = (start, min(rows[1], start + step))
+            parts = {
+                role: self._read_part(entry, role, block, span, None, done) for role, span in plan.items()
+            }
+            decoded = self._decode_block(entry, parts, block, plan)
+            if cols:  # int4 read whole groups: cut to the columns asked
+                trim = cols[0] - plan[_primary(entry)][0] * _per_code(entry)  # type: ignore[index]
+                decoded = decoded[:, trim : trim + cols[1] - cols[0]]
+            out[block[0] - rows[0] : block[1] - rows[0]].copy_(decoded)
+        return done
+
+    def _read_part(
+        self,
+        entry: Entry,
+        role: str,
+        rows: Span,
+        cols: Span | None,
+        out: torch.Tensor | None,
+        done: ShardRead,
+    ) -> torch.Tensor:
+        """One part's rows (its columns ``cols``) pread into ``out`` (None: a new tensor), hashed."""
+        key = entry.parts[role]
+        info = self.physical[key]
+        shape = region(info.shape, rows, cols)[2]
+        out = torch.empty(shape, dtype=info.dtype) if out is None else out
+        data = tensor_bytes(out) if out.numel() else memoryview(b"")
+        location = self.locations[info.storage]
+        spans = read_region(
+            location.file, location.offset + info.storage_offset, info.shape, info.itemsize, rows, cols, data
+        )
+        done.bytes_read += len(data)
+        if self.hash_reads:
+            done.pieces += _pieces(self.path, entry, role, spans, info.nbytes)
+        return out
+
+    def _decode_block(
+        self, entry: Entry, parts: dict[str, torch.Tensor], rows: Span, plan: dict[str, Span | None]
+    ) -> torch.Tensor:
+        """Decode a block of parts read by rows (and columns): the stages told the block's own shape."""
+        span = plan[_primary(entry)]
+        width = entry.shape[1:] if span is None else (_decoded_width(entry, span), *entry.shape[2:])
+        shape = [rows[1] - rows[0], *width]
+        stages = [{**stage, "shape": shape} for stage in entry.stages]
+        try:
+            return decode(parts, stages, entry.dtype, shape) if stages else parts[""]
+        except CodecError as exc:
+            raise FormatError(self.path, f"tensor {entry.name!r} does not decode: {exc}") from None
+
+    def _read_whole(self, entry: Entry, out: torch.Tensor, rows: Span, cols: Span | None) -> ShardRead:
+        """A chain without row access (zstd, sparse, flat int4): decoded whole, its chunks checked here."""
+        parts = {role: self._map(self.physical[key]) for role, key in entry.parts.items()}
+        if self.hash_reads:
+            for check in self.checks(entry.name, parts):
+                check()
+        tensor = self.decode_parts(entry.name, parts)
+        out.copy_(tensor[(slice(*rows), *([slice(*cols)] if cols else []))])
+        stored = sum(p.nbytes for p in parts.values())
+        return ShardRead(stored, note=f"{entry.name}: {entry.chain} has no row access: decoded whole")
+
     def get(self, name: str) -> torch.Tensor:
         """Tensor ``name``, decoded (zero-copy for a tensor stored as is)."""
         self.info(name)  # a clear KeyError for unknown names
@@ -142,25 +246,71 @@ class SlimSource(TensorSource):
             raise FormatError(self.path, f"tensor {entry.name!r} does not decode: {exc}") from None
 
 
+def _primary(entry: Entry) -> str:
+    """The role of the part holding the codes (or the values): the one read by columns."""
+    return next(role for role in ("q", "q4", "") if role in entry.parts)
+
+
+def _per_code(entry: Entry) -> int:
+    """Columns one unit of the primary part's column span stands for (int4: a byte holds two)."""
+    return 2 if _primary(entry) == "q4" else 1
+
+
+def _decoded_width(entry: Entry, span: Span) -> int:
+    """Columns a block read on ``span`` of the primary part decodes to (int4: its groups, the last cut)."""
+    start, stop = span[0] * _per_code(entry), span[1] * _per_code(entry)
+    return min(stop, entry.shape[1]) - start
+
+
+def _column_plan(entry: Entry, cols: Span | None) -> dict[str, Span | None] | None:
+    """Which columns of each stored part a region's columns need (None: whole rows); None when the chain
+    keeps no row apart (zstd, sparse, flat or packed int4, a 1-d coded tensor)."""
+    chain, stages = entry.chain, entry.stages
+    if chain in ("raw", "cast") and set(entry.parts) == {""}:
+        return {"": cols}
+    if len(entry.shape) < 2 or stages[-1].get("flat") or stages[0].get("packing") is not None:
+        return None
+    if chain == "int8" and set(entry.parts) == {"q", "scale"}:
+        return {"q": cols, "scale": None}
+    if chain != "int4" or set(entry.parts) != {"q4", "scale", "zero"}:
+        return None
+    if cols is None:
+        return dict.fromkeys(entry.parts)
+    if len(entry.shape) != 2:
+        return None  # int4 groups run over the flattened columns: dim 1 alone is not a group boundary
+    size = stages[0]["group_size"]
+    first, last = cols[0] // size, -(-cols[1] // size)
+    return {"q4": (first * size // 2, last * size // 2), "scale": (first, last), "zero": (first, last)}
+
+
+def _pieces(
+    path: Path, entry: Entry, role: str, spans: list[tuple[int, memoryview]], part_bytes: int
+) -> list[Piece]:
+    """The bytes ``spans`` read from part ``role``, hashed one :class:`Piece` per stored chunk they touch."""
+    crcs = entry.crc32[role]
+    if len(crcs) != max(1, -(-part_bytes // CHECKSUM_CHUNK)):
+        raise FormatError(path, f"tensor {entry.name!r}: checksum list does not fit part {role!r}")
+    pieces, key = [], entry.parts[role]
+    for start, view in spans:
+        at, stop = start, start + len(view)
+        while at < stop:
+            index = at // CHECKSUM_CHUNK
+            end = min(stop, (index + 1) * CHECKSUM_CHUNK)
+            size = min(CHECKSUM_CHUNK, part_bytes - index * CHECKSUM_CHUNK)
+            crc = crc32(view[at - start : end - start])
+            pieces.append(
+                Piece(entry.name, key, index * CHECKSUM_CHUNK, size, crcs[index], at, end - at, crc)
+            )
+            at = end
+    return pieces
+
+
 def _check_crc(
     path: Path, entry: Entry, role: str, tensor: torch.Tensor, within: tuple[int, int] | None = None
 ) -> None:
     """Check the part's CRC-32 chunks, or only those overlapping the byte range ``within``."""
-    data = tensor_bytes(tensor)
-    expected = entry.crc32[role]
-    chunks = max(1, math.ceil(len(data) / CHECKSUM_CHUNK))
-    if len(expected) != chunks:
-        raise FormatError(path, f"tensor {entry.name!r}: checksum list does not fit part {role!r}")
-    first, last = (
-        (0, chunks) if within is None else (within[0] // CHECKSUM_CHUNK, -(-within[1] // CHECKSUM_CHUNK))
-    )
-    for i in range(first, max(first + 1, last)):
-        if crc32(data[i * CHECKSUM_CHUNK : (i + 1) * CHECKSUM_CHUNK]) != expected[i]:
-            raise FormatError(
-                path,
-                f"tensor {entry.name!r}: checksum mismatch in part {entry.parts[role]!r} "
-                f"(bytes {i * CHECKSUM_CHUNK}..): the file is corrupt",
-            )
+    for check in chunk_checks(path, entry, role, tensor, within, CHECKSUM_CHUNK):
+        check()
 
 
 def slim_source(

@@ -2,11 +2,15 @@
 
 Both are zip archives of one folder: a pickle (``data.pkl``, tensors as persistent ids) and one uncompressed
 entry per storage (``data/<key>``). Here: opening the archive, reading its small entries, and finding the byte
-range of each storage inside the file, so tensors can be mapped from it without reading anything else.
+range of each storage inside the file, so tensors can be mapped from it without reading anything else. An
+archive may also lie inside a byte window of a larger file (each item of a ``torch.distributed.checkpoint``
+``.distcp`` file is a torch.save archive): zip offsets then count from the window's start.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import struct
 import zipfile
@@ -39,15 +43,59 @@ def is_torchscript(names: Iterable[str], root: str) -> bool:
     return any(n.startswith(f"{root}/code/") or n == f"{root}/constants.pkl" for n in names)
 
 
+class Window(io.RawIOBase):
+    """Bytes ``[offset, offset + length)`` of an open file, seen as a file of their own: zipfile finds its
+    end record at the window's end and reads nothing outside it."""
+
+    def __init__(self, stream: io.BufferedReader, offset: int, length: int) -> None:
+        super().__init__()
+        self._stream, self._offset, self._length, self._position = stream, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, position: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._length}[whence]
+        if base + position < 0:
+            raise OSError("seek before the start of the window")
+        self._position = base + position
+        return self._position
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = max(0, self._length - self._position)
+        size = left if size is None or size < 0 else min(size, left)
+        self._stream.seek(self._offset + self._position)
+        data = self._stream.read(size)
+        self._position += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:  # io.RawIOBase's read() and readall() go through it
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
 @contextmanager
-def open_archive(path: Path) -> Iterator[tuple[zipfile.ZipFile, str]]:
-    """The open archive and its root folder, after checking it is a little-endian torch archive."""
-    try:
-        with untrusted(path, "zip archive"):
-            archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, EOFError) as exc:
-        raise FormatError(path, f"truncated or corrupt zip archive ({exc})") from exc
-    with archive:
+def open_archive(path: Path, window: tuple[int, int] | None = None) -> Iterator[tuple[zipfile.ZipFile, str]]:
+    """The open archive and its root folder, after checking it is a little-endian torch archive.
+
+    ``window``: the archive is bytes ``(offset, length)`` of ``path``; its offsets count from ``offset``.
+    """
+    with contextlib.ExitStack() as opened:
+        source: Path | Window = path
+        if window is not None:
+            source = Window(opened.enter_context(open(path, "rb")), *window)
+        try:
+            with untrusted(path, "zip archive"):
+                archive = opened.enter_context(zipfile.ZipFile(source))
+        except (zipfile.BadZipFile, EOFError) as exc:
+            raise FormatError(path, f"truncated or corrupt zip archive ({exc})") from exc
         root = archive_root(path, archive.namelist())
         byteorder = _read_small(archive, f"{root}/byteorder", path) or b"little"
         if byteorder.strip() != b"little":
@@ -69,8 +117,15 @@ def persistent_load(path: Path, storages: MetaStorages):
     return load
 
 
-def locate_storage(path: Path, archive: zipfile.ZipFile, folder: str, claim: StorageClaim) -> StorageLocation:
-    """Byte range of storage ``claim.key`` in the zip file, checked against the entry and the file."""
+def locate_storage(
+    path: Path,
+    archive: zipfile.ZipFile,
+    folder: str,
+    claim: StorageClaim,
+    window: tuple[int, int] | None = None,
+) -> StorageLocation:
+    """Byte range of storage ``claim.key`` in the zip file, checked against the entry and the file (and
+    the ``window`` the archive was opened in, whose offset it adds)."""
     entry = f"{folder}/{claim.key}"
     try:
         info = archive.getinfo(entry)
@@ -83,7 +138,10 @@ def locate_storage(path: Path, archive: zipfile.ZipFile, folder: str, claim: Sto
             path,
             f"storage {claim.key!r} claims {claim.nbytes} bytes but its zip entry holds {info.file_size}",
         )
-    location = StorageLocation(path, _data_offset(path, archive, info), claim.nbytes)
+    start, length = window or (0, os.path.getsize(path))
+    location = StorageLocation(path, start + _data_offset(path, archive, info), claim.nbytes)
+    if location.offset + claim.nbytes > start + length:
+        raise FormatError(path, f"storage {claim.key!r} ends past the end of its archive (corrupt file)")
     check_storage_fits(path, f"storage {claim.key!r}", location)
     return location
 

@@ -1,0 +1,121 @@
+"""Giving a mapped file's pages back to the system, for offload (:mod:`slimtorch.loading.offload`).
+
+A private, never-written file mapping can drop its pages at any time (``madvise(MADV_DONTNEED)``, Linux):
+the next read faults them in again from the page cache with the same bytes. Only memory that is such a
+mapping may be released this way (anonymous memory would read back as zeros), so every range is checked
+against ``/proc/self/maps`` first.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import mmap
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from slimtorch.errors import OptionError
+
+PAGE = mmap.PAGESIZE
+
+
+def _libc_madvise() -> Callable[[int, int], int] | None:
+    """``madvise(address, length, MADV_DONTNEED)`` on Linux, where it drops a private file mapping's
+    pages (re-read from the page cache on the next touch); None elsewhere, where its meaning differs."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if not sys.platform.startswith("linux") or advice is None:
+        return None
+    try:
+        call = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return lambda address, length: call(address, length, advice)
+
+
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``: the decoded tensors of one unit are freed after its forward, but glibc
+    raises its mmap threshold to their size and then keeps such blocks in its heap (measured: +36 MiB
+    over one unit for 64 MiB blocks); trimming returns them. None where the C library has none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MADVISE = _libc_madvise()
+_MALLOC_TRIM = _libc_malloc_trim()
+RELEASE = "madvise" if _MADVISE is not None else "none"
+"""How offloaded pages leave memory here: ``"madvise"`` (Linux), or ``"none"`` (other systems: offload
+is refused there until it can be tested)."""
+
+
+def release_pages(tensors: Any) -> int:
+    """Give back the whole pages inside each mapped CPU tensor (``MADV_DONTNEED``); returns the bytes
+    released. Only for tensors that are a private file mapping never written: anonymous memory would read
+    back as zeros.
+
+    Example:
+        >>> release_pages([mapped_weight])  # doctest: +SKIP
+        16777216
+    """
+    if _MADVISE is None:
+        return 0
+    released = 0
+    for tensor in tensors:
+        if tensor.device.type != "cpu" or tensor.numel() == 0:
+            continue
+        span = 1 + sum(
+            (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+        )
+        start, end = tensor.data_ptr(), tensor.data_ptr() + span * tensor.element_size()
+        low, high = -(-start // PAGE) * PAGE, end // PAGE * PAGE
+        if high > low and _file_backed(start, end):
+            if _MADVISE(low, high - low) != 0:
+                raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
+            released += high - low
+    return released
+
+
+_file_maps: list[tuple[int, int]] = []
+"""Address ranges of this process's file mappings (``/proc/self/maps``), read again on a miss."""
+
+
+def _file_backed(start: int, end: int) -> bool:
+    """``[start, end)`` lies in one mapping of a file: the only memory whose pages may be dropped."""
+    for fresh in (False, True):
+        if fresh:
+            _file_maps[:] = _read_file_maps()
+        i = bisect.bisect_right(_file_maps, (start, sys.maxsize)) - 1
+        if i >= 0 and _file_maps[i][0] <= start and end <= _file_maps[i][1]:
+            return True
+    return False
+
+
+def _read_file_maps() -> list[tuple[int, int]]:
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[4] != "0" and not fields[5].startswith("["):
+                low, high = fields[0].split("-")
+                ranges.append((int(low, 16), int(high, 16)))
+    return sorted(ranges)
+
+
+def trim_heap() -> None:
+    """Return the C heap's free memory to the system (glibc's ``malloc_trim``; nothing elsewhere)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def check_platform() -> None:
+    """Refuse offload where pages cannot be released (it would hold the whole model after one forward)."""
+    if RELEASE == "none":
+        raise OptionError(
+            "offload='disk' releases pages with Linux's madvise(MADV_DONTNEED); this system "
+            f"({sys.platform}) has no tested way to release them yet"
+        )
