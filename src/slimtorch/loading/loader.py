@@ -146,9 +146,9 @@ def load_model(
             in the report, never refused.
         progress: told how many bytes got loaded (:mod:`slimtorch.format.progress`); None: silent.
 
-    A slim file's checksums are verified as ``verify`` says (:class:`LoadOptions`): by default beside
-    your code, each module's forward waiting for its own tensors' (and raising a mismatch there);
-    ``report.wait()`` waits for all of them, ``verify="eager"`` before returning.
+    A slim file's checksums are verified as ``verify`` says (:class:`LoadOptions`): by default every one
+    before returning, on several threads; with ``verify="before-use"`` beside your code, each module's
+    forward waiting for its own tensors' (and raising a mismatch there), ``report.wait()`` for all.
 
     Example:
         >>> import slimtorch, torch
