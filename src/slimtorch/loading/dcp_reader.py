@@ -39,7 +39,7 @@ from torch.futures import Future
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.source import TensorSource
 from slimtorch.sources import open_checkpoint
-from slimtorch.sources.slim import ROW_CODECS
+from slimtorch.sources.slim import keeps_rows_apart
 
 
 @dataclass
@@ -164,7 +164,7 @@ class SlimStorageReader(StorageReader):
             share = 1.0 if rows is None or not info.shape[0] else (rows[1] - rows[0]) / info.shape[0]
             self.stats.bytes_read += round(info.nbytes * share)
             return
-        by_rows = rows is not None and _rows_apart(source, name, info.shape)
+        by_rows = rows is not None and keeps_rows_apart(source.codec(name), source.stages(name), info.shape)
         parts = source.parts(name)  # mapped, not read: verify is off
         for role, part in parts.items():
             row_bytes = part.nbytes // part.shape[0] if part.dim() and part.shape[0] else 0
@@ -183,13 +183,3 @@ class SlimStorageReader(StorageReader):
             if overlaps and (name, role, start) not in self._verified:
                 self.stats.bytes_verified += check()
                 self._verified.add((name, role, start))
-
-
-def _rows_apart(source: TensorSource, name: str, shape: tuple[int, ...]) -> bool:
-    """Whether ``name``'s stored parts keep each row's bytes together, so ``get_rows`` reads only those (raw,
-    int8, row-grouped int4); other chains (sparse, zstd, int4 grouped over the flattened tensor) decode
-    whole."""
-    chain, stages = source.codec(name), source.stages(name)
-    if stages and stages[-1].get("flat"):
-        return False
-    return chain == "raw" or (chain in ROW_CODECS and len(shape) >= 2)

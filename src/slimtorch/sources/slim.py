@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -130,8 +130,7 @@ class SlimSource(TensorSource):
             raise ValueError(f"tensor {name!r} is 0-d: it has no rows")
         start, stop, _ = slice(start, stop).indices(entry.shape[0])
         stop = max(start, stop)
-        by_rows = entry.chain == "raw" or (entry.chain in ROW_CODECS and len(entry.shape) >= 2)
-        if not by_rows or (entry.stages and entry.stages[-1].get("flat")):
+        if not keeps_rows_apart(entry.chain, entry.stages, entry.shape):
             return self.get(name)[start:stop]
         parts = {}
         for role, key in entry.parts.items():
@@ -260,6 +259,15 @@ def _decoded_width(entry: Entry, span: Span) -> int:
     """Columns a block read on ``span`` of the primary part decodes to (int4: its groups, the last cut)."""
     start, stop = span[0] * _per_code(entry), span[1] * _per_code(entry)
     return min(stop, entry.shape[1]) - start
+
+
+def keeps_rows_apart(chain: str, stages: Sequence[Mapping[str, Any]], shape: Sequence[int]) -> bool:
+    """Whether a tensor's stored parts keep each row's bytes together, so its rows are read alone (stored
+    as is, int8, row-grouped int4); other chains (sparse, zstd, int4 grouped over the flattened tensor)
+    decode whole."""
+    if stages and stages[-1].get("flat"):
+        return False
+    return chain == "raw" or (chain in ROW_CODECS and len(shape) >= 2)
 
 
 def _column_plan(entry: Entry, cols: Span | None) -> dict[str, Span | None] | None:
