@@ -5,6 +5,7 @@ check of one world size in one spawn."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import warnings
@@ -26,11 +27,20 @@ def _worker(rank: int, module: str, world: int, folder: str, tasks: tuple[str, .
     root = Path(folder)
     dist.init_process_group("gloo", init_method=f"file://{root}/rendezvous", rank=rank, world_size=world)
     try:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh("cpu", (world,))
-        table = importlib.import_module(module).TASKS
-        seen = {task: table[task](root, mesh) for task in tasks}
-        (root / f"rank{rank}.json").write_text(json.dumps(seen))
+        _run_tasks(rank, module, world, root, tasks)
     finally:
+        # Models the tasks left in reference cycles (a failed load's traceback, FSDP's hooks) hold the
+        # mesh and through it gloo's process group: collected now, the group's destructor joins its
+        # worker threads here. Left to the interpreter's exit, a worker still dropping its last
+        # collective's tensors meets a finalizing interpreter and the rank aborts (SIGABRT).
+        gc.collect()
         dist.destroy_process_group()
+
+
+def _run_tasks(rank: int, module: str, world: int, root: Path, tasks: tuple[str, ...]) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    table = importlib.import_module(module).TASKS
+    seen = {task: table[task](root, mesh) for task in tasks}
+    (root / f"rank{rank}.json").write_text(json.dumps(seen))
