@@ -221,30 +221,40 @@ def chunk_checks(
     ]
 
 
-def _madvise() -> Callable[[int, int], None] | None:
-    """libc's ``madvise(MADV_WILLNEED)``, where the platform has it."""
-    advice = getattr(mmap, "MADV_WILLNEED", None)
+def _libc_call(name: str, *argtypes: Any) -> Callable[..., int] | None:
+    """A libc function with its argument types set, or None where the platform lacks it."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        call = libc.madvise
+        call = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    if advice is None:
-        return None
-    call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return lambda address, length: call(address, length, advice)
+    call.argtypes = list(argtypes)
+    return call
 
 
-_MADVISE = _madvise()
+_MADVISE = _libc_call("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_MINCORE = _libc_call("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
+
+
+def _resident(page: int) -> bool:
+    """Whether the mapped page at ``page`` (aligned) is in memory (False where it cannot be told)."""
+    flag = ctypes.create_string_buffer(1)
+    return _MINCORE is not None and _MINCORE(page, mmap.PAGESIZE, flag) == 0 and flag.raw[0] & 1 == 1
 
 
 def read_ahead(address: int, length: int) -> None:
     """Ask the kernel to read mapped bytes ahead of their use (``MADV_WILLNEED``): on a cold page cache a
-    chunk then comes in large sequential reads, not a page fault at a time; on a warm one it costs a walk
-    of the cached pages. A hint only: refused (an unaligned or unmapped range) it changes nothing."""
-    if _MADVISE is not None and length:
-        start = address - address % mmap.PAGESIZE
-        _MADVISE(start, length + address - start)
+    chunk then comes in large sequential reads, not a page fault at a time. Skipped where the range's
+    first and last pages are in memory already: on a warm cache the hint only walks the cached pages, and
+    beside a forward that walk cost 0.15 s per 2 GiB (measured: a before-use load went from 0.96x to 1.8x
+    the unchecked one). A hint only: refused (an unaligned or unmapped range) it changes nothing."""
+    if _MADVISE is None or _WILLNEED is None or not length:
+        return
+    start = address - address % mmap.PAGESIZE
+    last = address + length - 1
+    if _resident(start) and _resident(last - last % mmap.PAGESIZE):
+        return
+    _MADVISE(start, length + address - start, _WILLNEED)
 
 
 @dataclass(frozen=True)
