@@ -107,13 +107,25 @@ def describe(name: str, model: nn.Module, path: Path, data: Data) -> Row:
     )
 
 
+def train_dense(data: Data, epochs: int = EPOCHS) -> DigitsCNN:
+    dense = DigitsCNN()
+    slimtorch.recover(dense, data.train, epochs=epochs, lr=3e-3, weight_decay=1e-4, recalibrate_bn=False)
+    return dense
+
+
+def save_dense(path: Path) -> None:
+    """The dense model trained exactly as :func:`run` trains it, its weights written to ``path``."""
+    torch.manual_seed(0)
+    dense = train_dense(load_data())
+    safetensors.torch.save_file({k: v.contiguous() for k, v in dense.state_dict().items()}, path)
+
+
 def run(folder: Path, epochs: int = EPOCHS, recover_epochs: int = RECOVER_EPOCHS) -> dict[str, Row]:
     torch.manual_seed(0)
     data = load_data()
     evaluate = lambda model: accuracy(model, data)  # noqa: E731
 
-    dense = DigitsCNN()
-    slimtorch.recover(dense, data.train, epochs=epochs, lr=3e-3, weight_decay=1e-4, recalibrate_bn=False)
+    dense = train_dense(data, epochs)
     dense_file = folder / "dense.safetensors"
     safetensors.torch.save_file({k: v.contiguous() for k, v in dense.state_dict().items()}, dense_file)
 
@@ -167,7 +179,12 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--save-dense", metavar="PATH", help="only train the dense model, save its weights")
     args = parser.parse_args()
+    if args.save_dense:
+        save_dense(Path(args.save_dense))
+        print(f"wrote {args.save_dense}")
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         rows = run(Path(tmp))
     table = Table(title="Digits (scikit-learn), test split of 450 images")

@@ -38,6 +38,7 @@ PER_COMMAND = {
     "--budget": {"required"},  # fit's whole point; memory's optional check
     "--output": {"required"},  # ops prints to stdout without -o
     "--batch": {"nargs"},  # memory estimates several batch sizes at once, dataloader times one
+    "--steps": {"default"},  # prune's steps toward its ratio (default 1); recover's optimizer steps
 }
 
 
@@ -85,7 +86,7 @@ def test_the_shared_vocabulary_is_where_the_readme_says() -> None:
     assert with_option["--scheme"] == {"shrink", "prune", "quantize", "export"}
     assert with_option["--skip"] == {"shrink", "prune", "quantize"}
     assert with_option["--keep-embeddings"] == {"shrink", "quantize"}
-    assert with_option["--output"] == {"shrink", "prune", "quantize", "export", "ops"}
+    assert with_option["--output"] == {"shrink", "prune", "quantize", "export", "ops", "recover"}
     assert with_option["--json"] == set(commands) - {"completion"}
     for command in with_option["--scheme"]:
         scheme = next(a for a in own_options(commands[command]) if a.dest == "scheme")

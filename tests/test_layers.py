@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"prune", "quant"},
     {"recovery", "shrinking", "loading"},
     {"deploy"},
+    {"slimming"},  # slimtorch slim: every step above, chained toward a goal, and its report
     {"cli"},
     {"__main__"},  # python -m slimtorch: the command line, run as a module
 ]

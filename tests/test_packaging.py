@@ -31,6 +31,7 @@ SDIST_NEEDS = (
     "examples/training_checkpoint.py",
     "benchmarks/prune.py",  # make bench and make lint name the folder
     "docs/ARCHITECTURE.md",
+    "scripts/ensure_chromium.sh",  # the Makefile's set-up runs it
 )
 SDIST_TESTS = ("tests/test_layers.py", "tests/test_inspect.py")
 

@@ -152,7 +152,7 @@ def test_a_bad_sparsity_option_fails_when_the_options_are_made() -> None:
     with pytest.raises(OptionError, match="n:m needs 0 < n < m, not 4:4"):
         SparsityOptions(0.5, method="n:m", n=4)
     with pytest.raises(
-        OptionError, match=r"unknown option 'amout'.*SparsityOptions has: amount, m, method, n"
+        OptionError, match=r"unknown option 'amout'.*SparsityOptions has: amount, m, method, n, skip"
     ):
         weights(Net(), amout=0.5)
     with pytest.raises(OptionError, match="needs an amount"):
@@ -164,6 +164,21 @@ def test_sparsity_options_keep_their_own_copy_of_a_mapping() -> None:
     options = SparsityOptions(plan)
     plan["fc"] = 0.9
     assert options.amount == {"conv*": 0.5}
+
+
+def test_skip_leaves_a_layer_dense_and_the_one_threshold_spans_the_rest() -> None:
+    model, twin = Net(), Net()
+    report = weights(model, 0.6, skip="conv*")  # one pattern or several
+    assert set(report.layers) == {"fc"} and report.sparsity == pytest.approx(0.6, abs=0.01)
+    assert bool((model.conv1.weight != 0).all()) and bool((model.conv2.weight != 0).all())
+    global_rest = weights(twin, SparsityOptions(0.6, skip=("conv1",)))
+    assert set(global_rest.layers) == {"conv2", "fc"}
+    assert global_rest.sparsity == pytest.approx(0.6, abs=0.01)  # over conv2 and fc together
+    assert global_rest.layers["conv2"] != pytest.approx(global_rest.layers["fc"], abs=0.02)
+    with pytest.raises(
+        OptionError, match=r"skip: 'cnov1' names no Linear, Conv or recurrent layer \(closest"
+    ):
+        weights(Net(), 0.5, skip=("cnov1",))
 
 
 def test_the_sparsity_report_holds_the_model_and_its_json_fits_the_schema() -> None:

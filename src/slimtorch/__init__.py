@@ -21,6 +21,8 @@ The public API:
   ``pkg.module:factory`` spec with weights from any checkpoint) and an example input it accepts.
 - :func:`load_model`: a model built on the meta device and filled from any checkpoint, zero-copy where it
   can, decoding in parallel, staging through pinned memory to CUDA.
+- :func:`slim`: every step chained toward a goal (``size=0.05x``, ``latency=2x``, ``params=0.5``) within an
+  allowed metric drop, resumable, with a before/after report (HTML, charts, JSON) and a recipe.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ if TYPE_CHECKING:  # type checkers see every name; at run time each is imported 
     from slimtorch.quant import QuantizeOptions, QuantizeReport, quantize, quantize_with_report
     from slimtorch.recovery import RecoverOptions, RecoverReport, recover
     from slimtorch.shrinking import ShrinkOptions, ShrinkReport, save, save_model, save_pretrained, shrink
+    from slimtorch.slimming import SlimOptions, SlimReport, slim
     from slimtorch.sources import load_objects
 
 # Where each public name lives. Importing them all would import torch, which the command line's --help
@@ -90,6 +93,7 @@ _HOMES = {
         "save_pretrained",
         "shrink",
     ),
+    "slimtorch.slimming": ("SlimOptions", "SlimReport", "slim"),
     "slimtorch.sources": ("load_objects", "open_checkpoint"),
 }
 _HOME_OF = {name: home for home, names in _HOMES.items() for name in names}
@@ -176,6 +180,8 @@ __all__ = [
     "RecoverReport",
     "ShrinkOptions",
     "ShrinkReport",
+    "SlimOptions",
+    "SlimReport",
     "SlimStorageReader",
     "SlimtorchError",
     "TensorInfo",
@@ -201,4 +207,5 @@ __all__ = [
     "save_model",
     "save_pretrained",
     "shrink",
+    "slim",
 ]

@@ -34,7 +34,9 @@ from slimtorch.cli import (
     ops_cmd,
     prune_cmd,
     quantize_cmd,
+    recover_cmd,
     shrink_cmd,
+    slim_cmd,
 )
 from slimtorch.errors import SlimtorchError
 
@@ -44,6 +46,8 @@ COMMANDS = (
     load_cmd,
     prune_cmd,
     quantize_cmd,
+    recover_cmd,
+    slim_cmd,
     memory_cmd,
     fit_cmd,
     dataloader_cmd,

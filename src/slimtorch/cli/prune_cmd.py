@@ -1,9 +1,11 @@
-"""`slimtorch prune MODEL -o OUT --ratio 0.5`: remove channels for real, save without pickle, show gains."""
+"""`slimtorch prune MODEL -o OUT --ratio 0.5`: remove channels for real, save without pickle, show gains;
+`--unstructured 0.9` / `--n-m 2:4`: zero weights instead, stored sparse."""
 
 from __future__ import annotations
 
 import argparse
 import copy
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,7 @@ from slimtorch.cli.arguments import (
 from slimtorch.cli.choices import SCHEME_CODECS, STORED_AS_SCHEME, WEIGHT_SCHEMES
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.errors import SlimtorchError
 from slimtorch.format.units import format_bytes
 
 if TYPE_CHECKING:
@@ -28,9 +31,11 @@ if TYPE_CHECKING:
 
     from slimtorch.inspection.measure import LatencyComparison, ModelCost
     from slimtorch.loading import ModelInput
-    from slimtorch.prune import PruneReport
+    from slimtorch.prune import PruneReport, SparsityReport
 
-HELP = "remove whole channels (structured pruning) and save the smaller model without pickle"
+HELP = "remove whole channels (structured pruning), or zero weights (--unstructured, --n-m), and save"
+CHANNEL_ONLY = {"importance": "l2", "scope": "layer", "round_to": None, "steps": 1, "input_shape": None}
+"""options of channel pruning, with their defaults: given to --unstructured or --n-m, they are refused"""
 DESCRIPTION = """\
 Builds the model, captures its graph with torch.export (no autograd needed), groups the channels that
 must go together (residual adds, concatenations, flatten -> Linear, depthwise convolutions, norms),
@@ -44,12 +49,20 @@ one; or of --input-shape).
 Channels that reach the model's output, or ops whose channel layout is unknown, are left alone; the
 report says which and why.
 
+--unstructured SHARE zeroes that share of the Linear, Conv and recurrent weights instead (the smallest
+magnitudes, one threshold over all of them); --n-m N:M keeps at most N non-zeros in every M consecutive
+inputs (2:4, the pattern sparse tensor cores run). Nothing is removed, so the model keeps its shapes and
+speed; the file stores the zeros sparsely (a bitmask and the non-zeros). Prints the zeros before and
+after and the file size against the same model saved dense; layers N:M cannot group are named.
+
 examples:
   slimtorch prune mypkg.models:resnet18 -o r18-half.safetensors --ratio 0.5
   slimtorch prune ./train.py:Net --weights ckpt.pt -o small.safetensors --ratio 0.3 --importance bn_scale
   slimtorch prune mypkg.models:unet -o unet.safetensors --ratio 0.5 --input-shape 1,3,256,256 --skip head
   slimtorch prune mypkg.models:resnet50 -o r50.safetensors --target-macs 1e9 --round-to 8
   slimtorch prune ./llama-folder -o ./llama-half --ratio 0.5   (a Hugging Face folder: writes a folder)
+  slimtorch prune ./train.py:Net --weights ckpt.pt -o sparse.safetensors --unstructured 0.9 --skip head
+  slimtorch prune mypkg.models:mlp -o mlp-24.safetensors --n-m 2:4 --scheme int8-weight
 """
 
 
@@ -63,17 +76,21 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     budget.add_argument(
         "--target-macs", type=_count, metavar="N", help="prune until at most N MACs (on --input-shape)"
     )
+    budget.add_argument(
+        "--unstructured", type=_ratio, metavar="SHARE", help="zero this share of the weights instead, 0 to <1"
+    )
+    budget.add_argument("--n-m", type=_n_m, metavar="N:M", help="keep N non-zeros in every M inputs (2:4)")
     parser.add_argument("--importance", choices=("l2", "l1", "bn_scale"), default="l2", help="default l2")
     parser.add_argument("--scope", choices=("layer", "global"), default="layer", help="default layer")
     parser.add_argument("--round-to", type=int, metavar="K", help="keep channel counts multiples of K")
     parser.add_argument("--steps", type=int, default=1, help="reach the ratio in this many steps (default 1)")
-    add_skip(parser, "module names whose outputs stay: their channels are not pruned")
+    add_skip(parser, "module names whose outputs stay (with --unstructured, --n-m: whose weights stay)")
     add_deprecated(parser, "--ignore", "--skip", "skip", nargs="+", extend=True, metavar="MODULE")
     add_scheme(parser, WEIGHT_SCHEMES, "also quantize the saved weights (as shrink --scheme does)")
     add_deprecated(parser, "--quantize", "--scheme", "scheme", values=STORED_AS_SCHEME)
     add_runs(parser)
     add_layout(parser)
-    add_json(parser, "slimtorch.prune/1")
+    add_json(parser, "slimtorch.prune/1; slimtorch.sparsity/1 with --unstructured or --n-m")
     parser.set_defaults(run=run)
 
 
@@ -82,6 +99,17 @@ def _ratio(text: str) -> float:
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError("must be at least 0 and below 1")
     return value
+
+
+def _n_m(text: str) -> tuple[int, int]:
+    n, sep, m = text.partition(":")
+    try:
+        pair = int(n), int(m)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N:M such as 2:4, not {text!r}") from None
+    if not sep or not 0 < pair[0] < pair[1]:
+        raise argparse.ArgumentTypeError(f"N:M needs 0 < N < M, not {text!r}")
+    return pair
 
 
 def _count(text: str) -> int:
@@ -100,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
     from slimtorch.inspection.measure import compare, measure
     from slimtorch.prune import ChannelOptions, channels
 
+    if args.unstructured is not None or args.n_m is not None:
+        return _run_sparse(args)
     check_output(args.output, model_inputs(args.model, args.weights))
     options = ChannelOptions(  # a bad option fails before the model loads
         ratio=args.ratio,
@@ -224,6 +254,120 @@ def _render(
     for reason, count in report.frozen.items():
         console.print(f"  kept whole: {count} group(s): {reason}", highlight=False)
     console.print(f"wrote {', '.join(files)} ({format_bytes(size)})", highlight=False)
+    for problem in problems:
+        console.print(
+            f"  from_pretrained cannot rebuild it: {problem}; slimtorch.load_model can", highlight=False
+        )
+
+
+def _run_sparse(args: argparse.Namespace) -> int:
+    """``--unstructured`` / ``--n-m``: zeros in place of channels, saved sparse, measured against the same
+    model saved dense."""
+    from slimtorch.cli.progress import TerminalProgress
+    from slimtorch.format.progress import announcer
+    from slimtorch.prune import SparsityOptions, weights
+    from slimtorch.prune.unstructured import sparsity_of
+
+    given = [f"--{k.replace('_', '-')}" for k, default in CHANNEL_ONLY.items() if getattr(args, k) != default]
+    if given:
+        raise SlimtorchError(f"{', '.join(given)}: channel pruning only, not --unstructured or --n-m")
+    check_output(args.output, model_inputs(args.model, args.weights))
+    n, m = args.n_m or (2, 4)
+    options = SparsityOptions(  # a bad option fails before the model loads
+        amount=args.unstructured if args.unstructured is not None else 0.0,  # n:m: 0 selects every layer
+        method="n:m" if args.n_m else "global_magnitude",
+        n=n,
+        m=m,
+        skip=tuple(args.skip),
+    )
+    progress = TerminalProgress()
+    stage = announcer(progress)
+    with progress:
+        stage("loading the model")
+        loaded = command_model(args, check_example=False)  # no forward: zeros need no input
+        model = loaded.model
+        before = sparsity_of(model)
+        stage("saving the dense model, to measure its file")
+        dense_bytes = _dense_bytes(args, model, loaded)
+        stage("zeroing weights")
+        report = weights(model, options)
+        stage(f"saving {args.output}")
+        files, size, problems = _save(args, model, loaded)
+    zeros_before = _zeros_of(before, report, model)
+    if args.json:
+        print_json(
+            {
+                **report.to_dict(),
+                "method": options.method,
+                "amount": args.unstructured,
+                "n_m": f"{n}:{m}" if args.n_m else None,
+                "sparsity_before": zeros_before,
+                "model_sparsity_before": before.model_sparsity,
+                "file_bytes_before": dense_bytes,
+                "file_bytes": size,
+                "files": files,
+                "config_problems": problems,
+            }
+        )
+        return 0
+    _render_sparse(args, report, (zeros_before, before.model_sparsity), (dense_bytes, size), files, problems)
+    return 0
+
+
+def _dense_bytes(args: argparse.Namespace, model: nn.Module, loaded: ModelInput) -> int:
+    """The bytes the model takes saved as the output will be, before any weight is zeroed (written to a
+    temporary folder beside the output, then deleted)."""
+    parent = Path(args.output).resolve().parent
+    with tempfile.TemporaryDirectory(dir=parent if parent.is_dir() else None) as folder:
+        dense = argparse.Namespace(**{**vars(args), "output": str(Path(folder) / Path(args.output).name)})
+        return _save(dense, model, loaded)[1]
+
+
+def _zeros_of(before: SparsityReport, after: SparsityReport, model: nn.Module) -> float:
+    """The share of zeros the weights that were pruned had before."""
+    from slimtorch.prune.unstructured import prunable_weights
+
+    sizes = {name: w.numel() for name, w in prunable_weights(model).items() if name in after.layers}
+    total = sum(sizes.values())
+    return sum(before.layers[name] * size for name, size in sizes.items()) / total if total else 0.0
+
+
+def _render_sparse(
+    args: argparse.Namespace,
+    report: SparsityReport,
+    zeros: tuple[float, float],
+    sizes: tuple[int, int],
+    files: list[str],
+    problems: list[str],
+) -> None:
+    from rich.table import Table
+
+    from slimtorch.cli.views.inspect_view import output_console
+
+    console = output_console()
+    asked = (
+        f"{args.unstructured:.0%} of the weights zeroed"
+        if args.n_m is None
+        else "{}:{} sparsity".format(*args.n_m)
+    )
+    table = Table(title=f"{args.model}, {asked}", title_justify="left", header_style="dim")
+    for column in ("", "before", "after", "after / before"):
+        table.add_column(column, justify="left" if not column else "right")
+    table.add_row(
+        f"zeros, the {len(report.layers)} weight(s) pruned", f"{zeros[0]:.1%}", f"{report.sparsity:.1%}", ""
+    )
+    table.add_row("zeros, all parameters", f"{zeros[1]:.1%}", f"{report.model_sparsity:.1%}", "")
+    ratio = f"{sizes[1] / sizes[0]:.3f}x" if sizes[0] else "-"
+    label = f"file, {args.scheme}" if args.scheme else "file"  # both saved the same way
+    table.add_row(label, format_bytes(sizes[0]), format_bytes(sizes[1]), ratio)
+    console.print(table)
+    console.print(report.summary, highlight=False)
+    for name, reason in report.skipped.items():
+        console.print(f"  left dense: {name}: {reason}", highlight=False)
+    if sizes[1] >= sizes[0]:
+        console.print("  the file is not smaller: the layout written stores these zeros as they are")
+    console.print("latency not timed: zeros cost a dense kernel the same multiply", highlight=False)
+    console.print(f"wrote {', '.join(files)} ({format_bytes(sizes[1])})", highlight=False)
     for problem in problems:
         console.print(
             f"  from_pretrained cannot rebuild it: {problem}; slimtorch.load_model can", highlight=False

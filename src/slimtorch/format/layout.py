@@ -236,9 +236,10 @@ _MINCORE = _libc_call("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char
 _WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
 
 
-def _resident(page: int) -> bool:
-    """Whether the mapped page at ``page`` (aligned) is in memory (False where it cannot be told)."""
+def resident(address: int) -> bool:
+    """Whether the mapped page holding ``address`` is in memory (False where it cannot be told)."""
     flag = ctypes.create_string_buffer(1)
+    page = address - address % mmap.PAGESIZE
     return _MINCORE is not None and _MINCORE(page, mmap.PAGESIZE, flag) == 0 and flag.raw[0] & 1 == 1
 
 
@@ -251,8 +252,7 @@ def read_ahead(address: int, length: int) -> None:
     if _MADVISE is None or _WILLNEED is None or not length:
         return
     start = address - address % mmap.PAGESIZE
-    last = address + length - 1
-    if _resident(start) and _resident(last - last % mmap.PAGESIZE):
+    if resident(start) and resident(address + length - 1):
         return
     _MADVISE(start, length + address - start, _WILLNEED)
 

@@ -331,7 +331,7 @@ def _read_own_header(path: Path) -> tuple[dict[str, Any], int]:
 def write_atomic_text(path: Path, text: str) -> None:
     """Write a small text file through a temporary file, fsync and rename."""
     staged = path.with_name(f"{TEMP_PREFIX}{path.name}")
-    with open(staged, "w") as stream:
+    with open(staged, "w", encoding="utf-8") as stream:
         stream.write(text)
         stream.flush()
         os.fsync(stream.fileno())

@@ -31,6 +31,9 @@ from torch.utils.hooks import RemovableHandle
 from slimtorch.errors import SlimtorchError
 from slimtorch.format import layout, pending
 
+COLD_READERS = 4
+"""Check threads on a cold page cache at least (each mostly waits on its read)."""
+
 Check = Callable[[], int]
 """Reads one chunk, returns its bytes, raises FormatError on a mismatch (``TensorSource.checks``)."""
 
@@ -117,10 +120,7 @@ class Verification:
         self._token = pending.hold(_ranges(self._groups), self)
         if hooks:
             self._hook_modules()
-        # One thread fewer than the load's: the caller's is the other (an eager load joins in its wait; a
-        # forward beside before-use checks pages in the same bytes). Measured on 2 cores, 2 GiB: a check
-        # thread beside a 1-thread sum adds nothing (0.92x the sum alone); two add 1.26x (they compete).
-        workers = min(max(1, self.threads - 1), sum(len(g.checks) for g in self._groups))
+        workers = min(_workers(self.threads, self._groups), sum(len(g.checks) for g in self._groups))
         for i in range(workers):
             threading.Thread(target=self._work, args=(i == 0,), name="slimtorch-verify").start()
 
@@ -249,6 +249,16 @@ class _BeforeForward:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         self.__reduce__()
+
+
+def _workers(threads: int, groups: list[_Group]) -> int:
+    """Check threads for a load on ``threads``: on a warm page cache one fewer, the caller's thread being
+    the other (an eager load joins in its wait; a forward beside before-use checks pages in the same
+    bytes). Measured on 2 cores, 2 GiB: one check thread beside a 1-thread sum adds nothing (0.92x the
+    sum alone), two add 1.26x (they compete for the cores). Cold, the threads mostly wait on the disk,
+    which serves several reads at once: as many as the parallel read floor uses, COLD_READERS."""
+    cold = any(not layout.resident(group.tensor.data_ptr()) for group in groups[:: max(1, len(groups) // 8)])
+    return max(threads, COLD_READERS) if cold else max(1, threads - 1)
 
 
 def _ranges(groups: list[_Group]) -> list[tuple[int, int]]:

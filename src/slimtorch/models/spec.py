@@ -18,8 +18,9 @@ from torch import nn
 from slimtorch.errors import SlimtorchError
 
 
-def resolve_factory(spec: str) -> Callable[[], nn.Module]:
-    """The callable that ``spec`` names; the current folder is importable, like ``python -m``.
+def resolve_factory(spec: str, *, what: str = "model") -> Callable[[], nn.Module]:
+    """The callable that ``spec`` names; the current folder is importable, like ``python -m``. ``what``
+    names the spec in errors (``"data"`` for a data factory).
 
     Example:
         >>> factory = resolve_factory("torch.nn:Identity")
@@ -33,22 +34,22 @@ def resolve_factory(spec: str) -> Callable[[], nn.Module]:
                 f"model {spec!r} is a file, not a model: name the code that builds the model "
                 f"(package.module:factory or file.py:factory) and give the file with --weights"
             )
-        raise SlimtorchError(f"model {spec!r}: expected package.module:factory or file.py:factory")
-    module = _import(where, spec)
+        raise SlimtorchError(f"{what} {spec!r}: expected package.module:factory or file.py:factory")
+    module = _import(where, f"{what} {spec!r}")
     try:
         factory = getattr(module, attr)
     except AttributeError:
-        raise SlimtorchError(f"model {spec!r}: {where} has no attribute {attr!r}") from None
+        raise SlimtorchError(f"{what} {spec!r}: {where} has no attribute {attr!r}") from None
     if not callable(factory):
-        raise SlimtorchError(f"model {spec!r}: {attr} is a {type(factory).__name__}, not callable")
+        raise SlimtorchError(f"{what} {spec!r}: {attr} is a {type(factory).__name__}, not callable")
     return factory
 
 
-def _import(where: str, spec: str) -> ModuleType:
+def _import(where: str, named: str) -> ModuleType:
     if where.endswith(".py"):
         path = Path(where)
         if not path.is_file():
-            raise SlimtorchError(f"model {spec!r}: no such file {where}")
+            raise SlimtorchError(f"{named}: no such file {where}")
         loaded = importlib.util.spec_from_file_location(path.stem, path)
         assert loaded is not None and loaded.loader is not None
         module = importlib.util.module_from_spec(loaded)
@@ -65,4 +66,4 @@ def _import(where: str, spec: str) -> ModuleType:
     try:
         return importlib.import_module(where)
     except ModuleNotFoundError as exc:
-        raise SlimtorchError(f"model {spec!r}: cannot import {where} ({exc})") from None
+        raise SlimtorchError(f"{named}: cannot import {where} ({exc})") from None

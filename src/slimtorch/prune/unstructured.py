@@ -10,6 +10,7 @@ pruned, and so are the matrices of ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (``weig
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import math
 from collections.abc import Mapping
@@ -51,10 +52,15 @@ class SparsityOptions:
     """non-zeros kept in every ``m`` consecutive weights (``method="n:m"``)"""
     m: int = 4
     """the width of an N:M group (``method="n:m"``)"""
+    skip: tuple[str, ...] = ()
+    """glob patterns of layers (or of modules holding them, or recurrent matrices) whose weights stay
+    dense; the rest are pruned as if the skipped ones were not there; a pattern that matches none is an
+    error"""
 
     def __post_init__(self) -> None:
         if isinstance(self.amount, Mapping):
             object.__setattr__(self, "amount", dict(self.amount))  # the caller's later edits stay out
+        object.__setattr__(self, "skip", (self.skip,) if isinstance(self.skip, str) else tuple(self.skip))
         shares = self.amount.values() if isinstance(self.amount, Mapping) else [self.amount]
         for share in shares:
             if share is not None and not 0.0 <= float(share) < 1.0:
@@ -124,7 +130,7 @@ def weights(
     if options.amount is None:
         raise OptionError("prune.weights needs an amount: weights(model, 0.9) or amount={'layer.*': 0.5}")
     amount, method = options.amount, options.method
-    targets = _targets(model, amount)
+    targets = _targets(model, amount, options.skip)
     skipped: dict[str, str] = {}
     with torch.no_grad():
         if method == "n:m":
@@ -207,9 +213,11 @@ def sparsity_of(
     )
 
 
-def _targets(model: nn.Module, amount: float | Mapping[str, float]) -> dict[str, tuple[torch.Tensor, float]]:
+def _targets(
+    model: nn.Module, amount: float | Mapping[str, float], skip: tuple[str, ...] = ()
+) -> dict[str, tuple[torch.Tensor, float]]:
     targets = {}
-    for name, weight in prunable_weights(model).items():
+    for name, weight in _without_skipped(prunable_weights(model), skip).items():
         if isinstance(amount, Mapping):
             owner, _, attr = name.rpartition(".")
             owner = owner if attr.startswith(RECURRENT_MATRICES) else name
@@ -225,6 +233,26 @@ def _targets(model: nn.Module, amount: float | Mapping[str, float]) -> dict[str,
     if not targets:
         raise SlimtorchError("no Linear, Conv or recurrent layer matches: nothing to prune")
     return targets
+
+
+def _without_skipped(found: dict[str, nn.Parameter], skip: tuple[str, ...]) -> dict[str, nn.Parameter]:
+    """``found`` less the weights a ``skip`` pattern names, itself or through a module holding it
+    (``features`` skips ``features.0``); a pattern that names none is an :class:`OptionError`."""
+    skipped: set[str] = set()
+    for pattern in skip:
+        hits = {name for name in found if any(fnmatch.fnmatchcase(p, pattern) for p in _prefixes(name))}
+        if not hits:
+            closest = difflib.get_close_matches(pattern, list(found), n=3, cutoff=0.4)
+            shown = f" (closest: {', '.join(closest)})" if closest else ""
+            raise OptionError(f"skip: {pattern!r} names no Linear, Conv or recurrent layer{shown}")
+        skipped |= hits
+    return {name: weight for name, weight in found.items() if name not in skipped}
+
+
+def _prefixes(name: str) -> list[str]:
+    """``a.b.c`` and the modules holding it: ``a``, ``a.b``, ``a.b.c``."""
+    parts = name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 def magnitude_threshold(tensors: list[torch.Tensor], share: float) -> float | None:

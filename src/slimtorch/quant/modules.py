@@ -423,6 +423,11 @@ class Int8WeightLinear(_WeightOnlyLinear):
     KERNELS = ("dequantize", "int8pack", "dequantize-bf16", "int8pack-bf16")
     FUSED = "int8pack"
 
+    def _fused_fits(self) -> bool:
+        # torch's bfloat16 _weight_int8pack_mm crashes the process (SIGSEGV, torch 2.x CPU) when the inner
+        # size is not a multiple of 16: a channel-pruned classifier with 24 inputs once did
+        return self.in_features % 16 == 0
+
     def _fused(self, x2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         weight = self.prepared("int8pack", lambda: kernels.aligned(self.qweight))
         scale = self.prepared("int8pack", lambda: self.weight_scale.to(dtype), variant=str(dtype))

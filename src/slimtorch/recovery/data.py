@@ -1,0 +1,384 @@
+"""Task data by name: what ``slimtorch recover`` and ``slimtorch slim`` train on and measure with.
+
+:func:`open_data` turns a spec into a :class:`TaskData` (train and held-out batches, and the metric):
+
+- ``digits``: scikit-learn's bundled 8x8 digits, split exactly as ``examples/digits.py`` splits them;
+- a folder (``train.npz`` + ``eval.npz``, or ``x.npy`` + ``y.npy``) or one ``.npz`` file, arrays ``x`` and
+  ``y``; one set of arrays is split 80/20 by the seed. Arrays are read without pickle, their sizes checked
+  against the file before anything is allocated;
+- ``pkg.module:factory`` or ``path/file.py:factory`` (the import rules of model specs): it returns a
+  DataLoader (or any re-iterable of ``(inputs, targets)`` batches), a ``(train, eval)`` pair, or a dict with
+  ``train`` and ``eval``; a ``metric`` key or module attribute chooses the metric.
+
+:func:`evaluate` measures a model on the held-out batches: accuracy (percent of argmax hits) or the cosine
+of its outputs to a reference model's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+import zipfile
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from slimtorch.errors import FormatError, OptionError, SlimtorchError
+from slimtorch.format.untrusted import untrusted
+from slimtorch.models.spec import resolve_factory
+
+METRICS = ("accuracy", "cosine")
+DIGITS = "digits"
+BATCH = 64
+"""samples per batch unless told"""
+EVAL_SHARE = 0.2
+"""the held-out share of one set of arrays"""
+DEFLATE_MAX_RATIO = 1032
+"""deflate cannot expand a byte stream more than this (RFC 1951's longest match per bit), so an array in a
+compressed .npz whose header claims more is a lie, refused before numpy allocates it"""
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """Train and held-out batches of a task, and how a model is scored on it.
+
+    Example:
+        >>> data = open_data("digits")  # doctest: +SKIP
+        >>> data.metric, len(data.train), tuple(data.example.shape)  # doctest: +SKIP
+        ('accuracy', 22, (64, 1, 8, 8))
+    """
+
+    spec: str
+    """what the user named (``digits``, a folder, ``pkg.mod:factory``): recipes record it"""
+    train: Iterable[tuple[torch.Tensor, torch.Tensor]]
+    """``(inputs, targets)`` batches, re-iterable (a DataLoader)"""
+    eval: Iterable[tuple[torch.Tensor, torch.Tensor]]
+    """held-out ``(inputs, targets)`` batches, re-iterable, in a fixed order"""
+    metric: str
+    """``accuracy`` (targets are class ids) or ``cosine`` (outputs against a reference model's)"""
+    example: torch.Tensor
+    """the inputs of one held-out batch (graph capture, latency)"""
+    notes: tuple[str, ...] = field(default=())
+    """what the spec left to a fallback, one line each (a factory's one loader used for eval too)"""
+
+
+class Batches:
+    """Fixed ``batch``-sized slices of ``x`` and ``y``: re-iterable, with a length (``epochs`` needs it)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch: int) -> None:
+        self.x, self.y, self.batch = x, y, batch
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.x) / self.batch)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for start in range(0, len(self.x), self.batch):
+            yield self.x[start : start + self.batch], self.y[start : start + self.batch]
+
+
+def open_data(spec: str, *, batch: int = BATCH, seed: int = 0) -> TaskData:
+    """The task data ``spec`` names (see the module's docstring for the forms).
+
+    ``batch`` and ``seed`` (the training order; the split of one set of arrays) apply to ``digits`` and to
+    arrays; a factory is given them as keywords when it takes ``batch`` / ``seed``, else it batches alone.
+
+    Example:
+        >>> data = open_data("digits", batch=32)  # doctest: +SKIP
+        >>> evaluate(model, data)  # doctest: +SKIP
+        99.56
+    """
+    if batch < 1:
+        raise OptionError(f"batch must be at least 1, not {batch}")
+    if spec == DIGITS:
+        x, y = _digits_arrays(spec)
+        return _from_arrays(spec, _train_eval_digits(x, y, seed), batch)
+    path = Path(spec)
+    if path.exists():
+        return _from_arrays(spec, _arrays(spec, path, seed), batch)
+    if ":" in spec:
+        return _from_factory(spec, batch, seed)
+    raise SlimtorchError(
+        f"data {spec!r}: no such file or folder, and not pkg.module:factory, file.py:factory or digits"
+    )
+
+
+def evaluate(
+    model: nn.Module, data: TaskData, *, reference: nn.Module | None = None, metric: str | None = None
+) -> float:
+    """``model`` scored on ``data.eval``: accuracy in percent (0..100), or the mean cosine (0..1) of its
+    outputs to ``reference``'s (each vector along the last dimension: a token's embedding, a sample's
+    logits). Runs in eval mode without gradients; each model's training mode is put back after.
+
+    Example:
+        >>> evaluate(pruned, data)  # doctest: +SKIP
+        98.9
+        >>> evaluate(pruned, data, reference=original, metric="cosine")  # doctest: +SKIP
+        0.994
+    """
+    metric = metric or data.metric
+    if metric not in METRICS:
+        raise OptionError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
+    if metric == "cosine" and reference is None:
+        raise SlimtorchError(f"data {data.spec!r}: the cosine metric needs a reference model to compare to")
+    models = [model] if reference is None else [model, reference]
+    modes = [m.training for m in models]
+    try:
+        for m in models:
+            m.eval()
+        with torch.no_grad():
+            return _score(model, reference, data, metric)
+    finally:
+        for m, mode in zip(models, modes, strict=True):
+            m.train(mode)
+
+
+def _score(model: nn.Module, reference: nn.Module | None, data: TaskData, metric: str) -> float:
+    device = _device_of(model)
+    total, count = 0.0, 0
+    for inputs, targets in data.eval:
+        inputs = inputs.to(device)
+        outputs = output_tensor(model(inputs))
+        if metric == "accuracy":
+            predicted, expected = outputs.argmax(-1).reshape(-1).cpu(), torch.as_tensor(targets).reshape(-1)
+            if predicted.shape != expected.shape:
+                raise SlimtorchError(
+                    f"data {data.spec!r}: {len(expected)} targets for {len(predicted)} predictions in a batch"
+                )
+            total += float((predicted == expected).sum())
+            count += expected.numel()
+        else:
+            assert reference is not None
+            expected = output_tensor(reference(inputs.to(_device_of(reference)))).to(outputs.device)
+            cosines = nn.functional.cosine_similarity(
+                outputs.float().reshape(-1, outputs.shape[-1]),
+                expected.float().reshape(-1, expected.shape[-1]),
+                dim=-1,
+            )
+            total += float(cosines.sum())
+            count += cosines.numel()
+    if count == 0:
+        raise SlimtorchError(f"data {data.spec!r}: the held-out data yielded no sample")
+    return total / count * (100.0 if metric == "accuracy" else 1.0)
+
+
+def output_tensor(output: Any) -> torch.Tensor:
+    """The tensor a model's output is scored by: the output itself, a sentence embedding, or the first
+    tensor of a tuple or a Hugging Face ``ModelOutput`` (logits, last hidden state)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):
+        if isinstance(output.get("sentence_embedding"), torch.Tensor):
+            return output["sentence_embedding"]
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        first = next((value for value in output if isinstance(value, torch.Tensor)), None)
+        if first is not None:
+            return first
+    raise SlimtorchError(f"cannot score a model whose output is a {type(output).__name__}: no tensor in it")
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+# digits and arrays
+
+
+def _digits_arrays(spec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's digits as ``examples/digits.py`` makes them: (N, 1, 8, 8) floats in 0..1, class ids."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise SlimtorchError(f"data {spec!r} needs scikit-learn: pip install scikit-learn") from None
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    return x, torch.tensor(digits.target)
+
+
+def _train_eval_digits(x: torch.Tensor, y: torch.Tensor, seed: int) -> tuple[tuple, tuple]:
+    """The stratified 75/25 split of ``examples/digits.py`` (``random_state=0`` whatever the seed: the
+    held-out set is the same from run to run), the training part shuffled by ``seed``."""
+    from sklearn.model_selection import train_test_split
+
+    train_x, eval_x, train_y, eval_y = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
+    return _shuffled(train_x, train_y, seed), (eval_x, eval_y)
+
+
+def _shuffled(x: torch.Tensor, y: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    return x[order], y[order]
+
+
+def _from_arrays(spec: str, parts: tuple[tuple, tuple], batch: int) -> TaskData:
+    (train_x, train_y), (eval_x, eval_y) = parts
+    metric = "accuracy" if not eval_y.is_floating_point() else "cosine"
+    return TaskData(
+        spec,
+        Batches(train_x, train_y, batch),
+        Batches(eval_x, eval_y, batch),
+        metric,
+        eval_x[:batch],
+    )
+
+
+def _arrays(spec: str, path: Path, seed: int) -> tuple[tuple, tuple]:
+    """Train and eval ``(x, y)`` from a folder or an ``.npz`` file."""
+    if path.is_dir():
+        if (path / "train.npz").is_file() and (path / "eval.npz").is_file():
+            train = _xy(spec, read_arrays(path / "train.npz"), "train.npz")
+            return _shuffled(*train, seed), _xy(spec, read_arrays(path / "eval.npz"), "eval.npz")
+        if (path / "x.npy").is_file() and (path / "y.npy").is_file():
+            found = {"x": _read_npy(path / "x.npy"), "y": _read_npy(path / "y.npy")}
+            return _split(spec, *_xy(spec, found, "x.npy, y.npy"), seed)
+        raise SlimtorchError(
+            f"data {spec!r}: the folder holds neither train.npz + eval.npz nor x.npy + y.npy"
+        )
+    if path.suffix != ".npz":
+        raise SlimtorchError(f"data {spec!r}: expected a folder or an .npz file, not a {path.suffix} file")
+    return _split(spec, *_xy(spec, read_arrays(path), path.name), seed)
+
+
+def _split(spec: str, x: torch.Tensor, y: torch.Tensor, seed: int) -> tuple[tuple, tuple]:
+    """One set of arrays: a seeded 20% held out, the rest shuffled for training."""
+    if len(x) < 2:
+        raise SlimtorchError(f"data {spec!r}: {len(x)} sample(s), too few to hold some out")
+    x, y = _shuffled(x, y, seed)
+    held = max(1, round(len(x) * EVAL_SHARE))
+    return (x[held:], y[held:]), (x[:held], y[:held])
+
+
+def _xy(spec: str, arrays: dict[str, np.ndarray], where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` and ``y`` as tensors: floats as float32, integers as int64 (class ids, token ids)."""
+    missing = [name for name in ("x", "y") if name not in arrays]
+    if missing:
+        raise SlimtorchError(f"data {spec!r}: {where} has no array {' or '.join(missing)} (it needs x and y)")
+    x, y = arrays["x"], arrays["y"]
+    if x.ndim == 0 or y.ndim == 0 or len(x) != len(y):
+        raise SlimtorchError(f"data {spec!r}: {where}: x has shape {x.shape} and y {y.shape}: lengths differ")
+    if len(x) == 0:
+        raise SlimtorchError(f"data {spec!r}: {where} holds no sample")
+    return _tensor(spec, x, "x"), _tensor(spec, y, "y")
+
+
+def _tensor(spec: str, array: np.ndarray, name: str) -> torch.Tensor:
+    if array.dtype.kind in "iub":
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+    if array.dtype.kind == "f":
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+    raise SlimtorchError(f"data {spec!r}: array {name} holds {array.dtype}, not numbers")
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays ``x`` and ``y`` (those present) of an ``.npz`` file, without pickle: each array's header
+    is read first and its size checked against what the file can hold (a member's declared size, and for
+    a compressed member deflate's largest expansion), so a lying header allocates nothing."""
+    size = path.stat().st_size
+    try:
+        with untrusted(path, ".npz"), zipfile.ZipFile(path) as archive:
+            names = [f"{name}.npy" for name in ("x", "y") if f"{name}.npy" in archive.namelist()]
+            for name in names:
+                member = archive.getinfo(name)
+                with archive.open(member) as stream:
+                    nbytes = _npy_bytes(path, stream)
+                stored = member.compress_type == zipfile.ZIP_STORED
+                expands = nbytes > DEFLATE_MAX_RATIO * member.compress_size + 1024
+                if nbytes > member.file_size or member.compress_size > size or (not stored and expands):
+                    raise FormatError(path, f"{name} claims {nbytes:,} bytes, more than the file can hold")
+            with np.load(path, allow_pickle=False) as loaded:
+                return {name.removesuffix(".npy"): loaded[name.removesuffix(".npy")] for name in names}
+    except (zipfile.BadZipFile, EOFError) as exc:
+        raise FormatError(path, f"not a readable .npz file ({exc})") from None
+
+
+def _read_npy(path: Path) -> np.ndarray:
+    """One ``.npy`` file, without pickle, its header's size checked against the file's first."""
+    with untrusted(path, ".npy"), path.open("rb") as stream:
+        nbytes = _npy_bytes(path, stream)
+        if stream.tell() + nbytes > path.stat().st_size:
+            raise FormatError(path, f"the header claims {nbytes:,} bytes, more than the file holds")
+        stream.seek(0)
+        return np.load(stream, allow_pickle=False)
+
+
+def _npy_bytes(path: Path, stream: Any) -> int:
+    """The bytes an ``.npy`` stream's header says its array holds (the stream left after the header)."""
+    version = np.lib.format.read_magic(stream)
+    if version not in ((1, 0), (2, 0)):
+        raise FormatError(path, f"unsupported .npy version {version}")
+    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = reader(stream)
+    if dtype.hasobject:
+        raise FormatError(path, "holds Python objects (a pickle), which are never loaded")
+    return math.prod(shape) * dtype.itemsize
+
+
+# factories
+
+
+def _from_factory(spec: str, batch: int, seed: int) -> TaskData:
+    """What a ``pkg.module:factory`` / ``file.py:factory`` returns, checked and sorted into train and eval."""
+    factory = resolve_factory(spec, what="data")
+    made = factory(**_keywords(factory, batch=batch, seed=seed))
+    metric = getattr(sys.modules.get(getattr(factory, "__module__", "") or ""), "metric", None)
+    notes: tuple[str, ...] = ()
+    if isinstance(made, Mapping):
+        missing = [key for key in ("train", "eval") if key not in made]
+        if missing:
+            raise SlimtorchError(f"data {spec!r}: the factory's dict has no {' or '.join(missing)} key")
+        train, held, metric = made["train"], made["eval"], made.get("metric", metric)
+    elif isinstance(made, tuple) and len(made) == 2 and not any(_is_batch(part) for part in made):
+        train, held = made
+    else:
+        train = held = made
+        notes = (f"data {spec!r}: one loader, so the model is also evaluated on its training data",)
+    _check_batches(spec, "train", train)
+    first = _check_batches(spec, "eval", held)
+    if metric is None:
+        targets = first[1]
+        class_ids = isinstance(targets, torch.Tensor) and not targets.is_floating_point()
+        metric = "accuracy" if class_ids else "cosine"
+    if metric not in METRICS:
+        raise SlimtorchError(f"data {spec!r}: metric must be one of {', '.join(METRICS)}, not {metric!r}")
+    return TaskData(spec, train, held, metric, first[0], notes)
+
+
+def _keywords(factory: Any, **offered: Any) -> dict[str, Any]:
+    """Those of ``offered`` the factory takes by name."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {name: value for name, value in offered.items() if name in parameters}
+
+
+def _is_batch(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], torch.Tensor)
+
+
+def _check_batches(spec: str, which: str, batches: Any) -> tuple[torch.Tensor, Any]:
+    """The first batch of ``batches``, which must be re-iterable and yield ``(inputs, targets)``."""
+    if not isinstance(batches, Iterable) or isinstance(batches, (torch.Tensor, str, bytes)):
+        raise SlimtorchError(
+            f"data {spec!r}: the factory's {which} is a {type(batches).__name__}, not batches: "
+            "return a DataLoader, (train, eval) or {'train': ..., 'eval': ...}"
+        )
+    if iter(batches) is batches:
+        raise SlimtorchError(
+            f"data {spec!r}: the factory's {which} is an iterator, read only once: return a DataLoader "
+            "or a list of batches"
+        )
+    first = next(iter(batches), None)
+    if first is None:
+        raise SlimtorchError(f"data {spec!r}: the factory's {which} data yields no batch")
+    if not _is_batch(first):
+        raise SlimtorchError(
+            f"data {spec!r}: a {which} batch must be (inputs, targets) with inputs a tensor, not "
+            f"{type(first).__name__}"
+        )
+    return first[0], first[1]

@@ -1,0 +1,246 @@
+""":func:`slim`: from a model and a goal to a smaller, verified deliverable, one stage at a time.
+
+baseline (measure, plan) -> per attempt: prune -> sparsify -> recover -> quantize -> save (loaded back and
+scored) -> export (optional). Each stage keeps its output and a done marker in the work folder, so a rerun
+resumes; an attempt whose metric drops more than ``max_drop`` is followed by the next, less aggressive
+plan, and the best result within the drop is kept either way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.progress import Progress, task
+from slimtorch.format.verbs import resolve
+from slimtorch.recovery.data import TaskData, open_data
+from slimtorch.slimming import stages
+from slimtorch.slimming.attempts import ATTEMPT_STAGES, Attempt, StageRun, fares
+from slimtorch.slimming.baseline import baseline
+from slimtorch.slimming.context import Context, fingerprint, timed
+from slimtorch.slimming.finishing import finish
+from slimtorch.slimming.goal import parse_goal
+from slimtorch.slimming.options import SlimOptions
+from slimtorch.slimming.planning import Candidate
+from slimtorch.slimming.recipe import Recipe, write_recipe
+from slimtorch.slimming.report import SlimReport, stage_entry
+from slimtorch.slimming.workdir import RECIPE, WorkFolder
+
+
+def slim(
+    model: nn.Module | str,
+    data: TaskData | str,
+    /,
+    options: SlimOptions | None = None,
+    *,
+    work: str | os.PathLike[str] = "slim-work",
+    weights: str | os.PathLike[str] | None = None,
+    plan: Mapping[str, Any] | None = None,
+    restart: bool = False,
+    command: str | None = None,
+    progress: Progress | None = None,
+    **overrides: Any,
+) -> SlimReport:
+    """Make ``model`` reach ``goal`` losing at most ``max_drop`` of the data's metric; returns the report,
+    whose ``result`` is the deliverable loaded back from its file, and writes ``report.json``,
+    ``report.html`` and charts in the work folder.
+
+    Args:
+        model: a module, or a model spec as the CLI takes (``pkg.mod:factory``, ``file.py:Class``, a Hugging
+            Face folder) with ``weights`` to load into it.
+        data: a :class:`~slimtorch.recovery.TaskData` or a data spec (``digits``, a folder, a factory).
+        options: :class:`SlimOptions`; ``overrides`` replace its fields (``goal="size=0.05x"``,
+            ``max_drop=1``).
+        work: the work folder: each stage's output and done marker, ``recipe.toml``, the report. A rerun
+            with the same recipe resumes there; another recipe is refused unless ``restart``.
+        plan: a recipe's ``[plan]`` table: run its plan instead of planning again.
+        command: the command line to record in the report (None: the Python call).
+
+    Example:
+        >>> report = slimtorch.slim(model, "digits", goal="size=0.05x", max_drop=1)  # doctest: +SKIP
+        >>> report.met, report.reason  # doctest: +SKIP
+        (True, 'reached 0.043x the original file ...')
+    """
+    options = resolve(SlimOptions, options, overrides, "slim")
+    if not options.goal:
+        raise OptionError("slim needs a goal: size=50MB, size=0.05x, latency=2x or params=0.5")
+    goal = parse_goal(options.goal)
+    torch.manual_seed(options.seed)
+    original, spec, hf_folder = _model(model, weights)
+    task_data = (
+        data if isinstance(data, TaskData) else open_data(data, batch=options.batch, seed=options.seed)
+    )
+    inputs = {
+        "model": spec,
+        "weights": str(weights or ""),
+        "data": task_data.spec,
+        "fingerprint": fingerprint(original),
+    }
+    folder = WorkFolder.claim(work, Recipe(inputs, options), restart=restart)
+    context = Context(original, task_data, options, goal, folder, hf_folder, progress, spec)
+    forced = None if plan is None else _forced(plan)
+    first = _run(context, "01-baseline", "baseline", lambda where: baseline(context, where, forced))
+    candidates = [Candidate(**_fields(c)) for c in first.result["plan"]["attempts"]]
+    attempts = _attempts(context, first, candidates)
+    report, chosen = finish(context, first, attempts, command or _call(spec, options), _export_stage(context))
+    write_recipe(Recipe(inputs, options, _plan_table(candidates, chosen, report)), folder.root / RECIPE)
+    return report
+
+
+def _model(model: nn.Module | str, weights: Any) -> tuple[nn.Module, str, Path | None]:
+    """The original module, the spec to record (empty for a module passed in), and its HF folder."""
+    if isinstance(model, nn.Module):
+        if weights is not None:
+            raise OptionError("weights is for a model spec; load them into the module yourself")
+        return model.eval(), "", None
+    if not isinstance(model, (str, os.PathLike)):
+        raise OptionError(f"model must be an nn.Module or a model spec, not {type(model).__name__}")
+    from slimtorch.loading import open_model
+
+    opened = open_model(model, weights, check_example=False)
+    return opened.model.eval(), str(model), opened.folder
+
+
+def _run(
+    context: Context, folder_name: str, name: str, work: Callable[[Path], tuple[dict[str, Any], nn.Module]]
+) -> StageRun:
+    """Run a stage unless its done marker says it finished (then its recorded result, ``resumed``)."""
+    done = context.work.done(folder_name)
+    if done is not None:
+        return StageRun(stage_entry(name, "resumed", done, done.get("seconds", 0.0)), done, folder_name)
+    with task(context.progress, f"slim: {name}"):
+        (result, model), seconds = timed(lambda: work(context.work.stage(folder_name)))
+    result["seconds"] = seconds
+    context.models[folder_name] = model
+    context.work.finish(folder_name, result)
+    return StageRun(stage_entry(name, "done", result, seconds), result, folder_name)
+
+
+def _attempts(context: Context, first: StageRun, candidates: list[Candidate]) -> list[Attempt]:
+    """The plan's candidates tried in order, at most ``attempts`` of them, until one reaches the goal within
+    the drop. A pruning that lost too much is not tried again with fewer bits; a result within the drop
+    that does not reach the goal (the back-off) ends the run: what follows it is further from the goal."""
+    attempts: list[Attempt] = []
+    failed: set[tuple[float, float]] = set()
+    for candidate in candidates:
+        if len(attempts) == context.options.attempts:
+            break
+        if (candidate.ratio, candidate.sparsity) in failed:
+            continue
+        attempts.append(_attempt(context, candidate, len(attempts)))
+        _, within = fares(context, first.result, attempts[-1])
+        if within:
+            break
+        failed.add((candidate.ratio, candidate.sparsity))
+    return attempts
+
+
+def _attempt(context: Context, candidate: Candidate, index: int) -> Attempt:
+    """The stages of one plan, each from the model the previous one left."""
+    attempt, previous = Attempt(candidate), "01-baseline"
+    tag = f"attempt {index + 1}, {candidate.label}: "
+    for offset, name in enumerate(ATTEMPT_STAGES):
+        why = _skip(name, candidate, context.options)
+        if why is not None:
+            params = context.work.done(previous) or {}
+            entry = stage_entry(name, "skipped", {"reason": tag + why, "params": params.get("params")}, 0.0)
+            attempt.runs.append(StageRun(entry, {}, None))
+            continue
+        folder_name = f"{2 + index * len(ATTEMPT_STAGES) + offset:02d}-{name}"
+        step = _step(name)
+        source = previous
+        run = _run(
+            context,
+            folder_name,
+            name,
+            lambda where, step=step, source=source: step(context, where, context.model_of(source), candidate),
+        )
+        run.entry["reason"] = tag + run.entry["reason"]
+        attempt.runs.append(run)
+        previous = folder_name
+    return attempt
+
+
+def _skip(name: str, candidate: Candidate, options: SlimOptions) -> str | None:
+    """Why the plan skips stage ``name`` (None: it runs)."""
+    pruned = bool(candidate.ratio or candidate.sparsity)
+    if name == "prune" and not candidate.ratio:
+        return "the plan removes no channels"
+    if name == "sparsify" and not candidate.sparsity:
+        return "the plan zeroes no weights"
+    if name == "recover":
+        if not pruned:
+            return "nothing was pruned, so nothing to win back"
+        if "recover" not in options.stages or options.recover_epochs == 0:
+            return "recovery is not allowed by the options (stages, recover_epochs)"
+    if name == "quantize" and not candidate.scheme:
+        return "the plan keeps float weights"
+    return None
+
+
+WITH_CANDIDATE = ("prune", "sparsify", "quantize")
+
+
+def _step(name: str) -> Callable[..., tuple[dict[str, Any], nn.Module]]:
+    """Stage ``name``'s function as ``(context, folder, model, candidate)``, looked up when it runs."""
+    run = getattr(stages, name)
+    if name in WITH_CANDIDATE:
+        return run
+    return lambda context, where, model, candidate: run(context, where, model)
+
+
+def _export_stage(context: Context) -> Callable[[str], StageRun] | None:
+    """The export stage, run on the deliverable's folder, when ``export`` is on."""
+    if not context.options.export:
+        return None
+
+    def run(source: str) -> StageRun:
+        return _run(
+            context,
+            "90-export",
+            "export",
+            lambda where: stages.export(context, where, context.model_of(source)),
+        )
+
+    return run
+
+
+def _forced(plan: Mapping[str, Any]) -> list[Candidate]:
+    """The candidates a recipe's plan table names (its ``chosen`` one alone, when it has one)."""
+    ratios, sparsities, schemes = (list(plan.get(k, [])) for k in ("ratios", "sparsities", "schemes"))
+    if not (len(ratios) == len(sparsities) == len(schemes)):
+        raise SlimtorchError("recipe [plan]: ratios, sparsities and schemes must have one entry per attempt")
+    candidates = [
+        Candidate(float(r), float(z), s or None) for r, z, s in zip(ratios, sparsities, schemes, strict=True)
+    ]
+    chosen = int(plan.get("chosen", -1))
+    return [candidates[chosen]] if 0 <= chosen < len(candidates) else candidates
+
+
+def _fields(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "ratio": float(values.get("ratio", 0.0)),
+        "sparsity": float(values.get("sparsity", 0.0)),
+        "scheme": values.get("scheme") or None,
+    }
+
+
+def _plan_table(candidates: list[Candidate], chosen: int | None, report: SlimReport) -> dict[str, Any]:
+    """The recipe's ``[plan]``: every attempt's choices, which one was kept, and what quantize kept float."""
+    return {
+        "ratios": [c.ratio for c in candidates],
+        "sparsities": [c.sparsity for c in candidates],
+        "schemes": [c.scheme or "" for c in candidates],
+        "chosen": -1 if chosen is None else int(chosen),
+        "kept_float": [row["name"] for row in report.layers if str(row["quantized"]).startswith("kept")],
+    }
+
+
+def _call(spec: str, options: SlimOptions) -> str:
+    return f"slimtorch.slim({spec or 'model'!r}, ..., goal={options.goal!r}, max_drop={options.max_drop})"
