@@ -70,6 +70,29 @@ def test_distillation_teaches_a_pruned_student_its_teacher_with_the_hinton_loss(
     assert after < before and _accuracy(student) > 0.9
 
 
+class _HuggingFaceStyle(nn.Module):
+    """A classifier answering as transformers' models do: a ``ModelOutput`` whose first field is the
+    logits."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor):
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        return SequenceClassifierOutput(logits=self.inner(x))
+
+
+def test_a_model_answering_with_a_model_output_trains_and_distils_on_its_logits() -> None:
+    teacher = _HuggingFaceStyle(_trained())
+    torch.manual_seed(1)
+    student = _HuggingFaceStyle(_mlp())
+    before = _accuracy(lambda x: student.eval()(x).logits)
+    recover(student, BATCHES, teacher=teacher, epochs=5, lr=1e-2)
+    assert _accuracy(lambda x: student.eval()(x).logits) > max(0.9, before)
+
+
 def test_training_stops_once_the_metric_reaches_its_target() -> None:
     model = _mlp()
     report = recover(model, BATCHES, steps=200, lr=1e-2, eval_fn=_accuracy, target=0.9, eval_every=8)

@@ -27,6 +27,7 @@ from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.format.progress import Progress, task
 from slimtorch.format.verbs import NOT_JSON, Report, resolve
 from slimtorch.prune.sparse_training import keep_sparse
+from slimtorch.recovery.data import output_tensor
 
 BN_BATCHES = 50
 
@@ -198,12 +199,12 @@ def distillation_loss(
 
 
 def _loss(student, teacher, inputs, targets, loss_fn, temperature: float, alpha: float) -> torch.Tensor:
-    logits = student(inputs)
+    logits = output_tensor(student(inputs))  # a Hugging Face model's ModelOutput: its logits
     task = loss_fn(logits, targets)
     if teacher is None:
         return task
     with torch.no_grad():
-        reference = teacher(inputs)
+        reference = output_tensor(teacher(inputs))
     return alpha * distillation_loss(logits, reference, temperature) + (1 - alpha) * task
 
 
