@@ -4,7 +4,6 @@ and if not, the plan (:mod:`slimtorch.slimming.planning`) and each prunable laye
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ def baseline(context: Context, folder: Path, forced: list[Candidate] | None) -> 
         attempts, probes = choose(goal, before, context.options, lambda c: _probe(context, c))
         plan = {"attempts": [p.candidate.to_dict() for p in attempts], "probes": [_row(p) for p in probes]}
         result["reason"] = _planned(context, before, attempts, probes)
-    candidates = [Candidate(**_candidate(c)) for c in plan["attempts"]]
+    candidates = [Candidate.from_dict(c) for c in plan["attempts"]]
     if any(c.ratio or c.sparsity for c in candidates):
         plan["sensitivity"] = _sensitivity(context, model)
     result["plan"] = plan
@@ -84,11 +83,3 @@ def _sensitivity(context: Context, model: nn.Module) -> dict[str, float]:
 
 def _row(probe: Probe) -> dict[str, Any]:
     return {"label": probe.candidate.label, "value": probe.value, "removed": probe.removed}
-
-
-def _candidate(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "ratio": float(values.get("ratio", 0.0)),
-        "sparsity": float(values.get("sparsity", 0.0)),
-        "scheme": values.get("scheme") or None,
-    }

@@ -86,7 +86,7 @@ def slim(
     context = Context(original, task_data, options, goal, folder, hf_folder, progress, spec)
     forced = None if plan is None else _forced(plan)
     first = _run(context, "01-baseline", "baseline", lambda where: baseline(context, where, forced))
-    candidates = [Candidate(**_fields(c)) for c in first.result["plan"]["attempts"]]
+    candidates = [Candidate.from_dict(c) for c in first.result["plan"]["attempts"]]
     attempts = _attempts(context, first, candidates)
     report, chosen = finish(context, first, attempts, command or _call(spec, options), _export_stage(context))
     write_recipe(Recipe(inputs, options, _plan_table(candidates, chosen, report)), folder.root / RECIPE)
@@ -221,14 +221,6 @@ def _forced(plan: Mapping[str, Any]) -> list[Candidate]:
     ]
     chosen = int(plan.get("chosen", -1))
     return [candidates[chosen]] if 0 <= chosen < len(candidates) else candidates
-
-
-def _fields(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "ratio": float(values.get("ratio", 0.0)),
-        "sparsity": float(values.get("sparsity", 0.0)),
-        "scheme": values.get("scheme") or None,
-    }
 
 
 def _plan_table(candidates: list[Candidate], chosen: int | None, report: SlimReport) -> dict[str, Any]:

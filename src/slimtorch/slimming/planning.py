@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,13 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "scheme": self.scheme or ""}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Candidate:
+        """The candidate :meth:`to_dict` wrote (a done marker's JSON: missing fields mean none)."""
+        return cls(
+            float(values.get("ratio", 0.0)), float(values.get("sparsity", 0.0)), values.get("scheme") or None
+        )
 
 
 @dataclass(frozen=True)
