@@ -38,7 +38,8 @@ Methods:
 * ``floor: readinto``: ``readinto`` of the safetensors file into a buffer allocated and pre-faulted
   before the clock (a fresh buffer would time anonymous page faults, not the read), then its sum.
 * ``floor: 4 parallel preads`` (cold only): the same read as 64 MiB ``pread`` calls on 4 threads. The
-  cold target is against the faster of the two floors ("x cold read" column).
+  cold target is against the sequential read, as the issue sets it; the ratio to the faster of the two
+  floors ("x cold read" column) is printed too, not a target.
 
 Cold runs (``cold:`` rows) first evict the file's pages with ``posix_fadvise(POSIX_FADV_DONTNEED)`` (no
 root needed for clean pages) and check with ``mincore`` that under 2% of them stayed resident; the
@@ -382,7 +383,8 @@ def summarize(results: dict[str, list[dict]], model_bytes: int) -> dict[str, dic
 
 
 def checks(model: str, rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's three targets for this model (those whose rows ran), and the build's share."""
+    """The issue's targets for this model (those whose rows ran): warm against load_file + assign, peak
+    RSS, cold against the cold sequential read; and that the cold runs were cold."""
     title, found = TITLES[model], []
     if OURS in rows:
         ours = rows[OURS]
@@ -393,15 +395,29 @@ def checks(model: str, rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 1.1,
             ),
             (f"{title}: verified load peak RSS / model bytes", ours["peak_rss_x_model"], 1.05),
-            (f"{title}: building the model on meta / verified load", ours["construct_share"], 0.05),
         ]
-    floors = [rows[f"cold: {f}"]["median_s"] for f in (FLOOR, PARALLEL_FLOOR) if f"cold: {f}" in rows]
-    if f"cold: {OURS}" in rows and floors:  # the faster read is the floor: a floor we beat is none
-        cold = rows[f"cold: {OURS}"]["median_s"] / min(floors)
-        found.append((f"{title}: verified load / the faster cold read (sequential or parallel)", cold, 1.1))
+    if f"cold: {OURS}" in rows and f"cold: {FLOOR}" in rows:
+        cold = rows[f"cold: {OURS}"]["median_s"] / rows[f"cold: {FLOOR}"]["median_s"]
+        found.append((f"{title}: verified load / the cold sequential read", cold, 1.1))
         evicted = max(r["resident_before_max"] for m, r in rows.items() if m.startswith("cold: "))
         found.append((f"{title}: share of the file still cached before a cold run", evicted, 0.02))
     return [{"name": n, "measured": v, "target": t, "ok": v <= t} for n, v, t in found]
+
+
+def measures(model: str, rows: dict[str, dict[str, Any]]) -> list[tuple[str, float]]:
+    """Ratios shown beside the targets, not targets: the stricter cold floor (reads in parallel, which no
+    single reader of a file gets), the eager default, and the model's construction (which the anchor
+    pays too: it builds the same model on meta)."""
+    title, found = TITLES[model], []
+    if f"cold: {OURS}" in rows and f"cold: {PARALLEL_FLOOR}" in rows:
+        cold = rows[f"cold: {OURS}"]["median_s"] / rows[f"cold: {PARALLEL_FLOOR}"]["median_s"]
+        found.append((f"{title}: verified load / {PARALLEL_FLOOR}, cold", cold))
+    if "slimtorch verified (eager)" in rows:
+        eager = rows["slimtorch verified (eager)"]["median_s"] / rows[ANCHOR]["median_s"]
+        found.append((f"{title}: verified (eager, the default) / load_file + assign, warm", eager))
+    if OURS in rows and rows[OURS].get("construct_share") is not None:
+        found.append((f"{title}: building the model / verified load", rows[OURS]["construct_share"]))
+    return found
 
 
 def load_average() -> str:
@@ -519,12 +535,15 @@ def main() -> None:
             print_table(model, rows, model_bytes, args.runs, load)
             record["models"][model] = {"model_bytes": model_bytes, "rows": rows, "load": load}
             record["checks"] += checks(model, rows)
+            record.setdefault("measures", []).extend(measures(model, rows))
             for path in files(Path(tmp), model).values():
                 path.unlink()
     print("\nTargets:")
     for check in record["checks"]:
         verdict = "PASS" if check["ok"] else "FAIL"
         print(f"{verdict}  {check['name']}: {check['measured']:.3f} (target <= {check['target']})")
+    for name, value in record.get("measures", []):
+        print(f"      {name}: {value:.3f}")
     passed = sum(c["ok"] for c in record["checks"])
     print(f"{passed}/{len(record['checks'])} targets pass")
     record["all_pass"] = passed == len(record["checks"])

@@ -31,6 +31,23 @@ class StorageLocation:
     nbytes: int
 
 
+@dataclass(slots=True)
+class StoredChunk:
+    """One checksummed chunk of a stored part, as a file-wide check sees it: where it lies, and the CRC-32
+    the file records for it."""
+
+    file: Path
+    offset: int
+    """Where the chunk starts in ``file``."""
+    length: int
+    expected: int
+    tensor: str
+    """The logical tensor whose part it is (named in a mismatch)."""
+    part: str
+    start: int
+    """Where the chunk starts in its part."""
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """What a checkpoint says about one tensor, without its data.
@@ -275,6 +292,11 @@ class TensorSource:
         :class:`~slimtorch.errors.FormatError` naming the tensor. Formats without checksums have none."""
         return []
 
+    def stored_chunks(self) -> list[StoredChunk]:
+        """Every checksummed chunk of every stored part, in file order, for a check of the whole file
+        (:meth:`slimtorch.loading.verification.Verification.watch`). Formats without checksums have none."""
+        return []
+
     def decode_parts(self, name: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
         """Tensor ``name`` from its :meth:`parts`."""
         return parts[""]
@@ -304,20 +326,37 @@ class TensorSource:
     # -- data, on demand ---------------------------------------------------------------------------------
     def storage_bytes(self, storage: str) -> torch.Tensor:
         """The raw bytes of one physical storage as a uint8 tensor mapped from the file."""
+        view = self._storage(storage)
+        return torch.empty(0, dtype=torch.uint8).set_(view, 0, (view.nbytes(),), (1,))
+
+    def _storage(self, storage: str) -> torch.UntypedStorage:
+        """One physical storage's bytes, mapped from the file (a storage of their own: tensors of two
+        storages never look like views of each other, as they would as views of one file-wide storage)."""
         location = self.locations[storage]
-        mapped = self._maps.get(location.file)
-        if mapped is None:
-            size = os.path.getsize(location.file)
-            # shared=False maps the file copy-on-write: reads come from the page cache and a caller that
-            # writes into a returned tensor never changes the file.
-            mapped = torch.UntypedStorage.from_file(str(location.file), shared=False, nbytes=size)
-            self._maps[location.file] = mapped
+        mapped = self._mapped(location.file)
         if location.offset + location.nbytes > mapped.nbytes():
             raise FormatError(
                 location.file, f"storage {storage!r} ends past the end of the file (truncated?)"
             )
-        view = mapped[location.offset : location.offset + location.nbytes]
-        return torch.empty(0, dtype=torch.uint8).set_(view, 0, (location.nbytes,), (1,))
+        return mapped[location.offset : location.offset + location.nbytes]
+
+    def mapped_range(self, file: Path, start: int, stop: int) -> torch.Tensor:
+        """Bytes ``[start, stop)`` of ``file`` (one of :attr:`files`) as a uint8 tensor, in the same mapping
+        that :meth:`get` takes tensors from: checking these bytes checks theirs."""
+        mapped = self._mapped(file)
+        if not 0 <= start <= stop <= mapped.nbytes():
+            raise FormatError(file, f"bytes {start}..{stop} are past the end of the file (truncated?)")
+        return torch.empty(0, dtype=torch.uint8).set_(mapped[start:stop], 0, (stop - start,), (1,))
+
+    def _mapped(self, file: Path) -> torch.UntypedStorage:
+        mapped = self._maps.get(file)
+        if mapped is None:
+            size = os.path.getsize(file)
+            # shared=False maps the file copy-on-write: reads come from the page cache and a caller that
+            # writes into a returned tensor never changes the file.
+            mapped = torch.UntypedStorage.from_file(str(file), shared=False, nbytes=size)
+            self._maps[file] = mapped
+        return mapped
 
     def get(self, name: str) -> torch.Tensor:
         """Tensor ``name``, mapped from the file (zero-copy where its bytes are aligned).
@@ -327,11 +366,11 @@ class TensorSource:
         return self._map(self.info(name))
 
     def _map(self, info: TensorInfo) -> torch.Tensor:
-        raw = self.storage_bytes(info.storage)
+        raw = self._storage(info.storage)
         if raw.data_ptr() % max(info.itemsize, 1):
             raw = raw.clone()  # a legacy file can place a storage at an odd offset; kernels want alignment
         out = torch.empty(0, dtype=info.dtype)
-        return out.set_(raw.untyped_storage(), info.storage_offset // info.itemsize, info.shape, info.stride)
+        return out.set_(raw, info.storage_offset // info.itemsize, info.shape, info.stride)
 
     def read_into(
         self, name: str, out: torch.Tensor, *, rows: Span | None = None, cols: Span | None = None

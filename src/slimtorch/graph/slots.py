@@ -31,7 +31,9 @@ def model_slots(model: nn.Module) -> list[Slot]:
     """Every parameter and persistent buffer, one slot per tensor (a tied tensor has several names)."""
     slots: dict[int, Slot] = {}
     for prefix, module in model.named_modules(remove_duplicate=False):
-        coded = getattr(module, "SLIM_PARTS", {})  # per instance: an LSTM has one per matrix
+        # per instance (an LSTM has one per matrix), else its class's; not getattr: a miss through
+        # nn.Module.__getattr__ raises inside it, 1.4 us a module
+        coded = module.__dict__.get("SLIM_PARTS", getattr(type(module), "SLIM_PARTS", {}))
         owned = [(n, t, True) for n, t in module._parameters.items()]
         owned += [
             (n, t, False) for n, t in module._buffers.items() if n not in module._non_persistent_buffers_set

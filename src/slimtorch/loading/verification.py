@@ -2,18 +2,32 @@
 CRC-32 checks of those bytes to :class:`Verification`, which runs them on threads of its own.
 
 Hashing cannot keep up with a mapped load (a warm 1 GiB file maps in milliseconds, its CRC takes 0.1 s a
-core), so a verified load at the speed of an unverified one has to verify beside the caller's own work:
+core), so a verified load at the speed of an unverified one has to verify beside other work:
+
+- A slim file loaded to the CPU is checked from the moment it is opened (:meth:`Verification.watch`),
+  before the model exists: its stored bytes in spans of :data:`SPAN_BYTES`, one CRC-32 each against the
+  value the recorded chunk CRCs combine to, in file order, beside the model's constructor and the load
+  (Python on the calling thread; the CRC releases the interpreter lock). On BERT-base most of the file is
+  checked by the time the model is filled, and the checking threads have paged the mapping in for the
+  caller. A span that does not match is checked chunk by chunk, so the error names the corrupt tensor
+  and no other.
+- Otherwise (CUDA staging, offload, a model given with real tensors) each mapped tensor's chunks are
+  handed over as the model takes it (:meth:`Verification.add`) and checked after the load.
+
+Then ``verify`` says when the caller waits:
 
 - ``"eager"`` waits for every check before ``load_model`` returns (the calling thread joins in);
-- ``"before-use"`` returns at once. The checks run in the order the model's modules are registered (about
-  the order a forward uses them), chunks of several parts at a time, and a forward pre-hook on each module
-  waits for its own tensors' checks, running them itself when no thread has started them yet, and raises
-  the checksum error in the forward that would use a bad tensor. Once everything has passed, the hooks
-  remove themselves. Steps that read weights without a forward wait through
-  :func:`slimtorch.format.pending.wait_for_checks`, which finds these checks by address.
+- ``"before-use"`` returns at once. The checks go on in order (file or model order: about the order a
+  forward uses the tensors), and a forward pre-hook on each module waits for its own tensors' checks,
+  running them itself when no thread has started them yet, and raises the checksum error in the forward
+  that would use a bad tensor. Once everything has passed, the hooks remove themselves. Steps that read
+  weights without a forward wait through :func:`slimtorch.format.pending.wait_for_checks`, which finds
+  these checks by address.
 
-Tensors that are decoded or copied never come here: their parts are checked before the bytes are used,
-on the loader's pool.
+Tensors that are decoded are checked before decoding, each its own parts (on the loader's pool, or the
+calling thread); tensors copied from the mapping (a dtype conversion, a file's one tensor given to two
+parameters) before the copy is used, under a watched file by waiting for their spans. A load that fails
+stops its checks before it raises.
 """
 
 from __future__ import annotations
@@ -30,9 +44,16 @@ from torch.utils.hooks import RemovableHandle
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.format import layout, pending
+from slimtorch.format.source import TensorSource
 
 COLD_READERS = 4
 """Check threads on a cold page cache at least (each mostly waits on its read)."""
+SMALL_CODED = 1 << 20
+"""Coded parts under this many bytes join a file-wide check's spans (:meth:`Verification.watch`)."""
+SPAN_BYTES = 16 << 20
+"""Bytes one check of a file-wide verification (:meth:`Verification.watch`) covers: few enough checks
+that the verifying thread rarely waits for the interpreter lock held by a constructor (each wait can
+last the 5 ms switch interval), small enough that a first forward waits for little."""
 
 Check = Callable[[], int]
 """Reads one chunk, returns its bytes, raises FormatError on a mismatch (``TensorSource.checks``)."""
@@ -46,6 +67,8 @@ class _Group:
     modules: list[nn.Module]
     tensor: torch.Tensor
     order: int
+    span: bool = False
+    """A span of a watched file (:meth:`Verification.watch`): its errors concern the uses of its tensors."""
     claimed: int = 0
     running: int = 0
     error: BaseException | None = None
@@ -54,6 +77,28 @@ class _Group:
     @property
     def exhausted(self) -> bool:
         return self.claimed == len(self.checks) or self.error is not None
+
+
+@dataclass(eq=False)
+class _Use:
+    """A tensor the model holds as mapped from a watched file: stored tensor ``name``, whose bytes the
+    ``spans`` cover, used by ``modules``."""
+
+    name: str
+    spans: list[_Group]
+    modules: list[nn.Module]
+    order: int
+
+    def error(self) -> BaseException | None:
+        return next((e for g in self.spans if (e := _error_of(g, self.name)) is not None), None)
+
+
+def _error_of(group: _Group, name: str | None) -> BaseException | None:
+    """The group's error as it concerns stored tensor ``name`` (None: any tensor of the group): a span
+    holding another tensor's corrupt chunk is no error for this one."""
+    if isinstance(group.error, layout.ChecksumMismatches) and name is not None:
+        return group.error.errors.get(name)
+    return group.error
 
 
 @dataclass
@@ -95,6 +140,12 @@ class Verification:
         self._hooks: list[tuple[RemovableHandle, int]] = []
         self._token: int | None = None
         self._on_finish: list[Callable[[], None]] = []
+        self._spans: dict[str, list[_Group]] = {}
+        """Stored tensor name -> the spans over its bytes (:meth:`watch`)."""
+        self._uses: list[_Use] = []
+        self._begun = False
+        """:meth:`start` was called: the last check done finishes the verification."""
+        self._watching = False
 
     @property
     def finished(self) -> bool:
@@ -106,23 +157,109 @@ class Verification:
         """The checks of ``tensor`` (mapped from the file, as the model holds it), which ``modules`` use;
         they run by ``order`` (the tensor's place in the model)."""
         if checks:
-            self._groups.append(_Group(list(checks), modules, tensor, order))
+            with self._lock:
+                self._groups.append(_Group(list(checks), modules, tensor, order))
+                self._open += 1
+
+    def watch(self, source: TensorSource) -> None:
+        """Start checking every stored byte of ``source`` now, before the model exists, in file order and
+        in :data:`SPAN_BYTES` spans, on threads of their own: building a model and filling it is Python
+        on the calling thread, the CRC runs beside it (BERT-base: 8 spans, most of them checked by the
+        time the load returns). Then :meth:`use` ties each mapped tensor to its spans, and
+        :meth:`verify_stored` checks a tensor's bytes before they are decoded or copied.
+
+        Example:
+            >>> checks = Verification(threads=2)  # doctest: +SKIP
+            >>> checks.watch(slimtorch.open("model.safetensors"))  # doctest: +SKIP
+        """
+        self._started = time.perf_counter()
+        # Tensors stored as is come under the spans; coded ones are checked as they are decoded, each its
+        # own small parts (a decode waiting for a 16 MiB span would wait on the file-wide check). Their
+        # parts under SMALL_CODED still join the spans, which would break at every bias otherwise.
+        chunks = source.stored_chunks()
+        raw = {name for name in {c.tensor for c in chunks} if source.codec(name) == "raw"}
+        chunks = [c for c in chunks if c.tensor in raw or c.length < SMALL_CODED]
+        runs = layout.spans(chunks, SPAN_BYTES)
+        cold = None
+        for run in runs:
+            start, stop = run[0].offset, run[-1].offset + run[-1].length
+            data = source.mapped_range(run[0].file, start, stop)
+            if cold is None and stop > start:  # asked once, here: mincore releases the interpreter lock
+                cold = not layout.resident(data.data_ptr())
+            address = data.data_ptr() if cold and stop > start else 0  # read-ahead hints on a cold cache
+            check = layout.SpanCheck(source.path, run, layout.tensor_bytes(data), address)
+            group = _Group([check], [], data, order=len(self._groups), span=True)
+            self._groups.append(group)
+            for name in dict.fromkeys(chunk.tensor for chunk in run if chunk.tensor in raw):
+                self._spans.setdefault(name, []).append(group)
+        self._open += len(self._groups)
+        self._watching = True
+        self._spawn(cold=bool(cold))
+
+    @property
+    def watching(self) -> bool:
+        """Whether a file is under :meth:`watch`."""
+        return self._watching
+
+    def covers(self, name: str) -> bool:
+        """Whether stored tensor ``name`` is under :meth:`watch`."""
+        return name in self._spans
+
+    def use(self, name: str, modules: list[nn.Module], order: int) -> None:
+        """The model holds stored tensor ``name`` as mapped (under :meth:`watch`), used by ``modules``
+        (their forwards wait for its spans) at ``order`` (its place in the model)."""
+        self._uses.append(_Use(name, self._spans[name], modules, order))
+
+    def verify_stored(self, name: str) -> None:
+        """Block until the spans over stored tensor ``name`` are checked, running unstarted ones here;
+        raise its own mismatch (before its bytes are decoded or copied)."""
+        spans = self._spans[name]
+        self._wait_for(spans)
+        error = next((e for g in spans if (e := _error_of(g, name)) is not None), None)
+        if error is not None:
+            raise error
+
+    def cancel(self) -> None:
+        """The load failed: start no more checks, and wait for those running, so that nothing reads the
+        file once the load has raised (a caller may rewrite it then: reading a mapped page past a new end
+        of the file kills the process with SIGBUS)."""
+        with self._lock:
+            self._cursor = len(self._groups)
+            running = [group for group in self._groups if group.running]
+        for group in running:
+            group.done.wait()
 
     def start(self, *, hooks: bool, on_finish: Callable[[], None] | None = None) -> None:
-        """Start the threads; with ``hooks``, each module waits in its forward for its own tensors."""
-        self._started = time.perf_counter()
-        self._groups.sort(key=lambda group: group.order)
+        """Start the threads (already running after :meth:`watch`); with ``hooks``, each module waits in
+        its forward for its own tensors."""
+        watching = self._watching
         self._on_finish += [on_finish] if on_finish else []
-        self._open = len(self._groups)
-        if not self._groups:
-            self._finish()
-            return
-        self._token = pending.hold(_ranges(self._groups), self)
+        if not watching:
+            self._started = time.perf_counter()
+            self._groups.sort(key=lambda group: group.order)
+        if self._groups:
+            self._token = pending.hold(_ranges(self._groups), self)
         if hooks:
             self._hook_modules()
-        workers = min(_workers(self.threads, self._groups), sum(len(g.checks) for g in self._groups))
+        if not watching:
+            self._spawn()
+        with self._lock:
+            self._begun = True
+            last = self._open == 0 and not self._finished.is_set()
+        if last:
+            self._finish()
+
+    def _spawn(self, cold: bool | None = None) -> None:
+        """Start the checking threads: more on a cold page cache (``None``: look at the pages)."""
+        if not self._groups:
+            return
+        cold = _cold(self._groups) if cold is None else cold
+        workers = min(max(self.threads, COLD_READERS) if cold else max(1, self.threads - 1), self._checks())
         for i in range(workers):
-            threading.Thread(target=self._work, args=(i == 0,), name="slimtorch-verify").start()
+            threading.Thread(target=self._work, args=(cold and i == 0,), name="slimtorch-verify").start()
+
+    def _checks(self) -> int:
+        return sum(len(g.checks) for g in self._groups)
 
     def returned(self) -> None:
         """The load returns now: what runs from here on overlaps the caller's work."""
@@ -131,7 +268,8 @@ class Verification:
     def wait(self) -> None:
         """Block until every check is done, running unstarted ones on this thread; raise the first
         mismatch (in the model's order)."""
-        failed = self._wait_for(self._groups)
+        self._wait_for(self._groups)
+        failed = self._first_error()
         self._finished.wait()  # the last check's thread may still be removing the hooks
         for callback in self._on_finish:
             callback()  # again: this wait's own time
@@ -140,7 +278,7 @@ class Verification:
 
     # -- running checks ---------------------------------------------------------------------------------
     def _work(self, read_ahead: bool) -> None:
-        if read_ahead:  # queue the reads of every tensor now, in the model's order (cold cache)
+        if read_ahead:  # queue the reads of every tensor now, in order (cold cache)
             for start, end in _ranges(self._groups):
                 layout.read_ahead(start, end - start)
         while (job := self._claim(None)) is not None:
@@ -178,12 +316,12 @@ class Verification:
             if closed:
                 group.done.set()
                 self._open -= 1
-            last = closed and self._open == 0
+            last = closed and self._open == 0 and self._begun
         if last:
             self._finish()
 
-    def _wait_for(self, groups: Sequence[_Group]) -> BaseException | None:
-        """Wait until ``groups`` are done, running their unstarted checks here; their first error."""
+    def _wait_for(self, groups: Sequence[_Group]) -> None:
+        """Wait until ``groups`` are done, running their unstarted checks here."""
         clock = time.perf_counter()
         for group in groups:
             while (job := self._claim(group)) is not None:
@@ -191,7 +329,13 @@ class Verification:
             group.done.wait()
         with self._lock:
             self.stats.waited_s += time.perf_counter() - clock
-        return next((g.error for g in groups if g.error is not None), None)
+
+    def _first_error(self) -> BaseException | None:
+        """The first mismatch in the model's order among the tensors it holds (a corrupt tensor it does not
+        use fails nothing)."""
+        found = [(u.order, e) for u in self._uses if (e := u.error()) is not None]
+        found += [(g.order, g.error) for g in self._groups if g.error is not None and not g.span]
+        return min(found, key=lambda pair: pair[0])[1] if found else None
 
     def _finish(self) -> None:
         """Every check is done: drop the hooks (kept on modules with a failed tensor, so their forward
@@ -200,6 +344,7 @@ class Verification:
         self.stats.wall_s = now - self._started
         self.stats.after_return_s = max(0.0, now - self._returned) if self._returned is not None else 0.0
         failed = {id(m) for g in self._groups if g.error is not None for m in g.modules}
+        failed |= {id(m) for use in self._uses if use.error() is not None for m in use.modules}
         kept = []
         for handle, module_id in self._hooks:
             if module_id in failed:
@@ -215,10 +360,14 @@ class Verification:
 
     # -- waiting in forwards ----------------------------------------------------------------------------
     def _hook_modules(self) -> None:
-        by_module: dict[int, tuple[nn.Module, list[_Group]]] = {}
-        for group in self._groups:
-            for module in group.modules:
-                by_module.setdefault(id(module), (module, []))[1].append(group)
+        by_module: dict[int, tuple[nn.Module, list[tuple[_Group, str | None]]]] = {}
+        waits = [(g, None, g.modules) for g in self._groups if g.modules]
+        waits += [(g, use.name, use.modules) for use in self._uses for g in use.spans]
+        for group, name, modules in waits:
+            if group.done.is_set() and _error_of(group, name) is None:
+                continue  # checked already: nothing to wait for
+            for module in modules:
+                by_module.setdefault(id(module), (module, []))[1].append((group, name))
         for module_id, (module, groups) in by_module.items():
             handle = module.register_forward_pre_hook(_BeforeForward(self, groups))
             self._hooks.append((handle, module_id))
@@ -230,14 +379,16 @@ class _BeforeForward:
     A model holding these hooks refuses to be copied or pickled: the copy would hold bytes nobody checked
     yet, with no hook of its own to check them (and the checks' threads and locks cannot be copied)."""
 
-    def __init__(self, verification: Verification, groups: list[_Group]) -> None:
+    def __init__(self, verification: Verification, groups: list[tuple[_Group, str | None]]) -> None:
         self.verification = verification
         self.groups = groups
+        """(group, stored tensor name or None: any of the group's errors is this module's)"""
 
     def __call__(self, module: nn.Module, args: Any) -> None:
-        if all(g.done.is_set() and g.error is None for g in self.groups):
+        if all(g.done.is_set() and _error_of(g, name) is None for g, name in self.groups):
             return
-        failed = self.verification._wait_for(self.groups)
+        self.verification._wait_for([g for g, _ in self.groups])
+        failed = next((e for g, name in self.groups if (e := _error_of(g, name)) is not None), None)
         if failed is not None:
             raise failed
 
@@ -251,14 +402,14 @@ class _BeforeForward:
         self.__reduce__()
 
 
-def _workers(threads: int, groups: list[_Group]) -> int:
-    """Check threads for a load on ``threads``: on a warm page cache one fewer, the caller's thread being
-    the other (an eager load joins in its wait; a forward beside before-use checks pages in the same
-    bytes). Measured on 2 cores, 2 GiB: one check thread beside a 1-thread sum adds nothing (0.92x the
-    sum alone), two add 1.26x (they compete for the cores). Cold, the threads mostly wait on the disk,
-    which serves several reads at once: as many as the parallel read floor uses, COLD_READERS."""
-    cold = any(not layout.resident(group.tensor.data_ptr()) for group in groups[:: max(1, len(groups) // 8)])
-    return max(threads, COLD_READERS) if cold else max(1, threads - 1)
+def _cold(groups: list[_Group]) -> bool:
+    """Whether the checked bytes are not in the page cache (sampled), which decides how many threads check
+    them: on a warm cache one fewer than the load's, the caller's thread being the other (an eager load
+    joins in its wait; a forward beside before-use checks pages in the same bytes; measured on 2 cores,
+    2 GiB: one check thread beside a 1-thread sum adds nothing, 0.92x the sum alone; two add 1.26x, they
+    compete for the cores). Cold, the threads mostly wait on the disk, which serves several reads at
+    once: as many as the parallel read floor uses, COLD_READERS, and the first one asks for read-ahead."""
+    return any(not layout.resident(group.tensor.data_ptr()) for group in groups[:: max(1, len(groups) // 8)])
 
 
 def _ranges(groups: list[_Group]) -> list[tuple[int, int]]:

@@ -33,7 +33,7 @@ from slimtorch.format.layout import (
     tensor_bytes,
 )
 from slimtorch.format.shard_read import Piece, ShardRead, Span, read_region, region
-from slimtorch.format.source import ObjectInfo, StorageLocation, TensorInfo, TensorSource
+from slimtorch.format.source import ObjectInfo, StorageLocation, StoredChunk, TensorInfo, TensorSource
 from slimtorch.sources.pickled import flatten
 
 ROW_CODECS = ("raw", "int8", "int4")  # chains whose parts are stored row by row, first dim = the tensor's
@@ -99,6 +99,24 @@ class SlimSource(TensorSource):
             for role, tensor in parts.items()
             for check in chunk_checks(self.path, entry, role, tensor, chunk=CHECKSUM_CHUNK)
         ]
+
+    def stored_chunks(self) -> list[StoredChunk]:
+        """Every checksummed chunk of every stored part, in file order: what a file-wide check reads."""
+        chunk = CHECKSUM_CHUNK
+        found = []
+        for entry in self.layout.tensors.values():
+            for role, key in entry.parts.items():
+                location = self.locations[self.physical[key].storage]
+                expected = entry.crc32[role]
+                if len(expected) != max(1, -(-location.nbytes // chunk)):
+                    problem = f"tensor {entry.name!r}: checksum list does not fit part {role!r}"
+                    raise FormatError(self.path, problem)
+                for i, crc in enumerate(expected):
+                    at, length = i * chunk, min(chunk, location.nbytes - i * chunk)
+                    where = (location.file, location.offset + at, length)
+                    found.append(StoredChunk(*where, crc, entry.name, key, at))
+        found.sort(key=lambda c: (str(c.file), c.offset))
+        return found
 
     def part(self, name: str, role: str) -> torch.Tensor:
         """Part ``role`` of tensor ``name`` as the first codec stage made it (a quantized layer's codes or

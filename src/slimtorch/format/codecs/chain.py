@@ -22,7 +22,7 @@ import torch
 from slimtorch.errors import FormatError
 from slimtorch.format import untrusted
 from slimtorch.format.codecs import entropy
-from slimtorch.format.codecs.base import CodecError, parse_dtype, parse_shape, require
+from slimtorch.format.codecs.base import CodecError, parse_dtype, parse_shape
 from slimtorch.format.source import dtype_name
 
 
@@ -243,7 +243,9 @@ def _declared(stage: Mapping[str, Any]) -> tuple[torch.dtype, tuple[int, ...]]:
 
 def part(parts: Mapping[str, torch.Tensor], role: str, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Side part ``role``, checked to exist and (optionally) to have ``dtype``."""
-    require(role in parts, f"part {role!r} is missing")
-    tensor = parts[role]
-    require(dtype is None or tensor.dtype == dtype, f"part {role!r} is {dtype_name(tensor.dtype)}")
+    tensor = parts.get(role)
+    if tensor is None:
+        raise CodecError(f"part {role!r} is missing")
+    if dtype is not None and tensor.dtype != dtype:  # not require(): its message would be built every call
+        raise CodecError(f"part {role!r} is {dtype_name(tensor.dtype)}")
     return tensor

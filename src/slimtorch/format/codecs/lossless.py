@@ -15,7 +15,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from slimtorch.format.codecs.chain import CodecError, parse_dtype, part, register, require
+from slimtorch.format.codecs.base import require
+from slimtorch.format.codecs.chain import CodecError, parse_dtype, part, register
 
 _WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _SIGN_FREE = {1: 0x7F, 2: 0x7FFF, 4: 0x7FFF_FFFF, 8: 0x7FFF_FFFF_FFFF_FFFF}
@@ -67,6 +68,8 @@ class Sparse:
         mask = part(parts, "mask", torch.uint8)
         require(tuple(mask.shape) == (math.ceil(numel / 8),), "sparse mask has the wrong length")
         require(primary.dtype == dtype and primary.dim() == 1, "sparse values have the wrong dtype")
+        if not primary.numel() and not mask.numpy().any():  # all zeros (a new model's biases): no scatter
+            return torch.zeros(shape, dtype=dtype)
         keep = np.unpackbits(mask.numpy(), count=numel, bitorder="little").view(np.bool_)
         kept = int(np.count_nonzero(keep))
         require(kept == primary.numel(), f"sparse mask keeps {kept} values but {primary.numel()} are stored")

@@ -39,7 +39,8 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from slimtorch.errors import OptionError
-from slimtorch.format.codecs.chain import CodecError, parse_dtype, part, register, require
+from slimtorch.format.codecs.base import require
+from slimtorch.format.codecs.chain import CodecError, parse_dtype, part, register
 
 ROW_BLOCK_ELEMENTS = 1 << 22  # work on ~4 Mi elements at a time: cache-friendly, bounded temporaries
 INT4_GROUP_SIZES = range(32, 257)

@@ -1,0 +1,176 @@
+"""A slim file loaded to the CPU is checked file-wide from the moment it is opened: its stored bytes in
+spans of many tensors, one CRC-32 each, on threads beside the model's constructor.
+
+Each test would fail if the checks waited for the model (the factory waits for them), if one corrupt
+tensor failed its span's intact neighbours, or if a failed load left a thread reading the file.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+import slimtorch
+from slimtorch.format import layout
+from slimtorch.format.layout import ChecksumMismatches, SpanCheck
+from slimtorch.format.source import StoredChunk
+from slimtorch.loading import verification
+from slimtorch.loading.verification import Verification
+from tests.hostile import data_range
+from tests.zoo import MLP
+
+
+@pytest.fixture
+def watched(monkeypatch) -> list[Verification]:
+    """Every Verification that watches a file during the test, as it starts."""
+    found: list[Verification] = []
+    original = Verification.watch
+
+    def watch(self: Verification, source) -> None:
+        found.append(self)
+        original(self, source)
+
+    monkeypatch.setattr(Verification, "watch", watch)
+    return found
+
+
+def _saved(tmp_path: Path, corrupt: tuple[str, ...] = (), **save: object) -> Path:
+    path = tmp_path / "mlp.safetensors"
+    torch.manual_seed(0)
+    slimtorch.save(MLP().state_dict(), path, **save)  # type: ignore[arg-type]
+    data = bytearray(path.read_bytes())
+    for key in corrupt:
+        start, _ = data_range(path, key)
+        data[start + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_the_file_is_checked_while_the_model_is_built(tmp_path, watched) -> None:
+    path = _saved(tmp_path)
+    seen: list[int] = []
+
+    def build() -> MLP:  # waits for the checks to make progress: they must not wait for it
+        deadline = time.monotonic() + 20
+        while not watched[0].stats.checked_bytes and time.monotonic() < deadline:
+            time.sleep(0.001)
+        seen.append(watched[0].stats.checked_bytes)
+        return MLP()
+
+    for mode in ("eager", "before-use"):
+        seen.clear()
+        report = slimtorch.load_model(path, build, verify=mode)
+        report.wait()
+        assert seen[0] > 0, f"{mode}: nothing was checked while the model was built"
+        assert report.verified_bytes == path.stat().st_size - data_range(path, "layers.0.weight")[0]
+
+
+def test_a_corrupt_tensor_fails_itself_only_though_its_span_holds_its_neighbours(tmp_path, watched) -> None:
+    path = _saved(tmp_path, corrupt=("layers.2.weight",))
+    report = slimtorch.load_model(path, MLP, verify="before-use")
+    assert len(watched[0]._groups) == 1  # one span holds every tensor of this small model
+    model = report.model
+    model.layers[0](torch.randn(2, 64))  # same span, intact tensors: it runs
+    with pytest.raises(slimtorch.FormatError, match=r"tensor 'layers\.2\.weight': checksum mismatch"):
+        model.layers[2](torch.randn(2, 128))
+    with pytest.raises(slimtorch.FormatError, match=r"'layers\.2\.weight'"):
+        report.wait()
+
+
+def test_the_first_corrupt_tensor_in_the_models_order_is_the_one_raised(tmp_path) -> None:
+    path = _saved(tmp_path, corrupt=("layers.4.bias", "layers.2.weight"))
+    with pytest.raises(slimtorch.FormatError, match=r"tensor 'layers\.2\.weight'"):
+        slimtorch.load_model(path, MLP)
+    with pytest.raises(slimtorch.FormatError, match=r"tensor 'layers\.2\.weight'"):
+        slimtorch.load(path)
+
+
+def test_spans_cut_a_file_and_each_mismatch_names_its_own_tensor_and_bytes(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(verification, "SPAN_BYTES", 8 << 10)  # the 128x128 weight alone is 64 KiB
+    path = _saved(tmp_path)
+    _, end = data_range(path, "layers.2.weight")
+    data = bytearray(path.read_bytes())
+    data[end - 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    report = slimtorch.load_model(path, MLP, verify="before-use")
+    report.model.layers[0](torch.randn(2, 64))
+    # one 64 MiB chunk: the message gives where the chunk starts, as a per-tensor check does
+    with pytest.raises(slimtorch.FormatError, match=r"'layers\.2\.weight': checksum mismatch .*\(bytes 0\."):
+        report.wait()
+
+
+def test_a_span_check_names_every_corrupt_tensor_as_a_chunk_check_would() -> None:
+    parts = [b"slim" * 4, b"torch" * 3, b"safetensors"]
+    data = bytearray(b"".join(parts))
+    chunks, at = [], 0
+    for name, part in zip("abc", parts, strict=True):
+        chunks.append(StoredChunk(Path("f"), at, len(part), zlib.crc32(part), name, name, 0))
+        at += len(part)
+    assert SpanCheck(Path("f"), chunks, memoryview(bytes(data)))() == len(data)
+    data[1] ^= 1  # in a
+    data[-1] ^= 1  # in c
+    with pytest.raises(ChecksumMismatches) as caught:
+        SpanCheck(Path("f"), chunks, memoryview(bytes(data)))()
+    assert set(caught.value.errors) == {"a", "c"}
+    alone = layout.ChunkCheck(Path("f"), "a", "a", 0, memoryview(bytes(data))[:16], chunks[0].expected)
+    with pytest.raises(slimtorch.FormatError) as direct:
+        alone()
+    assert str(caught.value.errors["a"]) == str(direct.value) == str(caught.value)
+
+
+def test_coded_tensors_are_checked_as_they_are_decoded_not_under_the_spans(tmp_path, watched) -> None:
+    path = _saved(tmp_path, quantize="int8")
+    slimtorch.load_model(path, MLP).wait()
+    checks = watched[0]
+    assert not checks.covers("layers.0.weight")  # int8 codes: checked before decoding, on their own
+    assert checks.covers("layers.0.bias")  # stored as is: under a span
+    assert len(checks._groups) == 1  # the codes' small parts join the span, which does not break at them
+    corrupt = _saved(tmp_path, corrupt=("layers.2.weight::q",), quantize="int8")
+    with pytest.raises(slimtorch.FormatError, match=r"'layers\.2\.weight': checksum mismatch"):
+        slimtorch.load_model(corrupt, MLP, verify="before-use")
+
+
+def test_a_failed_load_stops_its_checks_before_it_raises(tmp_path, monkeypatch, watched) -> None:
+    monkeypatch.setattr(verification, "SPAN_BYTES", 1 << 10)  # many spans: most are never started
+    path = _saved(tmp_path)
+
+    def build() -> torch.nn.Module:
+        while not watched[0].stats.checked_bytes:  # a check is running or done: the threads are live
+            time.sleep(0.001)
+        raise RuntimeError("the constructor failed")
+
+    with pytest.raises(RuntimeError, match="the constructor failed"):
+        slimtorch.load_model(path, build)
+    checks = watched[0]
+    assert all(group.done.is_set() for group in checks._groups if group.claimed)  # none still running
+    assert checks.stats.checked_bytes < path.stat().st_size  # the rest were never read
+    deadline = time.monotonic() + 10
+    while any(t.name == "slimtorch-verify" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name == "slimtorch-verify" for t in threading.enumerate())
+
+
+def test_no_check_watches_a_load_that_verifies_nothing_or_offloads(tmp_path, watched) -> None:
+    path = _saved(tmp_path)
+    slimtorch.load_model(path, MLP, verify=False)
+    slimtorch.load_model(path, MLP, max_memory="cpu=1MB", verify="eager")  # each unit checked as it is read
+    assert watched == []
+
+
+def test_a_file_with_no_tensor_stored_as_is_still_finishes_its_checks(tmp_path, watched) -> None:
+    """Every tensor coded: the spans hold only small coded parts, no tensor is under them, and the
+    verification must still end (it once waited for spans it had counted twice)."""
+    path = tmp_path / "coded.safetensors"
+    build = lambda: torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False))  # noqa: E731
+    slimtorch.save(build().state_dict(), path, quantize="int8")
+    done: list[object] = []
+    loading = threading.Thread(target=lambda: done.append(slimtorch.load_model(path, build)), daemon=True)
+    loading.start()
+    loading.join(timeout=30)
+    assert done, "load_model did not return"
+    assert watched[0].watching and not watched[0].covers("0.weight") and watched[0]._groups
