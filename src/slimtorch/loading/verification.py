@@ -164,7 +164,7 @@ class Verification:
     def watch(self, source: TensorSource) -> None:
         """Start checking every stored byte of ``source`` now, before the model exists, in file order and
         in :data:`SPAN_BYTES` spans, on threads of their own: building a model and filling it is Python
-        on the calling thread, the CRC runs beside it (BERT-base: 8 spans, most of them checked by the
+        on the calling thread, the CRC runs beside it (BERT-base: 29 spans, most of them checked by the
         time the load returns). Then :meth:`use` ties each mapped tensor to its spans, and
         :meth:`verify_stored` checks a tensor's bytes before they are decoded or copied.
 
