@@ -104,7 +104,7 @@ def load(
     target = _device(options.device)
     source, report = _open(path, target, options)
     stager = stager_for(target)
-    checks = _checks(source, options, stager, budget=False)
+    checks = _checks(source, options, report, stager, budget=False)
     with source, ThreadPoolExecutor(report.threads) as pool, _cancelled_on_error(checks):
         slots = file_slots(source)
         _fill(source, slots, target, options.dtype, stager, pool, {}, progress, report, checks)
@@ -185,7 +185,7 @@ def _load_model(
     source, report = _open(path, target, options)
     stager = stager_for(target)
     budget = bool(options.max_memory)  # offload: nothing decoded before the plan says what stays
-    checks = _checks(source, options, stager, budget)
+    checks = _checks(source, options, report, stager, budget)
     with source, ThreadPoolExecutor(report.threads) as pool, _cancelled_on_error(checks):
         # The factory runs Python (holding the GIL) while the pool maps and decodes (releasing it).
         early = {} if stager or budget else _prefetch(source, pool, options.dtype, checks)
@@ -292,7 +292,7 @@ load_profiled = deprecated(
 
 
 def _checks(
-    source: TensorSource, options: LoadOptions, stager: Stager | None, budget: bool
+    source: TensorSource, options: LoadOptions, report: LoadReport, stager: Stager | None, budget: bool
 ) -> Verification | None:
     """The load's checks (None: ``verify=False``). A slim file loaded to the CPU in full has every stored
     byte checked from now on, beside the model's construction (:meth:`Verification.watch`); staged
@@ -301,7 +301,9 @@ def _checks(
         return None
     checks = Verification(options.threads or DECODE_THREADS)
     if source.coded and stager is None and not budget:
+        clock = time.perf_counter()
         checks.watch(source)
+        report.open_s += time.perf_counter() - clock  # laying out the spans is part of opening the file
     return checks
 
 

@@ -197,7 +197,7 @@ class LoadReport(Report):
     """Tensors that are the file's bytes themselves (memory-mapped, no copy)."""
     decoded: int = 0
     open_s: float = 0.0
-    """Parsing the file's structure (headers, index, pickle)."""
+    """Parsing the file's structure (headers, index, pickle) and laying out its file-wide checks."""
     construct_s: float = 0.0
     """Calling the model factory with parameters on the meta device."""
     read_s: float = 0.0

@@ -10,7 +10,7 @@ from slimtorch.format.units import format_bytes
 from slimtorch.loading.options import LoadReport
 
 PHASES = (
-    ("open", "open_s", "parse the file's structure (headers, index, pickle)"),
+    ("open", "open_s", "parse the file's structure (headers, index, pickle); start checking it"),
     ("construct", "construct_s", "the model factory, parameters on meta (and any import it triggers)"),
     ("read", "read_s", "map the stored parts; verify the checksums of those decoded or copied"),
     ("decode", "decode_s", "int8 / int4 / sparse / cast / zstd back to tensors"),
