@@ -136,7 +136,14 @@ def test_coded_tensors_are_checked_as_they_are_decoded_not_under_the_spans(tmp_p
 
 
 def test_a_failed_load_stops_its_checks_before_it_raises(tmp_path, monkeypatch, watched) -> None:
-    monkeypatch.setattr(verification, "SPAN_BYTES", 1 << 10)  # many spans: most are never started
+    monkeypatch.setattr(verification, "SPAN_BYTES", 1 << 10)  # about 100 spans: most are never started
+    check = SpanCheck.__call__
+
+    def slow(self: SpanCheck) -> int:  # 5 ms a span: the whole file would take half a second
+        time.sleep(0.005)
+        return check(self)
+
+    monkeypatch.setattr(SpanCheck, "__call__", slow)
     path = _saved(tmp_path)
 
     def build() -> torch.nn.Module:
