@@ -202,6 +202,15 @@ class ChunkCheck:
         return len(self.data)
 
 
+def recorded_crcs(path: Path, entry: Entry, role: str, part_bytes: int, chunk: int) -> list[int]:
+    """The CRC-32 the file records for each ``chunk`` bytes of part ``role`` (``part_bytes`` long), refused
+    when there are not as many as the part has chunks."""
+    expected = entry.crc32[role]
+    if len(expected) != max(1, -(-part_bytes // chunk)):
+        raise FormatError(path, f"tensor {entry.name!r}: checksum list does not fit part {role!r}")
+    return expected
+
+
 def chunk_checks(
     path: Path,
     entry: Entry,
@@ -213,10 +222,8 @@ def chunk_checks(
     """The checks of part ``role`` of ``entry`` as mapped in ``tensor``: every chunk's, or only those
     overlapping the byte range ``within``. A checksum list that does not fit the part is refused here."""
     data = tensor_bytes(tensor)
-    expected = entry.crc32[role]
-    chunks = max(1, -(-len(data) // chunk))
-    if len(expected) != chunks:
-        raise FormatError(path, f"tensor {entry.name!r}: checksum list does not fit part {role!r}")
+    expected = recorded_crcs(path, entry, role, len(data), chunk)
+    chunks = len(expected)
     key, address = entry.parts[role], tensor.data_ptr() if tensor.device.type == "cpu" else 0
     if chunks == 1:  # most tensors: one check, built without the general case's ranges
         return [ChunkCheck(path, entry.name, key, 0, data, expected[0], address)]

@@ -413,15 +413,13 @@ def _fetch(
     codec = source.codec(name)
     converts = convert and dtype is not None and source.info(name).dtype != dtype
     later = verify == "later" and codec == "raw" and not converts
-    stored = _stored_name(source, name) if verify and watched is not None else None
-    if stored is not None and watched.covers(stored):  # type: ignore[union-attr]
-        checks: list[Check] = []
-        if not later:
-            watched.verify_stored(stored)  # type: ignore[union-attr]
-            stored = None
-    else:
-        stored = None
+    stored = _under_watch(source, name, verify, watched)
+    checks: list[Check] = []
+    if stored is None:
         checks = _checked(source.checks(name, parts), later) if verify else []
+    elif not later:
+        watched.verify_stored(stored)  # type: ignore[union-attr]
+        stored = None
     read = time.perf_counter()
     tensor = source.decode_parts(name, parts)
     if checks and tensor is not parts.get(""):
@@ -437,9 +435,20 @@ def _fetch(
     return fetched
 
 
-def _stored_name(source: TensorSource, name: str) -> str:
-    """The stored tensor a file's name reads (a tie or copy reads the tensor it shares)."""
-    return source.ties().get(name, source.copies().get(name, name))
+def _under_watch(
+    source: TensorSource, name: str, verify: str | None, watched: Verification | None
+) -> str | None:
+    """The stored tensor file name ``name`` reads (a tie or copy reads the tensor it shares) where the
+    load's file-wide check covers it, else None (its own checks apply, or none without ``verify``)."""
+    if not verify or watched is None:
+        return None
+    stored = source.ties().get(name, source.copies().get(name, name))
+    return stored if watched.covers(stored) else None
+
+
+def _watching(checks: object) -> Verification | None:
+    """``checks`` when it is a load's file-wide check (:meth:`Verification.watch`), else None."""
+    return checks if isinstance(checks, Verification) and checks.watching else None
 
 
 def _checked(checks: list[Check], later: bool) -> list[Check]:
@@ -476,7 +485,7 @@ def _prefetch(
             dtype if info.dtype.is_floating_point else None,
             dtype is not None,
             "later" if checks is not None else None,
-            checks if checks is not None and checks.watching else None,
+            _watching(checks),
         )
         for info in stored
         if info.name not in quantized
@@ -511,9 +520,7 @@ def _fetch_part(
     clock = time.perf_counter()
     name, role = slot.file_name, slot.part[1]  # type: ignore[index]
     checks: list[Check] = []
-    stored_name = _stored_name(source, name) if verify and watched is not None else None  # type: ignore[arg-type]
-    if stored_name is not None and not watched.covers(stored_name):  # type: ignore[union-attr]
-        stored_name = None
+    stored_name = _under_watch(source, name, verify, watched)  # type: ignore[arg-type]
     if verify:
         stored, stages = source.parts(name), source.stages(name)  # type: ignore[arg-type]
         as_stored = role in stored and len(stages) <= 1 and not (stages and stages[0].get("packing"))
@@ -568,7 +575,7 @@ def _fill(
     stored = source.ties()
     # CUDA: convert on the device after the transfer (cheaper there, and the transfer is smaller).
     convert = stager is None
-    watched = checks if isinstance(checks, Verification) and checks.watching else None
+    watched = _watching(checks)
 
     def task(slot: Slot) -> _Fetched | Future | Callable[[], _Fetched]:
         verify = None if checks is None else "later" if stager is None and slot.tensor.is_meta else "now"

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,7 +90,12 @@ class _Use:
     order: int
 
     def error(self) -> BaseException | None:
-        return next((e for g in self.spans if (e := _error_of(g, self.name)) is not None), None)
+        return _first_error((g, self.name) for g in self.spans)
+
+
+def _first_error(waits: Iterable[tuple[_Group, str | None]]) -> BaseException | None:
+    """The first error among (group, stored tensor name) pairs, each as :func:`_error_of` sees it."""
+    return next((e for group, name in waits if (e := _error_of(group, name)) is not None), None)
 
 
 def _error_of(group: _Group, name: str | None) -> BaseException | None:
@@ -180,13 +185,12 @@ class Verification:
         raw = {name for name in {c.tensor for c in chunks} if source.codec(name) == "raw"}
         chunks = [c for c in chunks if c.tensor in raw or c.length < SMALL_CODED]
         runs = layout.spans(chunks, SPAN_BYTES)
-        cold = None
-        for run in runs:
-            start, stop = run[0].offset, run[-1].offset + run[-1].length
-            data = source.mapped_range(run[0].file, start, stop)
-            if cold is None and stop > start:  # asked once, here: mincore releases the interpreter lock
-                cold = not layout.resident(data.data_ptr())
-            address = data.data_ptr() if cold and stop > start else 0  # read-ahead hints on a cold cache
+        mapped = [source.mapped_range(r[0].file, r[0].offset, r[-1].offset + r[-1].length) for r in runs]
+        # Decided here, not by each check: mincore releases the interpreter lock, and a checking thread
+        # taking it back while the model is built waits up to the 5 ms switch interval.
+        cold = _cold(mapped)
+        for run, data in zip(runs, mapped, strict=True):
+            address = data.data_ptr() if cold and data.numel() else 0  # read-ahead hints on a cold cache
             check = layout.SpanCheck(source.path, run, layout.tensor_bytes(data), address)
             group = _Group([check], [], data, order=len(self._groups), span=True)
             self._groups.append(group)
@@ -194,7 +198,7 @@ class Verification:
                 self._spans.setdefault(name, []).append(group)
         self._open += len(self._groups)
         self._watching = True
-        self._spawn(cold=bool(cold))
+        self._spawn(cold)
 
     @property
     def watching(self) -> bool:
@@ -215,7 +219,7 @@ class Verification:
         raise its own mismatch (before its bytes are decoded or copied)."""
         spans = self._spans[name]
         self._wait_for(spans)
-        error = next((e for g in spans if (e := _error_of(g, name)) is not None), None)
+        error = _first_error((g, name) for g in spans)
         if error is not None:
             raise error
 
@@ -253,7 +257,7 @@ class Verification:
         """Start the checking threads: more on a cold page cache (``None``: look at the pages)."""
         if not self._groups:
             return
-        cold = _cold(self._groups) if cold is None else cold
+        cold = _cold([g.tensor for g in self._groups]) if cold is None else cold
         workers = min(max(self.threads, COLD_READERS) if cold else max(1, self.threads - 1), self._checks())
         for i in range(workers):
             threading.Thread(target=self._work, args=(cold and i == 0,), name="slimtorch-verify").start()
@@ -388,7 +392,7 @@ class _BeforeForward:
         if all(g.done.is_set() and _error_of(g, name) is None for g, name in self.groups):
             return
         self.verification._wait_for([g for g, _ in self.groups])
-        failed = next((e for g, name in self.groups if (e := _error_of(g, name)) is not None), None)
+        failed = _first_error(self.groups)
         if failed is not None:
             raise failed
 
@@ -402,14 +406,15 @@ class _BeforeForward:
         self.__reduce__()
 
 
-def _cold(groups: list[_Group]) -> bool:
+def _cold(tensors: list[torch.Tensor]) -> bool:
     """Whether the checked bytes are not in the page cache (sampled), which decides how many threads check
     them: on a warm cache one fewer than the load's, the caller's thread being the other (an eager load
     joins in its wait; a forward beside before-use checks pages in the same bytes; measured on 2 cores,
     2 GiB: one check thread beside a 1-thread sum adds nothing, 0.92x the sum alone; two add 1.26x, they
     compete for the cores). Cold, the threads mostly wait on the disk, which serves several reads at
     once: as many as the parallel read floor uses, COLD_READERS, and the first one asks for read-ahead."""
-    return any(not layout.resident(group.tensor.data_ptr()) for group in groups[:: max(1, len(groups) // 8)])
+    sample = [t for t in tensors[:: max(1, len(tensors) // 8)] if t.numel()]
+    return any(not layout.resident(t.data_ptr()) for t in sample)
 
 
 def _ranges(groups: list[_Group]) -> list[tuple[int, int]]:

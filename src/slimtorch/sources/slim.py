@@ -30,6 +30,7 @@ from slimtorch.format.layout import (
     check_seal,
     chunk_checks,
     crc32,
+    recorded_crcs,
     tensor_bytes,
 )
 from slimtorch.format.shard_read import Piece, ShardRead, Span, read_region, region
@@ -107,10 +108,7 @@ class SlimSource(TensorSource):
         for entry in self.layout.tensors.values():
             for role, key in entry.parts.items():
                 location = self.locations[self.physical[key].storage]
-                expected = entry.crc32[role]
-                if len(expected) != max(1, -(-location.nbytes // chunk)):
-                    problem = f"tensor {entry.name!r}: checksum list does not fit part {role!r}"
-                    raise FormatError(self.path, problem)
+                expected = recorded_crcs(self.path, entry, role, location.nbytes, chunk)
                 for i, crc in enumerate(expected):
                     at, length = i * chunk, min(chunk, location.nbytes - i * chunk)
                     where = (location.file, location.offset + at, length)
@@ -313,9 +311,7 @@ def _pieces(
     path: Path, entry: Entry, role: str, spans: list[tuple[int, memoryview]], part_bytes: int
 ) -> list[Piece]:
     """The bytes ``spans`` read from part ``role``, hashed one :class:`Piece` per stored chunk they touch."""
-    crcs = entry.crc32[role]
-    if len(crcs) != max(1, -(-part_bytes // CHECKSUM_CHUNK)):
-        raise FormatError(path, f"tensor {entry.name!r}: checksum list does not fit part {role!r}")
+    crcs = recorded_crcs(path, entry, role, part_bytes, CHECKSUM_CHUNK)
     pieces, key = [], entry.parts[role]
     for start, view in spans:
         at, stop = start, start + len(view)
