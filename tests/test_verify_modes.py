@@ -173,3 +173,13 @@ def test_copying_or_pickling_a_model_under_check_is_refused_until_its_checks_are
     x = torch.randn(2, 64)
     assert torch.equal(copy.deepcopy(report.model)(x), report.model(x))
     assert torch.equal(pickle.loads(pickle.dumps(report.model))(x), report.model(x))
+
+
+def test_a_sparse_tensor_saved_while_a_load_is_verified_gets_the_dense_refusal(tmp_path, monkeypatch) -> None:
+    """Waiting for pending checks asks each tensor's address; a sparse one has none (it raised a raw
+    RuntimeError whenever any before-use load was still pending in the process)."""
+    monkeypatch.setattr(Verification, "_work", lambda self, read_ahead: None)  # its checks stay pending
+    report = slimtorch.load_model(_saved(tmp_path), MLP, verify="before-use")
+    with pytest.raises(slimtorch.SlimtorchError, match="save takes dense tensors"):
+        slimtorch.save({"w": torch.eye(3).to_sparse()}, tmp_path / "out.safetensors")
+    report.wait()

@@ -73,7 +73,14 @@ def wait_for_checks(tensors: nn.Module | Iterable[torch.Tensor]) -> None:
 
 
 def _mapped_on_cpu(tensor: torch.Tensor) -> bool:
-    return tensor.device.type == "cpu" and tensor.numel() > 0 and not tensor.is_meta
+    """Whether ``tensor`` can be bytes of a mapped file: dense (a sparse tensor has no data pointer to ask
+    for, and asking raises), on the CPU, with elements."""
+    return (
+        tensor.layout == torch.strided
+        and tensor.device.type == "cpu"
+        and tensor.numel() > 0
+        and not tensor.is_meta
+    )
 
 
 def _inside(address: int, starts: list[int], ends: list[int]) -> bool:
