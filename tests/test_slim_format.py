@@ -119,7 +119,8 @@ def test_lossless_default_round_trip_is_exact_including_integer_buffers(tmp_path
     state = dict(model.state_dict())
     prune.l1_unstructured(model.features[0], "weight", amount=0.7)
     prune.remove(model.features[0], "weight")
-    state["features.0.weight"] = model.features[0].weight.detach()  # mostly zeros: stored sparsely
+    state["features.0.weight"] = model.features[0].weight.detach()  # mostly zeros, but small: dense
+    state["wide"] = torch.randn(64, 64) * (torch.rand(64, 64) > 0.7)  # mostly zeros: stored sparsely
     state.update(
         {
             "flags": torch.rand(100) > 0.5,
@@ -137,7 +138,19 @@ def test_lossless_default_round_trip_is_exact_including_integer_buffers(tmp_path
     loaded = slimtorch.load(path).tensors
     _assert_same(loaded, state)
     assert loaded["features.1.num_batches_tracked"].dtype == torch.int64
-    assert slimtorch.open(path).info("features.0.weight").codec == "sparse"
+    assert slimtorch.open(path).info("wide").codec == "sparse"
+
+
+def test_a_tensor_is_stored_sparse_only_where_that_saves_more_than_its_decode_costs(tmp_path):
+    state = {"bias": torch.zeros(768), "wide_bias": torch.zeros(3072), "weight": torch.randn(4, 4)}
+    path = tmp_path / "model.safetensors"
+
+    slimtorch.save(state, path)
+
+    opened = slimtorch.open(path)
+    assert opened.info("bias").codec == "raw"  # saves 3 KiB: reading them is cheaper than a decode
+    assert opened.info("wide_bias").codec == "sparse"  # saves 12 KiB
+    _assert_same(slimtorch.load(path).tensors, state)
 
 
 def _int8_bound(x: torch.Tensor) -> torch.Tensor:
