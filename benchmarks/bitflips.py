@@ -2,7 +2,7 @@
 
 Run it with ``.venv/bin/python benchmarks/bitflips.py`` (about a minute; ``--flips`` and ``--seed`` change
 the run). For each kind of slim file (lossless raw and sparse, int8, int4, a sharded int8 folder with its
-index; a few KB each) it flips one random bit at a time, half of them in a header or the index, half
+index; tens of KB each) it flips one random bit at a time, half of them in a header or the index, half
 anywhere, loads the checkpoint and counts the outcome: detected (a FormatError), harmless (the same names,
 dtypes and values as before the flip) or silent (anything else). It exits 1 if any flip is silent.
 tests/test_header_integrity.py runs the same with 200 flips per kind.

@@ -284,7 +284,8 @@ def _quantized(x: torch.Tensor, kind: str, policy: TensorPolicy, sparse: bool) -
 
 
 def _sparse_codes(encoded: Encoded, sparse: bool) -> Encoded:
-    """int8 codes as bitmask + non-zero codes where that is smaller (a pruned weight's zeros stay zeros)."""
+    """int8 codes as bitmask + non-zero codes where that saves :data:`SPARSE_MIN_SAVING` bytes (a pruned
+    weight's zeros stay zeros)."""
     codes = encoded.parts.get("q")
     if sparse and codes is not None and _sparse_pays(codes.numel(), count_zeros(codes), 1):
         return extend(encoded, "sparse")
@@ -320,10 +321,11 @@ def int8_bytes(shape: Sequence[int], zeros: int, sparse: bool = True) -> int:
 
 
 def int4_bytes(numel: int, zeros: int, group_size: int, sparse: bool = True) -> int:
-    """int4 (float16 scale and zero point per group), after sparse where that is smaller."""
+    """int4 (float16 scale and zero point per group), after sparse where that saves
+    :data:`SPARSE_MIN_SAVING` bytes."""
     dense = _int4_bytes(numel, group_size)
     packed = math.ceil(numel / 8) + _int4_bytes(numel - zeros, group_size)
-    return packed if sparse and packed < dense else dense
+    return packed if sparse and dense - packed >= SPARSE_MIN_SAVING else dense
 
 
 def int4_flat(shape: Sequence[int], group_size: int) -> bool:
