@@ -366,7 +366,16 @@ class BufferFromWeights(nn.Module):
         self.register_buffer("norm", self.l.weight.detach().norm(dim=1), persistent=False)
 
 
-@pytest.mark.parametrize("cls", [NeedsValues, BufferFromWeights])
+class AttributeFromWeights(nn.Module):
+    """A plain tensor attribute computed from the weights (neither parameter nor buffer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+        self.row_sums = self.l.weight.detach().sum(dim=1)
+
+
+@pytest.mark.parametrize("cls", [NeedsValues, BufferFromWeights, AttributeFromWeights])
 def test_a_constructor_that_needs_values_is_built_normally_with_a_note(tmp_path, cls) -> None:
     saved = cls()
     path = tmp_path / "m.safetensors"

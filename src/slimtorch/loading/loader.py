@@ -570,7 +570,7 @@ def _fill(
     before the model gets it."""
     todo = [s for s in slots if s.file_name is not None]
     order = {id(slot): i for i, slot in enumerate(todo)}
-    total = sum(_stored_bytes(source, s) for s in todo)
+    sizes = [_stored_bytes(source, s) for s in todo]
     handed_out: set[int] = set()  # storages already given to a slot: a second slot gets a copy
     stored = source.ties()
     # CUDA: convert on the device after the transfer (cheaper there, and the transfer is smaller).
@@ -591,9 +591,9 @@ def _fill(
             return _fetch(source, slot.file_name, dtype_of, convert, verify, watched)  # type: ignore[arg-type]
         return started or (lambda: _fetch(source, slot.file_name, dtype_of, convert, verify, watched))
 
-    with progress_task(progress, "loading", total) as advance:
+    with progress_task(progress, "loading", sum(sizes)) as advance:
         for slot, fetched in _bounded(pool, ((s, task(s)) for s in todo), window=2 * report.threads):
-            clock = time.perf_counter()
+            clock, index = time.perf_counter(), order[id(slot)]
             tensor = _to_target(fetched.tensor, slot, device, dtype, stager)
             replaced = not fills_in_place(slot, tensor)
             if replaced:
@@ -605,11 +605,11 @@ def _fill(
                     tensor, zero_copy = tensor.clone(), False
                 handed_out.add(key)
             if fetched.watched is not None and zero_copy:
-                checks.use(fetched.watched, [m for m, _ in slot.places], order[id(slot)])  # type: ignore[union-attr]
+                checks.use(fetched.watched, [m for m, _ in slot.places], index)  # type: ignore[union-attr]
             elif fetched.watched is not None:
                 checks.verify_stored(fetched.watched)  # type: ignore[union-attr]  # copied: checked first
             elif fetched.checks and zero_copy:
-                checks.add(fetched.checks, tensor, [m for m, _ in slot.places], order[id(slot)])  # type: ignore[union-attr]
+                checks.add(fetched.checks, tensor, [m for m, _ in slot.places], index)  # type: ignore[union-attr]
             elif fetched.checks:
                 _checked(fetched.checks, later=False)  # copied from the mapping: checked before it is used
             copy = time.perf_counter() - clock
@@ -623,7 +623,7 @@ def _fill(
             report.decode_s += fetched.decode_s
             report.copy_s += fetched.copy_s + copy
             report.assign_s += time.perf_counter() - clock - copy
-            advance(_stored_bytes(source, slot))
+            advance(sizes[index])
         if stager is not None:
             clock = time.perf_counter()
             stager.finish()
