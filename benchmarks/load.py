@@ -349,7 +349,12 @@ def measure(
         for method in methods:
             if method == first_warm:
                 for path in files(folder, model).values():
-                    warm(path)  # after the cold runs evicted them
+                    # Cached again as a read caches it, whichever cold load read it last: the pages a
+                    # load faulted in on 4 threads sit in smaller folios (summing BERT's bytes took 44 ms
+                    # after slimtorch's cold load, 32-37 after a read), and each warm row would measure
+                    # the cold row before it, not its own load.
+                    evict(path)
+                    warm(path)
             result = run_child(method, model, folder, layers, threads, sums)
             if round_:
                 results[method].append(result)
