@@ -1,7 +1,7 @@
 """Benchmark: time until a model is ready and its checksums verified, and peak memory, for every way of
 loading it, against the strongest anchors; warm and cold page cache.
 
-Run it with ``.venv/bin/python benchmarks/load.py`` (about 15 minutes on 2 busy cores; ``--help`` lists the
+Run it with ``.venv/bin/python benchmarks/load.py`` (about 18 minutes on 2 busy cores; ``--help`` lists the
 flags). It prints one table per model and cache state (with the load average), one PASS/FAIL line per
 target, and writes every measurement to benchmarks/results/load.json. ``--check`` exits 1 when a target
 fails. Models: an fp32 MLP of ``--size-mib`` (2 GiB) and BERT-base (transformers' default config, random
