@@ -349,10 +349,10 @@ def measure(
         for method in methods:
             if method == first_warm:
                 for path in files(folder, model).values():
-                    # Cached again as a read caches it, whichever cold load read it last: the pages a
-                    # load faulted in on 4 threads sit in smaller folios (summing BERT's bytes took 44 ms
-                    # after slimtorch's cold load, 32-37 after a read), and each warm row would measure
-                    # the cold row before it, not its own load.
+                    # Cached again as a read caches it, whichever cold load read it last: pages a cold
+                    # load faulted in through a mapping are read slower later (summing BERT's bytes: 32
+                    # ms after a read, 41-44 after slimtorch's cold load, 51 after the anchor's), and
+                    # each warm row would measure the cold row before it, not its own load.
                     evict(path)
                     warm(path)
             result = run_child(method, model, folder, layers, threads, sums)
