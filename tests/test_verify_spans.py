@@ -181,3 +181,18 @@ def test_a_file_with_no_tensor_stored_as_is_still_finishes_its_checks(tmp_path, 
     loading.join(timeout=30)
     assert done, "load_model did not return"
     assert watched[0].watching and not watched[0].covers("0.weight") and watched[0]._groups
+
+
+def test_a_page_cache_missing_a_few_pages_counts_as_warm_and_one_missing_a_quarter_as_cold(monkeypatch):
+    spans = [torch.zeros(1 << 20, dtype=torch.uint8) for _ in range(7)]
+    pages = [t.data_ptr() + (1 << 20) * i // 4 for t in spans for i in range(4)]  # the 28 pages asked
+
+    def missing(count: int) -> bool:
+        gone = set(pages[:: len(pages) // count][:count])
+        monkeypatch.setattr(layout, "resident", lambda address: address not in gone)
+        return verification._cold(spans)
+
+    assert not missing(1)  # one missing page: warm (one check thread beside the constructor)
+    assert not missing(6)
+    assert missing(7)  # a quarter of them: cold
+    assert missing(28)
