@@ -120,6 +120,33 @@ def test_raw_tensors_are_the_files_bytes_and_writing_them_never_changes_the_file
     assert all(torch.equal(a, b) for a, b in zip(again.parameters(), mlp.parameters(), strict=True))
 
 
+def test_tensors_stored_as_is_skip_the_general_fetch_and_the_rest_take_it(tmp_path, monkeypatch) -> None:
+    from slimtorch.loading import loader
+
+    fetched: list[str] = []
+    general = loader._fetch
+
+    def fetch(source, name, *args):
+        fetched.append(name)
+        return general(source, name, *args)
+
+    monkeypatch.setattr(loader, "_fetch", fetch)
+    mlp = MLP()
+    path = tmp_path / "mlp.safetensors"
+    slimtorch.save(mlp.state_dict(), path)
+    for verify in ("before-use", False):
+        report = slimtorch.load_model(path, MLP, verify=verify)
+        assert fetched == [] and report.zero_copy == report.tensor_count == len(mlp.state_dict())
+    half = slimtorch.load_model(path, MLP, dtype=torch.float16)  # converted: the general path
+    assert len(fetched) == len(mlp.state_dict()) and half.model.layers[0].weight.dtype == torch.float16
+    coded = tmp_path / "int8.safetensors"
+    slimtorch.save(mlp.state_dict(), coded, quantize="int8")
+    source = slimtorch.open(coded)
+    int8 = [name for name in source.names() if source.codec(name) != "raw"]
+    assert int8 and all(source.as_stored(name) is None for name in int8)
+    assert all(torch.equal(source.as_stored(n), mlp.state_dict()[n]) for n in source.names() if n not in int8)
+
+
 def test_int8_file_loads_decoded_within_its_bound(tmp_path) -> None:
     mlp = MLP((64, 256, 256, 10))
     path = tmp_path / "int8.safetensors"

@@ -62,6 +62,8 @@ def find_prefix(file_names: Iterable[str], model_names: Iterable[str], rename: R
     rules = rename_rules(rename)
     wanted = set(model_names)
     files = list(file_names)
+    if not rules and len(files) == len(wanted) and wanted.issuperset(files):
+        return Prefix(matched=len(files))  # the model's names exactly: no prefix can hold more
     counts: Counter[str] = Counter()
     for name in files:
         for cut in _cuts(name):

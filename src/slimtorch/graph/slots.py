@@ -31,6 +31,8 @@ def model_slots(model: nn.Module) -> list[Slot]:
     """Every parameter and persistent buffer, one slot per tensor (a tied tensor has several names)."""
     slots: dict[int, Slot] = {}
     for prefix, module in model.named_modules(remove_duplicate=False):
+        if not module._parameters and not module._buffers:
+            continue  # a container (BERT-base: 126 of its 228 modules)
         # per instance (an LSTM has one per matrix), else its class's; not getattr: a miss through
         # nn.Module.__getattr__ raises inside it, 1.4 us a module
         coded = module.__dict__.get("SLIM_PARTS", getattr(type(module), "SLIM_PARTS", {}))

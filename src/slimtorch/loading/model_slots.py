@@ -13,6 +13,7 @@ stored, never decoded.
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -103,15 +104,16 @@ def match(
     except SlimtorchError as exc:
         raise FormatError(source.path, str(exc)) from None
     by_model, matching = _by_model_name(source, file_names, found, rules), Matching(found)
-    matching.notes += _read_other_spelling(by_model, weight_norm_aliases(model), set(model_names))
+    if not all(name in by_model for name in model_names):  # else no other spelling is wanted
+        matching.notes += _read_other_spelling(by_model, weight_norm_aliases(model), set(model_names))
     matching.outside = [n for n in file_names if not n.startswith(found.file)]
-    ignore = IgnoreRules.of(model)
+    ignore = functools.cache(lambda: IgnoreRules.of(model))  # asked only of a name left out
     used: set[str] = set()
     lacking: list[str] = []
     for slot, names in zip(slots, wanted, strict=True):
         hits = [by_model[n] for n in names if n in by_model]
         if not hits:
-            reason = None if slot.tensor.is_meta else ignore.missing_reason(names[0])
+            reason = None if slot.tensor.is_meta else ignore().missing_reason(names[0])
             if reason is not None:
                 matching.ignored.append(Skipped(names[0], reason))
             elif strict or slot.tensor.is_meta:
@@ -134,7 +136,7 @@ def match(
     for model_name, file_name in by_model.items():
         if file_name in used:
             continue
-        reason = ignore.unexpected_reason(model_name)
+        reason = ignore().unexpected_reason(model_name)
         if reason is not None:
             matching.ignored.append(Skipped(file_name, reason))
         else:

@@ -34,7 +34,14 @@ from slimtorch.format.layout import (
     tensor_bytes,
 )
 from slimtorch.format.shard_read import Piece, ShardRead, Span, read_region, region
-from slimtorch.format.source import ObjectInfo, StorageLocation, StoredChunk, TensorInfo, TensorSource
+from slimtorch.format.source import (
+    ObjectInfo,
+    StorageLocation,
+    StoredChunk,
+    TensorInfo,
+    TensorSource,
+    contiguous_strides,
+)
 from slimtorch.sources.pickled import flatten
 
 ROW_CODECS = ("raw", "int8", "int4")  # chains whose parts are stored row by row, first dim = the tensor's
@@ -243,6 +250,16 @@ class SlimSource(TensorSource):
         stored = sum(p.nbytes for p in parts.values())
         return ShardRead(stored, note=f"{entry.name}: {entry.chain} has no row access: decoded whole")
 
+    def as_stored(self, name: str) -> torch.Tensor | None:
+        """Tensor ``name`` mapped from the file when it is stored as is (one raw part in its own dtype and
+        shape), its checksums left to the caller; None when it must be decoded (:meth:`get`)."""
+        entry = self.entry(name)
+        key = entry.parts.get("")
+        if entry.stages or key is None or len(entry.parts) > 1:
+            return None
+        info = self.physical[key]
+        return self._map(info) if info.dtype == entry.dtype and info.shape == entry.shape else None
+
     def get(self, name: str) -> torch.Tensor:
         """Tensor ``name``, decoded (zero-copy for a tensor stored as is)."""
         self.info(name)  # a clear KeyError for unknown names
@@ -399,13 +416,16 @@ def _header_parts(
 
 def _logical_info(entry: Entry, physical: dict[str, TensorInfo]) -> TensorInfo:
     parts = [physical[key] for key in entry.parts.values()]
-    stored = sum(p.nbytes for p in parts)
     shape = entry.shape
-    stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
     if not entry.stages:
+        first = parts[0]
+        if first.name == entry.name and first.dtype == entry.dtype and first.shape == shape:
+            return first  # stored as is under its own name: the header's entry says it all
         return TensorInfo(
-            entry.name, entry.dtype, shape, stride, parts[0].storage, 0, parts[0].storage_nbytes
+            entry.name, entry.dtype, shape, contiguous_strides(shape), first.storage, 0, first.storage_nbytes
         )
+    stored = sum(p.nbytes for p in parts)
+    stride = contiguous_strides(shape)
     primary = physical[entry.parts.get("", next(iter(entry.parts.values())))]
     return TensorInfo(
         entry.name,
