@@ -196,3 +196,15 @@ def test_a_page_cache_missing_a_few_pages_counts_as_warm_and_one_missing_a_quart
     assert not missing(6)
     assert missing(7)  # a quarter of them: cold
     assert missing(28)
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_a_cold_file_is_cut_into_smaller_spans_for_its_parallel_reads(tmp_path, monkeypatch, watched, cold):
+    monkeypatch.setattr(verification, "SPAN_BYTES", 128 << 10)  # the whole MLP: one span when warm
+    monkeypatch.setattr(verification, "COLD_SPAN_BYTES", 16 << 10)
+    monkeypatch.setattr(verification, "_cold", lambda tensors: cold)
+    path = _saved(tmp_path)
+    report = slimtorch.load_model(path, MLP, verify="before-use")
+    report.wait()
+    spans = [group for group in watched[0]._groups if group.span]
+    assert len(spans) == (4 if cold else 1)  # cold: as many as the tensors over 16 KiB allow

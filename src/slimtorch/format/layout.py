@@ -255,7 +255,7 @@ class ChecksumMismatches(FormatError):
 class SpanCheck:
     """Stored chunks lying back to back in one file, checked with one CRC-32 over all their bytes against
     the value their recorded CRCs combine to (:data:`crc32_combine`). A file-wide check runs a few of
-    these instead of one check per tensor (BERT-base: 7 spans of 64 MiB, not 276 chunks, each a
+    these instead of one check per tensor (BERT-base: 2 spans of 256 MiB, not 276 chunks, each a
     Python call on the verifying thread that waits for the interpreter lock while a model is built).
     On a mismatch each chunk is checked alone, and :class:`ChecksumMismatches` names the corrupt ones.
 

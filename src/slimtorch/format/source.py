@@ -262,6 +262,11 @@ class TensorSource:
         """The structural delta the file records (JSON, unchecked), or None."""
         return None
 
+    def as_stored(self, name: str) -> torch.Tensor | None:
+        """Tensor ``name`` mapped from the file, checksums left to the caller, where the reader knows it is
+        stored as is (a slim file's raw tensors); None: read it with :meth:`get`."""
+        return None
+
     def codec(self, name: str) -> str:
         """The codec chain tensor ``name`` is stored with (``"raw"``, ``"int8"``, ``"sparse+zstd"`` ...)."""
         self.info(name)

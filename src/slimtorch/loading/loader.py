@@ -53,7 +53,6 @@ from slimtorch.loading.sharded import fill_sharded, is_sharded, shard_model
 from slimtorch.loading.staging import Stager
 from slimtorch.loading.verification import Check, Verification
 from slimtorch.sources import open_checkpoint
-from slimtorch.sources.slim import SlimSource
 
 __all__ = [
     "LoadOptions",
@@ -595,7 +594,7 @@ def _fill(
         return started or (lambda: _fetch(source, slot.file_name, dtype_of, convert, verify, watched))
 
     with progress_task(progress, "loading", sum(sizes)) as advance:
-        if isinstance(source, SlimSource) and stager is None and (checks is None or watched is not None):
+        if source.coded and stager is None and (checks is None or watched is not None):
             lane = _AsStored(source, dtype, watched, order, handed_out, filled)
             todo = [slot for slot in todo if not lane.fill(slot, device, advance, sizes)]
         for slot, fetched in _bounded(pool, ((s, task(s)) for s in todo), window=2 * report.threads):
@@ -642,7 +641,7 @@ class _AsStored:
     spans of the file-wide check over them (BERT-base: 5 us a tensor against the general path's 13, on
     199 tensors). Everything else goes the general way (:func:`_fill`)."""
 
-    source: SlimSource
+    source: TensorSource
     dtype: torch.dtype | None
     watched: Verification | None
     order: dict[int, int]

@@ -5,12 +5,12 @@ Hashing cannot keep up with a mapped load (a warm 1 GiB file maps in millisecond
 core), so a verified load at the speed of an unverified one has to verify beside other work:
 
 - A slim file loaded to the CPU is checked from the moment it is opened (:meth:`Verification.watch`),
-  before the model exists: its stored bytes in spans of :data:`SPAN_BYTES`, one CRC-32 each against the
-  value the recorded chunk CRCs combine to, in file order, beside the model's constructor and the load
-  (Python on the calling thread; the CRC releases the interpreter lock). On BERT-base most of the file is
-  checked by the time the model is filled, and the checking threads have paged the mapping in for the
-  caller. A span that does not match is checked chunk by chunk, so the error names the corrupt tensor
-  and no other.
+  before the model exists: its stored bytes in spans of :data:`SPAN_BYTES` (:data:`COLD_SPAN_BYTES` on a
+  cold page cache), one CRC-32 each against the value the recorded chunk CRCs combine to, in file order,
+  beside the model's constructor and the load (Python on the calling thread; the CRC releases the
+  interpreter lock). On BERT-base most of the file is checked by the time the model is filled, and the
+  checking threads have paged the mapping in for the caller. A span that does not match is checked
+  chunk by chunk, so the error names the corrupt tensor and no other.
 - Otherwise (CUDA staging, offload, a model given with real tensors) each mapped tensor's chunks are
   handed over as the model takes it (:meth:`Verification.add`) and checked after the load.
 
@@ -44,18 +44,22 @@ from torch.utils.hooks import RemovableHandle
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.format import layout, pending
-from slimtorch.format.source import TensorSource
+from slimtorch.format.source import StoredChunk, TensorSource
 
 COLD_READERS = 4
 """Check threads on a cold page cache at least (each mostly waits on its read)."""
 SMALL_CODED = 1 << 20
 """Coded parts under this many bytes join a file-wide check's spans (:meth:`Verification.watch`)."""
-SPAN_BYTES = 64 << 20
-"""Bytes one check of a file-wide verification (:meth:`Verification.watch`) covers: few enough checks
-that the verifying thread rarely waits for the interpreter lock held by a constructor (each wait can
-last the 5 ms switch interval, against 5 ms to check 64 MiB), small enough that a first forward waits
-for little. BERT-base, verified before use, until every weight is summed: 78.9 ms in 16 MiB spans (29
-checks), 75.1 in 64 MiB (7), 74.2 in 128 MiB (4); median of 11 fresh processes each."""
+SPAN_BYTES = 256 << 20
+"""Bytes one check of a file-wide verification (:meth:`Verification.watch`) covers on a warm page cache:
+few checks, for between two the verifying thread takes the interpreter lock back from a constructor
+running Python (each time waiting up to the 5 ms switch interval and interrupting it), and few enough
+bytes that a first forward waits for little (256 MiB: 10 ms of CRC). BERT-base, verified before use,
+until every weight is summed: 78.9 ms in 16 MiB spans (29 checks), 75.1 in 64 MiB (7), 74.2 in 128
+MiB (4), on the slower host of an earlier run; here 35.1 ms in 64 MiB, 35.0 in 128, 34.6 in 256 (2),
+34.5 in 1 GiB (1); medians of 11 fresh processes each."""
+COLD_SPAN_BYTES = 64 << 20
+"""The same on a cold page cache, where spans are what :data:`COLD_READERS` threads read side by side."""
 
 Check = Callable[[], int]
 """Reads one chunk, returns its bytes, raises FormatError on a mismatch (``TensorSource.checks``)."""
@@ -171,7 +175,7 @@ class Verification:
     def watch(self, source: TensorSource) -> None:
         """Start checking every stored byte of ``source`` now, before the model exists, in file order and
         in :data:`SPAN_BYTES` spans, on threads of their own: building a model and filling it is Python
-        on the calling thread, the CRC runs beside it (BERT-base: 7 spans, most of them checked by the
+        on the calling thread, the CRC runs beside it (BERT-base: 2 spans, most of them checked by the
         time the load returns). Then :meth:`use` ties each mapped tensor to its spans, and
         :meth:`verify_stored` checks a tensor's bytes before they are decoded or copied.
 
@@ -186,11 +190,12 @@ class Verification:
         chunks = source.stored_chunks()
         raw = {name for name in {c.tensor for c in chunks} if source.codec(name) == "raw"}
         chunks = [c for c in chunks if c.tensor in raw or c.length < SMALL_CODED]
-        runs = layout.spans(chunks, SPAN_BYTES)
-        mapped = [source.mapped_range(r[0].file, r[0].offset, r[-1].offset + r[-1].length) for r in runs]
+        runs, mapped = _spans(source, chunks, SPAN_BYTES)
         # Decided here, not by each check: mincore releases the interpreter lock, and a checking thread
         # taking it back while the model is built waits up to the 5 ms switch interval.
         cold = _cold(mapped)
+        if cold and COLD_SPAN_BYTES < SPAN_BYTES:
+            runs, mapped = _spans(source, chunks, COLD_SPAN_BYTES)
         for run, data in zip(runs, mapped, strict=True):
             address = data.data_ptr() if cold and data.numel() else 0  # read-ahead hints on a cold cache
             check = layout.SpanCheck(source.path, run, layout.tensor_bytes(data), address)
@@ -406,6 +411,14 @@ class _BeforeForward:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         self.__reduce__()
+
+
+def _spans(
+    source: TensorSource, chunks: list[StoredChunk], span_bytes: int
+) -> tuple[list[list[StoredChunk]], list[torch.Tensor]]:
+    """``chunks`` cut into spans of at most ``span_bytes``, and each span's bytes as mapped."""
+    runs = layout.spans(chunks, span_bytes)
+    return runs, [source.mapped_range(r[0].file, r[0].offset, r[-1].offset + r[-1].length) for r in runs]
 
 
 def _cold(tensors: list[torch.Tensor]) -> bool:
