@@ -1,11 +1,11 @@
 """Benchmark: time until a model is ready and its checksums verified, and peak memory, for every way of
 loading it, against the strongest anchors; warm and cold page cache.
 
-Run it with ``.venv/bin/python benchmarks/load.py`` (about 18 minutes on 2 busy cores; ``--help`` lists the
-flags). It prints one table per model and cache state (with the load average), one PASS/FAIL line per
-target, and writes every measurement to benchmarks/results/load.json. ``--check`` exits 1 when a target
-fails. Models: an fp32 MLP of ``--size-mib`` (2 GiB) and BERT-base (transformers' default config, random
-weights).
+Run it with ``.venv/bin/python benchmarks/load.py`` (8 minutes on 2 busy cores, 18 on a slower host;
+``--help`` lists the flags). It prints one table per model and cache state (with the load average), one
+PASS/FAIL line per target, and writes every measurement to benchmarks/results/load.json. ``--check`` exits
+1 when a target fails. Models: an fp32 MLP of ``--size-mib`` (2 GiB) and BERT-base (transformers' default
+config, random weights).
 
 Every run is a fresh Python process; torch, safetensors, transformers and ``slimtorch.loading`` are
 imported before the clock (a lazy import inside it compiled .py files: 0.1 s that is not loading). In the
