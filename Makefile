@@ -20,7 +20,8 @@ demo: $(STAMP)
 	$(BIN)/slimtorch shrink demo-out/checkpoint.pt -o demo-out/model-int8.safetensors --scheme int8-weight
 	$(BIN)/slimtorch load demo-out/model-int8.safetensors --profile
 	$(BIN)/python examples/digits.py --save-dense demo-out/digits-dense.safetensors
-	$(BIN)/slimtorch slim examples/digits.py:DigitsCNN --weights demo-out/digits-dense.safetensors --data digits --goal size=0.05x --max-drop 1 --work demo-out/slim-digits --restart
+	# a drop of up to 2 points: the distilled CNN scores 99.11 on one host and 98.44 on another (same seed)
+	$(BIN)/slimtorch slim examples/digits.py:DigitsCNN --weights demo-out/digits-dense.safetensors --data digits --goal size=0.05x --max-drop 2 --work demo-out/slim-digits --restart
 	$(BIN)/slimtorch slim examples/bert_base.py:bert_base --data examples/bert_base.py:tokens --goal size=0.3x --max-drop 0.01 --work demo-out/slim-bert --restart
 	$(BIN)/python examples/quantize_bert.py --out demo-out/bert-int8.safetensors
 	$(BIN)/slimtorch export examples/digits.py:DigitsCNN --input-shape 1,1,8,8 --dynamic-batch -o demo-out/digits-bundle
