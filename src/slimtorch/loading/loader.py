@@ -657,11 +657,10 @@ class _AsStored:
             return False
         if (intended_device(model_tensor) or device or _CPU) != _CPU or not model_tensor.is_contiguous():
             return False
-        source = self.source
-        stored = source.ties().get(name, source.copies().get(name, name))
-        if self.watched is not None and not self.watched.covers(stored):
-            return False
-        tensor = source.as_stored(name)
+        stored = _under_watch(self.source, name, "later", self.watched)
+        if self.watched is not None and stored is None:
+            return False  # not under the file-wide check: its own checks, on the general path
+        tensor = self.source.as_stored(name)
         if tensor is None or tensor.dtype != target_dtype(slot, self.dtype) or not tensor.is_contiguous():
             return False
         key = tensor.untyped_storage().data_ptr() if tensor.numel() else None
@@ -670,8 +669,8 @@ class _AsStored:
         if key is not None:
             self.handed_out.add(key)
         index = self.order[id(slot)]
-        if self.watched is not None:
-            self.watched.use(stored, [module for module, _ in slot.places], index)
+        if stored is not None:
+            self.watched.use(stored, [module for module, _ in slot.places], index)  # type: ignore[union-attr]
         mapped = time.perf_counter()
         replace(slot, tensor)
         fetched = _Fetched(tensor, read_s=mapped - clock, zero_copy=True)

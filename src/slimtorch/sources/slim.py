@@ -253,12 +253,8 @@ class SlimSource(TensorSource):
     def as_stored(self, name: str) -> torch.Tensor | None:
         """Tensor ``name`` mapped from the file when it is stored as is (one raw part in its own dtype and
         shape), its checksums left to the caller; None when it must be decoded (:meth:`get`)."""
-        entry = self.entry(name)
-        key = entry.parts.get("")
-        if entry.stages or key is None or len(entry.parts) > 1:
-            return None
-        info = self.physical[key]
-        return self._map(info) if info.dtype == entry.dtype and info.shape == entry.shape else None
+        info = _stored_as_is(self.entry(name), self.physical)
+        return None if info is None else self._map(info)
 
     def get(self, name: str) -> torch.Tensor:
         """Tensor ``name``, decoded (zero-copy for a tensor stored as is)."""
@@ -414,13 +410,24 @@ def _header_parts(
     return parts
 
 
+def _stored_as_is(entry: Entry, physical: Mapping[str, TensorInfo]) -> TensorInfo | None:
+    """The header's entry of the one part that holds ``entry`` as is (no stages, its dtype and shape);
+    None where the parts must be decoded."""
+    key = entry.parts.get("")
+    if entry.stages or key is None or len(entry.parts) > 1:
+        return None
+    info = physical[key]
+    return info if info.dtype == entry.dtype and info.shape == entry.shape else None
+
+
 def _logical_info(entry: Entry, physical: dict[str, TensorInfo]) -> TensorInfo:
+    as_is = _stored_as_is(entry, physical)
+    if as_is is not None and as_is.name == entry.name:
+        return as_is  # stored as is under its own name: the header's entry says it all
     parts = [physical[key] for key in entry.parts.values()]
     shape = entry.shape
     if not entry.stages:
         first = parts[0]
-        if first.name == entry.name and first.dtype == entry.dtype and first.shape == shape:
-            return first  # stored as is under its own name: the header's entry says it all
         return TensorInfo(
             entry.name, entry.dtype, shape, contiguous_strides(shape), first.storage, 0, first.storage_nbytes
         )
