@@ -4,6 +4,7 @@ fast path (a kernel remembered per batch size) under every grad mode. No timings
 from __future__ import annotations
 
 import copy
+import gc
 import math
 
 import pytest
@@ -88,6 +89,50 @@ def test_a_kernel_forced_after_the_first_call_takes_effect(monkeypatch) -> None:
     layer.kernel = "reference"
     layer(x)
     assert calls == [1]
+
+
+def test_kernels_are_timed_in_turns_over_weights_of_their_own_and_the_copies_are_dropped(monkeypatch) -> None:
+    from slimtorch.quant import modules
+
+    kernels.CHOICES.clear()
+    layer = _layer(256, 128)  # 32 KiB of codes: the turn holds MAX_TWINS copies and the layer
+    seen: list[int] = []
+    real = kernels.int_mm_int8_linear
+    monkeypatch.setattr(
+        kernels, "int_mm_int8_linear", lambda c, s, q, *a: seen.append(q.data_ptr()) or real(c, s, q, *a)
+    )
+    x = torch.randn(16, 256)
+    out = layer(x)
+    assert torch.allclose(out, _reference(layer, x), rtol=1e-5, atol=1e-6)
+    own, count = layer.qweight.data_ptr(), modules.MAX_TWINS
+    copies = seen[:count]  # each copy's untimed run, as the turn is made
+    assert len(set(copies)) == count and own not in copies
+    assert seen[count] == own  # the agreement check: the turn's first call, on the layer itself
+    rounds = next(iter(kernels.CHOICES.decisions().values())).rounds
+    turn = [own, *copies]
+    assert seen[count + 1 : count + 1 + rounds] == [turn[i % len(turn)] for i in range(1, rounds + 1)]
+    assert seen[count + 1 + rounds :] in ([], [own])  # the forward itself, on the layer's own weight
+    gc.collect()
+    alive = [
+        v for v in kernels._LAYERS.values() if v is not layer and getattr(v, "qweight", None) is not None
+    ]
+    assert not [v for v in alive if v.qweight.shape == layer.qweight.shape]  # no copy outlives the choice
+
+
+def test_a_shape_timed_already_or_a_forced_kernel_makes_no_copies(monkeypatch) -> None:
+    from slimtorch.quant import modules
+
+    kernels.CHOICES.clear()
+    made: list[int] = []
+    real = modules.Int8DynamicLinear._twins
+    monkeypatch.setattr(
+        modules.Int8DynamicLinear, "_twins", lambda self, *a: made.append(1) or real(self, *a)
+    )
+    first, second, forced = _layer(96, 48), _layer(96, 48), _layer(96, 48, kernel="reference")
+    x = torch.randn(8, 96)
+    for layer in (first, second, forced):
+        layer(x)
+    assert made == [1]  # the first layer's choice; the second found it made, the forced one timed nothing
 
 
 @pytest.mark.parametrize("kernel", FAST)

@@ -407,6 +407,27 @@ def _settled(times: Mapping[str, list[float]], rounds: int) -> bool:
     return lead >= CLOSE or not noisy
 
 
+def in_turn(make: Callable[[], list[Callable[[], torch.Tensor]]]) -> Callable[[], torch.Tensor]:
+    """One candidate for :meth:`KernelChoice.best` that runs the calls ``make()`` returns one after the
+    other, a call each time it is run, ``make`` called on its first run only (a shape timed already by
+    another layer runs nothing).
+
+    Example:
+        >>> run = in_turn(lambda: [lambda: torch.zeros(1), lambda: torch.ones(1)])
+        >>> [float(run()) for _ in range(3)]
+        [0.0, 1.0, 0.0]
+    """
+    calls: list[Callable[[], torch.Tensor]] = []
+    turns = itertools.count()
+
+    def run() -> torch.Tensor:
+        if not calls:
+            calls.extend(make())
+        return calls[next(turns) % len(calls)]()
+
+    return run
+
+
 def _timed(run: Callable[[], torch.Tensor], clock: Callable[[], float] = time.perf_counter) -> float:
     start = clock()
     run()

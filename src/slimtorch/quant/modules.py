@@ -18,6 +18,7 @@ Under ``torch.compile`` (``fullgraph=True`` included) each runs its eager kernel
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from functools import partial
 from typing import Any, ClassVar
@@ -218,6 +219,17 @@ class QuantizedWeight(nn.Module):
 
 SIGNED_CODES = frozenset({"int_mm"})
 """The int8-dynamic kernels that take signed activation codes (see :func:`kernels.quantize_rows`)."""
+ROTATION_BYTES = 8 << 20
+"""Weight bytes an int8-dynamic kernel choice turns over (:meth:`Int8DynamicLinear._chosen_run`). In a
+model the other layers' weights pass through a core's caches between two calls of one layer, and the
+kernels do not suffer that alike: on 12 distinct 768x3072 layers called in turn at 128 rows,
+``torch._int_mm`` (which rearranges the weight on each call) took 830 us a call against 661 on one
+layer called again and again; oneDNN's packed weight 724 against 684. Timed on one weight, BERT-base's
+768-wide layers at batch 1 went to ``_int_mm`` by 1-2%, and the forward ran 1.09x onnxruntime int8's
+time eager, 1.06x compiled (``benchmarks/int8_latency.py``); timed in turns they go to oneDNN by 9-15%:
+1.01x and 0.96x. 8 MiB: several times the L2 of a server core."""
+MAX_TWINS = 15
+"""At most this many copies of a small layer in that turn (16 layers of 384x384: 2.3 MB)."""
 
 
 # -- Linear ----------------------------------------------------------------------------------------------
@@ -306,16 +318,39 @@ class Int8DynamicLinear(_QuantizedLinear):
 
     def _chosen_run(self, x2d: torch.Tensor, rows: int) -> tuple[Callable, bool]:
         """The kernel to run for this batch size, and whether it takes signed codes; each candidate is
-        timed on the codes it takes, as its calls will get them."""
+        timed on the codes it takes, as its calls will get them, and on weights out of the caches, as
+        a model's layers find them: in turns over this layer and copies of it (:meth:`_twins`)."""
         codes, row_scale = kernels.quantize_rows(x2d)
         signed = codes.bitwise_xor(128).view(torch.int8)  # bit for bit quantize_rows(x2d, signed=True)
         runs = self._runs(x2d.device)
-        candidates = {
-            name: partial(kernel, signed if name in SIGNED_CODES else codes, row_scale)
-            for name, kernel in runs.items()
-        }
+        inputs = {name: (signed if name in SIGNED_CODES else codes, row_scale) for name in runs}
+        twins = functools.cache(lambda: self._twins(x2d.device, inputs))
+
+        def calls(name: str) -> list[Callable[[], torch.Tensor]]:
+            layers = [self] if name == self.REFERENCE else [self, *twins()]
+            return [partial(layer._runs(x2d.device)[name], *inputs[name]) for layer in layers]
+
+        candidates = {name: kernels.in_turn(partial(calls, name)) for name in runs}
         name = self.choose(x2d, rows, candidates)
         return runs[name], name in SIGNED_CODES
+
+    def _twins(
+        self, device: torch.device, inputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    ) -> list[Int8DynamicLinear]:
+        """Copies of this layer, each with a weight of its own, enough that the weights of one turn over
+        them and this layer come to :data:`ROTATION_BYTES`; every kernel has run once on each (oneDNN
+        packs its weight then, not in a timed call)."""
+        count = min(MAX_TWINS, -(-ROTATION_BYTES // max(self._buffers["qweight"].nbytes, 1)) - 1)
+        encoded = self.encoded()
+        twins = []
+        for _ in range(count):
+            parts = {role: part.clone() for role, part in encoded.parts.items()}
+            twin = type(self)(self.in_features, self.out_features, self.bias, Encoded(parts, encoded.stages))
+            for name, run in twin._runs(device).items():
+                if name != self.REFERENCE:
+                    run(*inputs[name])
+            twins.append(twin)
+        return twins
 
     def _runs(self, device: torch.device) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
         """The kernels that can run on ``device``, each from the codes and row scales to the output."""
