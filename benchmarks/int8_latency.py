@@ -2,8 +2,10 @@
 
 Run it with ``.venv/bin/python benchmarks/int8_latency.py`` (about 6 minutes on 2 cores, compiles
 included; ``--rounds``, ``--models``, ``--batches``, ``--no-compile``; ``--rows`` times the activation row
-quantization alone). It prints one table per model and batch size, one PASS/FAIL line per target of issue
-21, and writes every measurement to benchmarks/results/int8_latency.json. ``--check`` exits 1 unless
+quantization alone, ``--turns`` each kernel on one layer and on 12 layers called in turn, as the kernel
+choice once timed them and as a model calls them). It prints one table per model and batch size, one
+PASS/FAIL line per target of issue 21, and writes every measurement to
+benchmarks/results/int8_latency.json. ``--check`` exits 1 unless
 slimtorch, eager or compiled, is faster than onnxruntime int8 at every batch size on every model with
 cosine >= 0.99 (each line shows both rows and names those that met it; ``--no-compile`` leaves the
 compiled row out).
@@ -58,6 +60,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +205,40 @@ def row_quantization(rounds: int) -> None:
         cells = [f"{n} {statistics.median(t):7.1f} [{min(t):.1f}..{max(t):.1f}]" for n, t in times.items()]
         lead = statistics.median(a / b for a, b in zip(times["torch"], times["numba"], strict=True))
         print(f"  {shape!s:12} " + "   ".join(cells) + f"   numba {lead:.2f}x faster")
+
+
+def kernels_in_turn(rounds: int, layers: int = 12) -> None:
+    """``--turns``: each int8 kernel on one layer called again and again (its weight hot in the caches,
+    as the kernel choice once timed it) and on ``layers`` distinct layers of the same shape called in turn
+    (as a model calls them), 128 rows, one thread; microseconds a call, median [min..max] of ``rounds``."""
+    from slimtorch.quant.modules import Int8DynamicLinear
+
+    names = [k for k in ("onednn", "int_mm") if k != "onednn" or kernels.onednn_available()]
+    print(f"\nkernels a call, 128 rows, 1 thread, {rounds} rounds, us ({load()})")
+    for inputs, outputs in [(384, 384), (384, 1536), (1536, 384), (768, 768), (768, 3072), (3072, 768)]:
+        model = nn.Sequential(*(nn.Linear(inputs, outputs) for _ in range(layers)))
+        quantized = [
+            m for m in slimtorch.quantize(model, "int8-dynamic").model if isinstance(m, Int8DynamicLinear)
+        ]
+        codes, row_scale = kernels.quantize_rows(torch.randn(128, inputs))
+        signed = codes.bitwise_xor(128).view(torch.int8)
+        runs = {
+            name: [
+                partial(q._runs(codes.device)[name], signed if name == "int_mm" else codes, row_scale)
+                for q in quantized
+            ]
+            for name in names
+        }
+        times: dict[str, list[float]] = {f"{n} {w}": [] for n in names for w in ("one", "turns")}
+        for _ in range(rounds):
+            for name, calls in runs.items():
+                for way, chosen in (("one", calls[:1] * layers), ("turns", calls)):
+                    start = time.perf_counter()
+                    for call in chosen:
+                        call()
+                    times[f"{name} {way}"].append(1e6 * (time.perf_counter() - start) / layers)
+        cells = [f"{n} {statistics.median(t):6.0f} [{min(t):.0f}..{max(t):.0f}]" for n, t in times.items()]
+        print(f"  {inputs}->{outputs:<5} " + "   ".join(cells))
 
 
 def _onnxruntime(base: nn.Module, folder: Path) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
@@ -358,6 +395,11 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when a target fails")
     parser.add_argument("--rows", action="store_true", help="time the row quantization alone, and stop")
     parser.add_argument(
+        "--turns",
+        action="store_true",
+        help="time each int8 kernel on one layer and on 12 layers in turn (as a model calls them), and stop",
+    )
+    parser.add_argument(
         "--no-compile",
         action="store_true",
         help="leave out the torch.compile row (its compiles take minutes)",
@@ -366,6 +408,9 @@ def main() -> int:
     torch.set_num_threads(1)
     if args.rows:
         row_quantization(args.rounds)
+        return 0
+    if args.turns:
+        kernels_in_turn(args.rounds)
         return 0
     print(f"activation rows quantized by: {rowcodes.describe()}")
     with tempfile.TemporaryDirectory() as cache:

@@ -222,9 +222,10 @@ SIGNED_CODES = frozenset({"int_mm"})
 ROTATION_BYTES = 8 << 20
 """Weight bytes an int8-dynamic kernel choice turns over (:meth:`Int8DynamicLinear._chosen_run`). In a
 model the other layers' weights pass through a core's caches between two calls of one layer, and the
-kernels do not suffer that alike: on 12 distinct 768x3072 layers called in turn at 128 rows,
-``torch._int_mm`` (which rearranges the weight on each call) took 830 us a call against 661 on one
-layer called again and again; oneDNN's packed weight 724 against 684. Timed on one weight, BERT-base's
+kernels do not suffer that alike (``benchmarks/int8_latency.py --turns``): on 12 distinct 768x3072
+layers called in turn at 128 rows, ``torch._int_mm`` (which rearranges the weight on each call) took 859
+us a call against 735 on one layer called again and again; oneDNN's packed weight 709 against 677;
+768x768: 232 against 196, and 220 against 211. Timed on one weight, BERT-base's
 768-wide layers at batch 1 went to ``_int_mm`` by 1-2%, and the forward ran 1.09x onnxruntime int8's
 time eager, 1.06x compiled (``benchmarks/int8_latency.py``); timed in turns they go to oneDNN by 9-15%:
 1.01x and 0.96x. 8 MiB: several times the L2 of a server core."""
