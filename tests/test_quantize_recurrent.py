@@ -393,3 +393,28 @@ def test_a_kernel_that_lost_keeps_no_state_after_a_later_batch_size_is_timed() -
         for batch in (1, 16, 3):
             layer(torch.randn(batch, 5, 32))
             assert {kernel for kernel, _ in layer._prepared} <= layer._chosen
+
+
+def test_a_batch_size_is_chosen_for_once_and_a_kernel_forced_later_takes_effect(monkeypatch) -> None:
+    kernels.CHOICES.clear()
+    model = nn.Sequential()
+    model.rnn = nn.LSTM(16, 16, batch_first=True)
+    slimtorch.quantize(model, "int8-dynamic")
+    layer = model.rnn
+    asked: list[str | None] = []
+    real = type(layer).choose
+    monkeypatch.setattr(
+        type(layer), "choose", lambda self, *a, **k: asked.append(self.kernel) or real(self, *a, **k)
+    )
+    x = torch.randn(2, 5, 16)
+    first = layer(x)[0]
+    for _ in range(3):
+        assert torch.equal(layer(x)[0], first)  # the kernel remembered: straight to it
+    assert asked == [None]
+    layer.kernel = "dequantize"  # forced after the first calls: asked again, and the float module runs
+    with torch.no_grad():
+        expected = layer.float_module().float()(x)[0]
+    assert torch.allclose(layer(x)[0], expected, atol=1e-6)
+    assert asked == [None, "dequantize"]
+    layer(torch.randn(7, 5, 16))  # another batch size bucket: a choice of its own
+    assert len(asked) == 3

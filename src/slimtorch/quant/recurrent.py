@@ -245,21 +245,29 @@ class Int8DynamicRecurrent(QuantizedRecurrent):
     KERNELS = ("quantized_rnn", "dequantize")
 
     def _forward(self, input: Any, hx: Any) -> Any:
-        # the float module, made once from the dequantized weights: torch's own call, nothing swapped in
-        runs: dict[str, Callable[[], Any]] = {
-            "dequantize": lambda: self.prepared("dequantize", lambda: self.float_module().float())(input, hx)
-        }
-        if isinstance(input, torch.Tensor) and input.dtype == torch.float32 and input.device.type == "cpu":
-            if quantized_rnn_available():
-                runs["quantized_rnn"] = lambda: self._quantized_call(
-                    input, hx, self.prepared("quantized_rnn", self._packed_cells)
-                )
-        else:  # a packed sequence, another dtype or device: the float module in the input's dtype
+        if not (
+            isinstance(input, torch.Tensor) and input.dtype == torch.float32 and input.device.type == "cpu"
+        ):
+            # a packed sequence, another dtype or device: the float module in the input's dtype
             return self._float_call(input, hx, self.float_weights(_dtype(input)))
-        # Candidates are compared on the output sequence; the hidden state's last step is in it.
-        outputs = {name: (lambda run=run: run()[0]) for name, run in runs.items()}
-        tolerance = {"quantized_rnn": RECURRENT_AGREEMENT}
-        return runs[self.choose(input, _batch(input, self.batch_first), outputs, tolerance)]()
+        rows = _batch(input, self.batch_first)
+        # once a batch size has its kernel, a call goes straight to it (the choice's key is rebuilt
+        # otherwise, and its candidates made, on every call)
+        known = (kernels.batch_bucket(rows), torch.get_num_threads(), self.kernel)
+        name = self._run_of.get(known)
+        if name is None:
+            names = ["dequantize", *(["quantized_rnn"] if quantized_rnn_available() else [])]
+            # Candidates are compared on the output sequence; the hidden state's last step is in it.
+            outputs = {n: (lambda n=n: self._run(n, input, hx)[0]) for n in names}
+            tolerance = {"quantized_rnn": RECURRENT_AGREEMENT}
+            name = self._run_of[known] = self.choose(input, rows, outputs, tolerance)
+        return self._run(name, input, hx)
+
+    def _run(self, name: str, input: torch.Tensor, hx: Any) -> Any:
+        if name == "quantized_rnn":
+            return self._quantized_call(input, hx, self.prepared("quantized_rnn", self._packed_cells))
+        # the float module, made once from the dequantized weights: torch's own call, nothing swapped in
+        return self.prepared("dequantize", lambda: self.float_module().float())(input, hx)
 
     def _packed_cells(self) -> list[Any]:
         """Packed int8 parameters per layer and direction, as ``torch.quantized_lstm`` takes them."""
