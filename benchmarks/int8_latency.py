@@ -27,10 +27,12 @@ Methods, each on ``torch.set_num_threads(1)`` / one onnxruntime thread:
   epilogue) switched off, as where numba is not installed (shown when it is);
 * ``slimtorch int8-dynamic, torch.compile``: the same quantized model in ``torch.compile(fullgraph=True)``
   (inductor, torch's default shapes: a static graph for the first batch size, one with a dynamic batch
-  for the next; ``dynamic=False``, a static graph each, measured the same within 1%): each quantized
-  Linear one operator running its eager kernels, the float parts around them (layer norms, GELU, the
-  residual adds, attention's reshapes) fused by inductor. Compiled on its first call at each batch size,
-  before the timed rounds, into a fresh inductor cache (so the seconds are a first compile's);
+  for the next). In the static graph each quantized Linear is traced around the kernel chosen for that
+  size (its rows quantized by one operator, once for query, key and value, the product ``_int_mm`` or
+  oneDNN's, the scaling fused by inductor into what follows); in the dynamic one each is one operator
+  running its eager kernels. The float parts (layer norms, GELU, the residual adds, attention's
+  reshapes) are fused by inductor in both. Compiled on its first call at each batch size, before the
+  timed rounds, into a fresh inductor cache (so the seconds are a first compile's);
 * ``torch.ao quantize_dynamic``: ``torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, qint8)``;
 * ``onnxruntime int8``: the legacy exporter's ONNX (``dynamo=False``, the wrapper in eval mode: the
   exporter restores the wrapper's training flag, and a training-mode wrapper exports dropout) through

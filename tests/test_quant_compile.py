@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
 from torch import nn
 
 import slimtorch
+from slimtorch.quant import kernels, modules
 from slimtorch.quant.conv import Int4WeightConv, Int8WeightConv
 from slimtorch.quant.modules import (
     Int4Embedding,
@@ -179,3 +181,127 @@ def test_int8_dynamic_layers_compiled_never_reuse_codes_of_a_buffer_inductor_rew
     with grad_mode():
         eager, got = model(x), compiled(x)
     assert relative_error(got, eager) <= TOLERANCE
+
+
+# -- int8-dynamic Linear traced at a fixed batch size ------------------------------------------------------
+def recording(model: nn.Module, **compile_args) -> tuple[Callable, list[list[object]]]:
+    """``model`` compiled with a backend that records the operators of each graph dynamo hands it (and
+    runs the graph as it is), and that record."""
+    graphs: list[list[object]] = []
+
+    def record(gm: torch.fx.GraphModule, inputs: list) -> Callable:
+        graphs.append([node.target for node in gm.graph.nodes if node.op == "call_function"])
+        return gm.forward
+
+    return torch.compile(model, fullgraph=True, backend=record, **compile_args), graphs
+
+
+def graph_ops(model: nn.Module, x: torch.Tensor, **compile_args) -> tuple[torch.Tensor, list[list[object]]]:
+    compiled, graphs = recording(model, **compile_args)
+    with torch.inference_mode():
+        return compiled(x), graphs
+
+
+OPS = torch.ops.slimtorch
+
+
+def int8_mlp(kernel: str | None = None) -> nn.Module:
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH)).eval()
+    return slimtorch.quantize(mlp, "int8-dynamic", keep_sensitive=False, kernel=kernel).model
+
+
+@pytest.mark.parametrize("kernel", ["int_mm", "onednn"])
+def test_int8_dynamic_linear_at_a_fixed_batch_is_traced_with_its_kernel(kernel):
+    if kernel == "onednn" and not kernels.onednn_available():
+        pytest.skip("no oneDNN int8 matmul in this torch build")
+    model, x = int8_mlp(kernel), torch.randn(2, 5, WIDTH)
+    got, graphs = graph_ops(model, x, dynamic=False)
+    (ops,) = graphs
+    assert OPS.quantized_layer.default not in ops  # no layer left as one opaque operator
+    assert ops.count(OPS.quantize_rows.default) == 2
+    product = torch._int_mm if kernel == "int_mm" else OPS.onednn_product.default
+    assert ops.count(product) == 2
+    assert relative_error(got, model(x)) <= TOLERANCE
+
+
+def test_a_dynamic_batch_or_the_reference_kernel_keeps_each_layer_one_operator():
+    x = torch.randn(3, WIDTH)
+    _, graphs = graph_ops(int8_mlp(), x, dynamic=True)  # the kernel per batch size is chosen per call
+    assert graphs[0].count(OPS.quantized_layer.default) == 2
+    got, graphs = graph_ops(model := int8_mlp("reference"), x, dynamic=False)
+    assert graphs[0].count(OPS.quantized_layer.default) == 2
+    assert relative_error(got, model(x)) <= TOLERANCE
+
+
+def test_a_batch_size_no_call_met_gets_its_kernel_chosen_while_tracing(monkeypatch):
+    chosen_on = []
+
+    def choose(self, x2d, rows, candidates, tolerance=None):
+        chosen_on.append((type(x2d), rows))
+        return "int_mm"
+
+    monkeypatch.setattr(Int8DynamicLinear, "choose", choose)
+    model, x = int8_mlp(), torch.randn(4, WIDTH)
+    got, graphs = graph_ops(model, x, dynamic=False)
+    assert chosen_on == [(torch.Tensor, 4), (torch.Tensor, 4)]  # real rows, timed once per layer
+    assert graphs[0].count(torch._int_mm) == 2
+    assert all(layer._run_of for layer in model if isinstance(layer, Int8DynamicLinear))
+    assert relative_error(got, model(x)) <= TOLERANCE
+    assert len(chosen_on) == 2  # the eager call found the choice made while tracing
+
+
+def test_forcing_another_kernel_after_compiling_compiles_again():
+    model, x = int8_mlp("int_mm"), torch.randn(3, WIDTH)
+    compiled, graphs = recording(model, dynamic=False)
+    with torch.inference_mode():
+        compiled(x)
+        model[0].kernel = "reference"
+        got = compiled(x)
+    assert len(graphs) == 2 and graphs[1].count(OPS.quantized_layer.default) == 1
+    assert relative_error(got, model(x)) <= TOLERANCE
+
+
+def test_query_key_and_value_compiled_share_one_quantization_of_their_input():
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    bert = transformers.BertModel(config, add_pooling_layer=False).eval()
+    model = slimtorch.quantize(bert, "int8-dynamic", kernel="int_mm").model
+    linears = sum(isinstance(m, Int8DynamicLinear) for m in model.modules())
+    ids = torch.randint(0, 99, (1, 7), generator=torch.Generator().manual_seed(0))
+    compiled, graphs = recording(model, dynamic=False)
+    with torch.inference_mode():
+        got, expected = compiled(input_ids=ids), model(input_ids=ids)
+    assert linears == 12 and graphs[0].count(OPS.quantize_rows.default) == linears - 2 * 2
+    assert modules.TRACED_SCOPES == []  # each scope opened and closed within the call, as dynamo replays it
+    assert relative_error(got.last_hidden_state, expected.last_hidden_state) <= TOLERANCE
+
+
+class BrokenAttention(nn.Module):
+    """Query and key read one input, with a graph break between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query, self.key = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.query(x)
+        torch._dynamo.graph_break()
+        return q + self.key(x)
+
+
+def test_a_sharing_scope_broken_by_a_graph_break_still_gives_eager_outputs_and_closes(monkeypatch):
+    name = f"{BrokenAttention.__module__}.{BrokenAttention.__qualname__}"
+    monkeypatch.setattr(modules, "SHARING_PARENTS", modules.SHARING_PARENTS | {name})
+    torch.manual_seed(0)
+    model = slimtorch.quantize(nn.Sequential(BrokenAttention()).eval(), "int8-dynamic", kernel="int_mm").model
+    assert modules._open_sharing in model[0]._forward_pre_hooks.values()
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+    with torch.inference_mode():
+        for x in (torch.randn(3, WIDTH), torch.randn(3, WIDTH) + 1):
+            assert relative_error(compiled(x), model(x)) <= TOLERANCE
+            assert modules.TRACED_SCOPES == []
