@@ -243,6 +243,12 @@ def test_a_batch_size_no_call_met_gets_its_kernel_chosen_while_tracing(monkeypat
 
     monkeypatch.setattr(Int8DynamicLinear, "choose", choose)
     model, x = int8_mlp(), torch.randn(4, WIDTH)
+    state = torch.get_rng_state()
+    layer = model[0]
+    assert layer.kernel_at(4, torch.float32, torch.device("cpu")) == "int_mm"  # timed on its own rows
+    assert torch.equal(torch.get_rng_state(), state)  # not on the caller's random stream
+    layer._run_of.clear()
+    chosen_on.clear()
     got, graphs = graph_ops(model, x, dynamic=False)
     assert chosen_on == [(torch.Tensor, 4), (torch.Tensor, 4)]  # real rows, timed once per layer
     assert graphs[0].count(torch._int_mm) == 2
