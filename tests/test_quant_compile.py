@@ -268,21 +268,31 @@ def test_forcing_another_kernel_after_compiling_compiles_again():
     assert relative_error(got, model(x)) <= TOLERANCE
 
 
-def test_query_key_and_value_compiled_share_one_quantization_of_their_input():
+def _tiny_transformer(kind: str) -> tuple[nn.Module, int]:
+    """A 2-layer transformers model from a config, and how many row quantizations its layers save by
+    sharing: per layer, query / key / value read one input (2 saved), and Llama's gate / up another (1)."""
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
-    )
-    bert = transformers.BertModel(config, add_pooling_layer=False).eval()
-    model = slimtorch.quantize(bert, "int8-dynamic", kernel="int_mm").model
+    sizes = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+    if kind == "bert":
+        config = transformers.BertConfig(vocab_size=99, **sizes)
+        return transformers.BertModel(config, add_pooling_layer=False).eval(), 2 * 2
+    config = transformers.LlamaConfig(vocab_size=99, num_key_value_heads=2, **sizes)
+    return transformers.LlamaModel(config).eval(), 2 * 3
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_layers_reading_one_input_compiled_share_one_quantization_of_it(kind):
+    model, saved = _tiny_transformer(kind)
+    model = slimtorch.quantize(model, "int8-dynamic", kernel="int_mm").model
     linears = sum(isinstance(m, Int8DynamicLinear) for m in model.modules())
     ids = torch.randint(0, 99, (1, 7), generator=torch.Generator().manual_seed(0))
     compiled, graphs = recording(model, dynamic=False)
     with torch.inference_mode():
         got, expected = compiled(input_ids=ids), model(input_ids=ids)
-    assert linears == 12 and graphs[0].count(OPS.quantize_rows.default) == linears - 2 * 2
+    assert linears == (12 if kind == "bert" else 14)
+    assert graphs[0].count(OPS.quantize_rows.default) == linears - saved
     assert modules.TRACED_SCOPES == []  # each scope opened and closed within the call, as dynamo replays it
     assert relative_error(got.last_hidden_state, expected.last_hidden_state) <= TOLERANCE
 
