@@ -389,17 +389,17 @@ def test_codes_cached_in_one_call_are_not_reused_after_the_input_changes_between
 
 
 def test_sharing_is_set_up_once_per_parent_and_again_in_a_loaded_model(tmp_path) -> None:
-    from slimtorch.quant import modules, recorded
+    from slimtorch.quant import recorded, sharing
 
     model = slimtorch.quantize(_tiny_bert(), "int8-dynamic").model
-    assert modules.share_input_codes(model) == 2  # set up by quantize already: no second hooks
+    assert sharing.share_input_codes(model) == 2  # set up by quantize already: no second hooks
     attention = model.encoder.layer[0].attention.self
-    assert list(attention._forward_pre_hooks.values()).count(modules._open_sharing) == 1
+    assert list(attention._forward_pre_hooks.values()).count(sharing._open_sharing) == 1
     fresh = _tiny_bert()
     layers = {
         n: {"scheme": "int8-dynamic", "dtype": "float32"}
         for n in ("encoder.layer.0.attention.self.query", "encoder.layer.0.attention.self.key")
     }
     recorded.restore(fresh, layers)
-    assert modules._open_sharing in fresh.encoder.layer[0].attention.self._forward_pre_hooks.values()
+    assert sharing._open_sharing in fresh.encoder.layer[0].attention.self._forward_pre_hooks.values()
     assert not fresh.encoder.layer[1].attention.self._forward_pre_hooks

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import slimtorch
-from slimtorch.quant import kernels, modules
+from slimtorch.quant import kernels, sharing
 from slimtorch.quant.conv import Int4WeightConv, Int8WeightConv
 from slimtorch.quant.modules import (
     Int4Embedding,
@@ -293,7 +293,7 @@ def test_layers_reading_one_input_compiled_share_one_quantization_of_it(kind):
         got, expected = compiled(input_ids=ids), model(input_ids=ids)
     assert linears == (12 if kind == "bert" else 14)
     assert graphs[0].count(OPS.quantize_rows.default) == linears - saved
-    assert modules.TRACED_SCOPES == []  # each scope opened and closed within the call, as dynamo replays it
+    assert sharing.TRACED_SCOPES == []  # each scope opened and closed within the call, as dynamo replays it
     assert relative_error(got.last_hidden_state, expected.last_hidden_state) <= TOLERANCE
 
 
@@ -312,12 +312,12 @@ class BrokenAttention(nn.Module):
 
 def test_a_sharing_scope_broken_by_a_graph_break_still_gives_eager_outputs_and_closes(monkeypatch):
     name = f"{BrokenAttention.__module__}.{BrokenAttention.__qualname__}"
-    monkeypatch.setattr(modules, "SHARING_PARENTS", modules.SHARING_PARENTS | {name})
+    monkeypatch.setattr(sharing, "SHARING_PARENTS", sharing.SHARING_PARENTS | {name})
     torch.manual_seed(0)
     model = slimtorch.quantize(nn.Sequential(BrokenAttention()).eval(), "int8-dynamic", kernel="int_mm").model
-    assert modules._open_sharing in model[0]._forward_pre_hooks.values()
+    assert sharing._open_sharing in model[0]._forward_pre_hooks.values()
     compiled = torch.compile(model, backend="aot_eager", dynamic=False)
     with torch.inference_mode():
         for x in (torch.randn(3, WIDTH), torch.randn(3, WIDTH) + 1):
             assert relative_error(compiled(x), model(x)) <= TOLERANCE
-            assert modules.TRACED_SCOPES == []
+            assert sharing.TRACED_SCOPES == []

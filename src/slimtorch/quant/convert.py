@@ -43,7 +43,7 @@ from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.quant import rowcodes
 from slimtorch.quant.build import quantized_from
 from slimtorch.quant.gptq import InputMoments
-from slimtorch.quant.modules import QuantizedWeight, share_input_codes
+from slimtorch.quant.modules import QuantizedWeight
 from slimtorch.quant.options import QuantizeOptions
 from slimtorch.quant.recorded import put_module
 from slimtorch.quant.recurrent import QuantizedRecurrent
@@ -56,6 +56,7 @@ from slimtorch.quant.sensitivity import (
     watching_outputs,
     without_units,
 )
+from slimtorch.quant.sharing import share_input_codes
 from slimtorch.quant.targets import (
     FloatLayer,
     Target,

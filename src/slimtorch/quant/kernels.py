@@ -91,7 +91,7 @@ class SharedInputCodes:
     An entry holds the input itself, so its memory cannot be reused for another tensor while cached, and
     its version counter, so an in-place change is seen. Inference-mode tensors have no version counter:
     their codes are shared only inside a scope (:meth:`open`), one call of a module known to change no
-    tensor in place while its layers run (:func:`slimtorch.quant.modules.share_input_codes` sets those
+    tensor in place while its layers run (:func:`slimtorch.quant.sharing.share_input_codes` sets those
     scopes up), and forgotten when it closes. Signed and unsigned codes (see :func:`quantize_rows`) are
     entries of their own.
     """

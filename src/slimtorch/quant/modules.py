@@ -34,7 +34,7 @@ from slimtorch.format.codecs import Encoded
 from slimtorch.format.codecs.chain import parse_dtype
 from slimtorch.format.codecs.lossy import INT4, INT8
 from slimtorch.format.source import dtype_name
-from slimtorch.quant import kernels, rowcodes
+from slimtorch.quant import kernels, rowcodes, sharing
 from slimtorch.quant.kernels import BF16_AGREEMENT, CHOICES
 
 # Which buffer holds which part of the coded tensor ``weight``, for each codec (see the module docstring).
@@ -290,6 +290,8 @@ class Int8DynamicLinear(_QuantizedLinear):
     SLIM_PARTS = INT8_PARTS
     KERNELS = ("onednn", "int_mm", "reference")  # int_mm takes signed codes, the others +128 ones
     REFERENCE = "reference"
+    SHARES_INPUT_CODES = True
+    """Its input's codes can serve a sibling reading the same input (:mod:`slimtorch.quant.sharing`)."""
 
     def _init_kernels(self) -> None:
         super()._init_kernels()
@@ -329,7 +331,7 @@ class Int8DynamicLinear(_QuantizedLinear):
             return super().compiled_forward(x)
         with torch.no_grad():
             x2d = x.reshape(-1, self.in_features)
-            codes, row_scale = _traced_codes(x, x2d, signed=kernel == "int_mm")
+            codes, row_scale = sharing.traced_codes(x, x2d, signed=kernel == "int_mm")
             if kernel == "int_mm":
                 product = torch._int_mm(codes, self._buffers["qweight"].t()) * self._buffers["weight_scale"]
             else:
@@ -441,78 +443,6 @@ def _traced_kernel(handle: int, rows: int, dtype: torch.dtype, device: torch.dev
     (it calls this for real, and its answer is a constant of the graph)."""
     with torch.no_grad():
         return kernels.compiled_layer(handle).kernel_at(rows, dtype, device)
-
-
-SHARING_PARENTS = frozenset(
-    {
-        "transformers.models.bert.modeling_bert.BertSelfAttention",
-        "transformers.models.bert.modeling_bert.BertCrossAttention",
-        "transformers.models.llama.modeling_llama.LlamaAttention",
-        "transformers.models.llama.modeling_llama.LlamaMLP",
-    }
-)
-"""Modules whose forward hands one tensor to several of their Linears and changes no tensor in place
-while those run (read in transformers 5.23): inside one call of theirs, the layers share that tensor's codes
-under ``torch.inference_mode`` too, where no version counter would show such a change. Others share them
-under ``no_grad`` only."""
-
-
-def share_input_codes(model: nn.Module) -> int:
-    """Let the int8-dynamic layers under each module of :data:`SHARING_PARENTS` share their input's codes
-    within one call of it, under any grad mode (hooks that open and close a
-    :class:`~slimtorch.quant.kernels.SharedInputCodes` scope); how many modules were set up. Idempotent.
-
-    Example:
-        >>> share_input_codes(bert)  # doctest: +SKIP
-        12
-    """
-    count = 0
-    for parent in model.modules():
-        kind = type(parent)
-        if f"{kind.__module__}.{kind.__qualname__}" not in SHARING_PARENTS:
-            continue
-        if sum(isinstance(child, Int8DynamicLinear) for child in parent.children()) < 2:
-            continue
-        if _open_sharing not in parent._forward_pre_hooks.values():
-            parent.register_forward_pre_hook(_open_sharing)
-            parent.register_forward_hook(_close_sharing, always_call=True)  # closed on errors too
-        count += 1
-    return count
-
-
-def _open_sharing(module: nn.Module, args: tuple) -> None:
-    if torch.compiler.is_compiling():
-        TRACED_SCOPES.append({})
-    else:
-        kernels.SHARED_INPUTS.open()
-
-
-def _close_sharing(module: nn.Module, args: tuple, output: Any) -> None:
-    if torch.compiler.is_compiling():
-        if TRACED_SCOPES:
-            TRACED_SCOPES.pop()
-    else:
-        kernels.SHARED_INPUTS.close()
-
-
-TRACED_SCOPES: list[dict[bool, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
-"""The sharing scopes open while dynamo traces (:data:`kernels.SHARED_INPUTS`' scopes in a compiled graph),
-innermost last: per scope, the last input quantized (signed codes or +128 ones), its codes and row scales,
-all values of the graph. Dynamo replays what a graph did to this list after the graph runs: each scope
-opens and closes within one call, so the list is empty between calls."""
-
-
-def _traced_codes(x: torch.Tensor, x2d: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x``'s row codes in a compiled graph: one ``slimtorch::quantize_rows`` per input, shared by the
-    layers of one sharing scope (query, key and value read the same input: 2 operators fewer)."""
-    scope = TRACED_SCOPES[-1] if TRACED_SCOPES else None
-    hit = None if scope is None else scope.get(signed)
-    if hit is not None and hit[0] is x:
-        return hit[1], hit[2]
-    codes, row_scale = kernels.quantize_rows_op(x2d, signed)
-    if scope is not None:
-        scope[signed] = (x, codes, row_scale)
-    return codes, row_scale
 
 
 class _WeightOnlyLinear(_QuantizedLinear):

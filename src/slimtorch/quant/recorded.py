@@ -13,8 +13,8 @@ from slimtorch.format.delta import Swaps, register_swaps
 from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.quant.build import CONV, SCHEMES, quantized_on_meta
 from slimtorch.quant.conv import quantizable_conv
-from slimtorch.quant.modules import share_input_codes
 from slimtorch.quant.recurrent import is_recurrent, recurrent_matrices
+from slimtorch.quant.sharing import share_input_codes
 
 FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
