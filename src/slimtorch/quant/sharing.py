@@ -32,9 +32,9 @@ under ``no_grad`` only."""
 
 def share_input_codes(model: nn.Module) -> int:
     """Let the int8-dynamic layers (``SHARES_INPUT_CODES``) under each module of :data:`SHARING_PARENTS`
-    share their input's codes
-    within one call of it, under any grad mode (hooks that open and close a
-    :class:`~slimtorch.quant.kernels.SharedInputCodes` scope); how many modules were set up. Idempotent.
+    share their input's codes within one call of it, under any grad mode (hooks that open and close a
+    scope: :class:`~slimtorch.quant.kernels.SharedInputCodes` eagerly, :data:`TRACED_SCOPES` while dynamo
+    traces); how many modules were set up. Idempotent.
 
     Example:
         >>> share_input_codes(bert)  # doctest: +SKIP
