@@ -213,7 +213,7 @@ def kernels_in_turn(rounds: int, layers: int = 12) -> None:
     """``--turns``: each int8 kernel on one layer called again and again (its weight hot in the caches,
     as the kernel choice once timed it) and on ``layers`` distinct layers of the same shape called in turn
     (as a model calls them), 128 rows, one thread; microseconds a call, median [min..max] of ``rounds``."""
-    from slimtorch.quant.modules import Int8DynamicLinear
+    from slimtorch.quant.modules import SIGNED_CODES, Int8DynamicLinear
 
     names = [k for k in ("onednn", "int_mm") if k != "onednn" or kernels.onednn_available()]
     print(f"\nkernels a call, 128 rows, 1 thread, {rounds} rounds, us ({load()})")
@@ -226,7 +226,7 @@ def kernels_in_turn(rounds: int, layers: int = 12) -> None:
         signed = codes.bitwise_xor(128).view(torch.int8)
         runs = {
             name: [
-                partial(q._runs(codes.device)[name], signed if name == "int_mm" else codes, row_scale)
+                partial(q._runs(codes.device)[name], signed if name in SIGNED_CODES else codes, row_scale)
                 for q in quantized
             ]
             for name in names

@@ -155,20 +155,11 @@ def onednn_pack(qweight: torch.Tensor) -> torch.Tensor:
     return torch.ops.onednn.qlinear_prepack(qweight, None)
 
 
-def onednn_int8_linear(
-    codes: torch.Tensor,
-    row_scale: torch.Tensor,
-    packed: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None,
-) -> torch.Tensor:
+def onednn_product(codes: torch.Tensor, packed: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """The product of +128 ``codes`` and the packed weight, scaled per output channel, not yet per row
+    (:func:`scale_back` does that, and adds the bias)."""
     # oneDNN takes unsigned activations with one zero point: the +128 codes with zero point 128 are the
     # signed values exactly. Its per-channel weight scale is applied inside; the per-row scale after.
-    return scale_back(onednn_product(codes, packed, weight_scale), row_scale, bias)
-
-
-def onednn_product(codes: torch.Tensor, packed: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
-    """The product of +128 ``codes`` and the packed weight, scaled per output channel, not yet per row."""
     zero_points = _zero_points(weight_scale.shape[0])
     return torch.ops.onednn.qlinear_pointwise(
         codes, 1.0, 128, packed, weight_scale, zero_points, None, 1.0, 0, torch.float32, "none", [], ""

@@ -423,8 +423,7 @@ class Int8DynamicLinear(_QuantizedLinear):
         return kernels.int_mm_int8_linear(codes, row_scale, q, scale, self.bias)
 
     def _onednn(self, codes: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
-        packed = self.prepared("onednn", self._onednn_pack)
-        return kernels.onednn_int8_linear(codes, row_scale, packed, self._buffers["weight_scale"], self.bias)
+        return kernels.scale_back(self.onednn_product(codes), row_scale, self.bias)
 
     def _onednn_pack(self) -> torch.Tensor:
         return kernels.onednn_pack(self._buffers["qweight"])
