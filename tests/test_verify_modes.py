@@ -163,7 +163,7 @@ def test_copying_or_pickling_a_model_under_check_is_refused_until_its_checks_are
     tmp_path, monkeypatch
 ) -> None:
     """A copy made of bytes nobody checked yet would escape the checks (its own forwards have no hook)."""
-    monkeypatch.setattr(Verification, "_work", lambda self, read_ahead: None)  # no thread runs them
+    monkeypatch.setattr(Verification, "_work", lambda self: None)  # no thread runs them
     report = slimtorch.load_model(_saved(tmp_path), MLP, verify="before-use")
     with pytest.raises(slimtorch.SlimtorchError, match=r"still being verified.*wait\(\)"):
         copy.deepcopy(report.model)
@@ -178,7 +178,7 @@ def test_copying_or_pickling_a_model_under_check_is_refused_until_its_checks_are
 def test_a_sparse_tensor_saved_while_a_load_is_verified_gets_the_dense_refusal(tmp_path, monkeypatch) -> None:
     """Waiting for pending checks asks each tensor's address; a sparse one has none (it raised a raw
     RuntimeError whenever any before-use load was still pending in the process)."""
-    monkeypatch.setattr(Verification, "_work", lambda self, read_ahead: None)  # its checks stay pending
+    monkeypatch.setattr(Verification, "_work", lambda self: None)  # its checks stay pending
     report = slimtorch.load_model(_saved(tmp_path), MLP, verify="before-use")
     with pytest.raises(slimtorch.SlimtorchError, match="save takes dense tensors"):
         slimtorch.save({"w": torch.eye(3).to_sparse()}, tmp_path / "out.safetensors")

@@ -199,7 +199,7 @@ def test_a_page_cache_missing_a_few_pages_counts_as_warm_and_one_missing_a_quart
 
 
 @pytest.mark.parametrize("cold", [False, True])
-def test_a_cold_file_is_cut_into_smaller_spans_for_its_parallel_reads(tmp_path, monkeypatch, watched, cold):
+def test_a_cold_file_is_cut_into_smaller_spans(tmp_path, monkeypatch, watched, cold):
     monkeypatch.setattr(verification, "SPAN_BYTES", 128 << 10)  # the whole MLP: one span when warm
     monkeypatch.setattr(verification, "COLD_SPAN_BYTES", 16 << 10)
     monkeypatch.setattr(verification, "_cold", lambda tensors: cold)
@@ -208,3 +208,39 @@ def test_a_cold_file_is_cut_into_smaller_spans_for_its_parallel_reads(tmp_path, 
     report.wait()
     spans = [group for group in watched[0]._groups if group.span]
     assert len(spans) == (4 if cold else 1)  # cold: as many as the tensors over 16 KiB allow
+
+
+@pytest.mark.parametrize("verify", ["eager", "before-use"])
+def test_a_cold_file_has_one_reader_and_the_caller_waits_for_it_instead_of_reading_beside_it(
+    tmp_path, monkeypatch, watched, verify
+) -> None:
+    """On a cold page cache a second reader of the mapping slows the first (the kernel's read-ahead follows
+    one sequential reader): one thread checks, in file order, and a waiting caller claims no check."""
+    monkeypatch.setattr(verification, "COLD_SPAN_BYTES", 16 << 10)
+    monkeypatch.setattr(verification, "_cold", lambda tensors: True)
+    waiting, readers, callers = threading.Event(), [], []
+    original_work, original_run, original_wait = Verification._work, Verification._run, Verification._wait_for
+
+    def work(self: Verification) -> None:
+        readers.append(threading.current_thread())
+        waiting.wait(20)  # until the caller waits: a caller that reads beside the reader starts now
+        time.sleep(0.2)
+        original_work(self)
+
+    def run(self: Verification, group, check) -> None:
+        if threading.current_thread() not in readers:
+            callers.append(threading.current_thread())
+        original_run(self, group, check)
+
+    def wait_for(self: Verification, groups) -> None:
+        waiting.set()
+        original_wait(self, groups)
+
+    monkeypatch.setattr(Verification, "_work", work)
+    monkeypatch.setattr(Verification, "_run", run)
+    monkeypatch.setattr(Verification, "_wait_for", wait_for)
+    report = slimtorch.load_model(_saved(tmp_path), MLP, verify=verify)
+    report.wait()
+    assert len(readers) == 1 and not callers
+    assert len([g for g in watched[0]._groups if g.span]) > 1 and report.verified_bytes > 0
+    assert torch.equal(report.model(torch.ones(1, 64)), report.model(torch.ones(1, 64)))

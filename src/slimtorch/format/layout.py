@@ -267,10 +267,10 @@ class SpanCheck:
         9
     """
 
-    __slots__ = ("address", "chunks", "data", "expected", "path")
+    __slots__ = ("chunks", "data", "expected", "path")
 
-    def __init__(self, path: Path, chunks: list[StoredChunk], data: memoryview, address: int = 0) -> None:
-        self.path, self.chunks, self.data, self.address = path, chunks, data, address
+    def __init__(self, path: Path, chunks: list[StoredChunk], data: memoryview) -> None:
+        self.path, self.chunks, self.data = path, chunks, data
         # Combined here, on the thread that builds the check: ISA-L's combine releases the interpreter
         # lock, and a verifying thread taking it back while a model is built waits up to 5 ms each time.
         self.expected = 0
@@ -278,8 +278,6 @@ class SpanCheck:
             self.expected = crc32_combine(self.expected, chunk.expected, chunk.length)
 
     def __call__(self) -> int:
-        if self.address:
-            read_ahead(self.address, len(self.data))
         if crc32(self.data) == self.expected:
             return len(self.data)
         errors: dict[str, FormatError] = {}

@@ -16,13 +16,14 @@ core), so a verified load at the speed of an unverified one has to verify beside
 
 Then ``verify`` says when the caller waits:
 
-- ``"eager"`` waits for every check before ``load_model`` returns (the calling thread joins in);
+- ``"eager"`` waits for every check before ``load_model`` returns (the calling thread joins in on a warm
+  page cache; on a cold one a single thread reads the file in order, which a second reader would slow);
 - ``"before-use"`` returns at once. The checks go on in order (file or model order: about the order a
   forward uses the tensors), and a forward pre-hook on each module waits for its own tensors' checks,
-  running them itself when no thread has started them yet, and raises the checksum error in the forward
-  that would use a bad tensor. Once everything has passed, the hooks remove themselves. Steps that read
-  weights without a forward wait through :func:`slimtorch.format.pending.wait_for_checks`, which finds
-  these checks by address.
+  running them itself when no thread has started them yet (warm page cache), and raises the checksum
+  error in the forward that would use a bad tensor. Once everything has passed, the hooks remove
+  themselves. Steps that read weights without a forward wait through
+  :func:`slimtorch.format.pending.wait_for_checks`, which finds these checks by address.
 
 Tensors that are decoded are checked before decoding, each its own parts (on the loader's pool, or the
 calling thread); tensors copied from the mapping (a dtype conversion, a file's one tensor given to two
@@ -46,8 +47,6 @@ from slimtorch.errors import SlimtorchError
 from slimtorch.format import layout, pending
 from slimtorch.format.source import StoredChunk, TensorSource
 
-COLD_READERS = 4
-"""Check threads on a cold page cache at least (each mostly waits on its read)."""
 SMALL_CODED = 1 << 20
 """Coded parts under this many bytes join a file-wide check's spans (:meth:`Verification.watch`)."""
 SPAN_BYTES = 256 << 20
@@ -58,8 +57,13 @@ bytes that a first forward waits for little (256 MiB: 10 ms of CRC). BERT-base, 
 until every weight is summed: 78.9 ms in 16 MiB spans (29 checks), 75.1 in 64 MiB (7), 74.2 in 128
 MiB (4), on the slower host of an earlier run; here 35.1 ms in 64 MiB, 35.0 in 128, 34.6 in 256 (2),
 34.5 in 1 GiB (1); medians of 11 fresh processes each."""
-COLD_SPAN_BYTES = 64 << 20
-"""The same on a cold page cache, where spans are what :data:`COLD_READERS` threads read side by side."""
+COLD_SPAN_BYTES = 16 << 20
+"""The same on a cold page cache, where one thread checks the spans in file order (:func:`_cold`), and
+the first forward, or whoever reads the weights, follows right behind it. 2 GiB MLP, before-use, until
+every weight is summed, fresh processes on an evicted cache: 16 MiB spans 0.64 s (the file's readinto
+floor 0.74 in the same A/B; 4, 8 and 32 MiB, tried with a sequential-access hint, 0.62-0.66), 64 MiB
+spans 0.64 s in one run of 5 and 2.4-2.7 s in the others: with spans as large as the tensors, the sum
+faulting the tensor the check reads went the slow way."""
 
 Check = Callable[[], int]
 """Reads one chunk, returns its bytes, raises FormatError on a mismatch (``TensorSource.checks``)."""
@@ -157,6 +161,8 @@ class Verification:
         self._begun = False
         """:meth:`start` was called: the last check done finishes the verification."""
         self._watching = False
+        self._cold = False
+        """The checked bytes were not in the page cache: one thread reads them, everyone else waits."""
 
     @property
     def finished(self) -> bool:
@@ -197,8 +203,7 @@ class Verification:
         if cold and COLD_SPAN_BYTES < SPAN_BYTES:
             runs, mapped = _spans(source, chunks, COLD_SPAN_BYTES)
         for run, data in zip(runs, mapped, strict=True):
-            address = data.data_ptr() if cold and data.numel() else 0  # read-ahead hints on a cold cache
-            check = layout.SpanCheck(source.path, run, layout.tensor_bytes(data), address)
+            check = layout.SpanCheck(source.path, run, layout.tensor_bytes(data))
             group = _Group([check], [], data, order=len(self._groups), span=True)
             self._groups.append(group)
             for name in dict.fromkeys(chunk.tensor for chunk in run if chunk.tensor in raw):
@@ -236,6 +241,7 @@ class Verification:
         of the file kills the process with SIGBUS)."""
         with self._lock:
             self._cursor = len(self._groups)
+            self._cold = False  # the reader stops: a later wait runs its checks itself
             running = [group for group in self._groups if group.running]
         for group in running:
             group.done.wait()
@@ -261,13 +267,13 @@ class Verification:
             self._finish()
 
     def _spawn(self, cold: bool | None = None) -> None:
-        """Start the checking threads: more on a cold page cache (``None``: look at the pages)."""
+        """Start the checking threads: one on a cold page cache (``None``: look at the pages)."""
         if not self._groups:
             return
-        cold = _cold([g.tensor for g in self._groups]) if cold is None else cold
-        workers = min(max(self.threads, COLD_READERS) if cold else max(1, self.threads - 1), self._checks())
-        for i in range(workers):
-            threading.Thread(target=self._work, args=(cold and i == 0,), name="slimtorch-verify").start()
+        self._cold = _cold([g.tensor for g in self._groups]) if cold is None else cold
+        workers = 1 if self._cold else min(max(1, self.threads - 1), self._checks())
+        for _ in range(workers):
+            threading.Thread(target=self._work, name="slimtorch-verify").start()
 
     def _checks(self) -> int:
         return sum(len(g.checks) for g in self._groups)
@@ -277,8 +283,8 @@ class Verification:
         self._returned = time.perf_counter()
 
     def wait(self) -> None:
-        """Block until every check is done, running unstarted ones on this thread; raise the first
-        mismatch (in the model's order)."""
+        """Block until every check is done, running unstarted ones on this thread (on a warm page cache);
+        raise the first mismatch (in the model's order)."""
         self._wait_for(self._groups)
         failed = self._first_error()
         self._finished.wait()  # the last check's thread may still be removing the hooks
@@ -288,10 +294,7 @@ class Verification:
             raise failed
 
     # -- running checks ---------------------------------------------------------------------------------
-    def _work(self, read_ahead: bool) -> None:
-        if read_ahead:  # queue the reads of every tensor now, in order (cold cache)
-            for start, end in _ranges(self._groups):
-                layout.read_ahead(start, end - start)
+    def _work(self) -> None:
         while (job := self._claim(None)) is not None:
             self._run(*job)
 
@@ -332,10 +335,11 @@ class Verification:
             self._finish()
 
     def _wait_for(self, groups: Sequence[_Group]) -> None:
-        """Wait until ``groups`` are done, running their unstarted checks here."""
+        """Wait until ``groups`` are done, running their unstarted checks here on a warm page cache (on a
+        cold one a second reader would only slow the first: see :func:`_cold`)."""
         clock = time.perf_counter()
         for group in groups:
-            while (job := self._claim(group)) is not None:
+            while not self._cold and (job := self._claim(group)) is not None:
                 self._run(*job)
             group.done.wait()
         with self._lock:
@@ -426,8 +430,12 @@ def _cold(tensors: list[torch.Tensor]) -> bool:
     them: on a warm cache one fewer than the load's, the caller's thread being the other (an eager load
     joins in its wait; a forward beside before-use checks pages in the same bytes; measured on 2 cores,
     2 GiB: one check thread beside a 1-thread sum adds nothing, 0.92x the sum alone; two add 1.26x, they
-    compete for the cores). Cold, the threads mostly wait on the disk, which serves several reads at
-    once: as many as the parallel read floor uses, COLD_READERS, and the first one asks for read-ahead.
+    compete for the cores). Cold, one thread reads and checks the spans in file order and nobody else
+    claims a check: the kernel reads a mapping ahead fastest for one sequential reader, and whoever uses
+    the weights meanwhile follows behind it. 2 GiB MLP, medians of 5-6 fresh processes on an evicted
+    cache, the file's readinto floor at 0.65-0.74 s in each run: before-use until every weight is summed
+    0.62 s, eager 0.68; with 4 reading threads and read-ahead hints (the earlier design) 1.19 and 1.03,
+    and an eager caller checking beside its one reader went 0.72 s or 2.5 s by the run.
 
     A page cache that holds almost all of the file is warm: a shared machine's host reclaims pages, and
     "warm" files here held 98-99.9% of their pages. Asked of one first page per sampled tensor with any
