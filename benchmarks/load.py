@@ -85,6 +85,8 @@ ANCHOR = "safetensors load_file + assign"
 OURS = "slimtorch verified (before-use)"
 FLOOR = "floor: readinto"
 STREAM_FLOOR = "floor: sequential read"
+SEQUENTIAL_FLOORS = (FLOOR, STREAM_FLOOR)
+"""The floors the cold target is judged against (the faster of the two in each run)."""
 STREAM_BYTES = 8 * MIB
 STEADY = 1.3
 """A floor whose slowest run took more than this times its fastest judges no cold target."""
@@ -386,10 +388,10 @@ def measure(
                     # each warm row would measure the cold row before it, not its own load.
                     evict(path)
                     warm(path)
-            handed = reported_kib()
+            handed = reported_kib() if method.startswith("cold: ") else None
             result = run_child(method, model, folder, layers, threads, sums)
-            if method.startswith("cold: ") and handed is not None:
-                result["handed_back_kib"] = (reported_kib() or 0) - handed
+            if handed is not None:
+                result["handed_back_kib"] = (reported_kib() or handed) - handed
             if round_:
                 results[method].append(result)
         print(f"  {TITLES[model]}: {'warm-up' if round_ == 0 else f'round {round_}/{runs}'} done", flush=True)
@@ -447,7 +449,7 @@ def checks(model: str, rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             ),
             (f"{title}: verified load peak RSS / model bytes", ours["peak_rss_x_model"], 1.05),
         ]
-    floors = [f for f in (FLOOR, STREAM_FLOOR) if f"cold: {f}" in rows]
+    floors = [f for f in SEQUENTIAL_FLOORS if f"cold: {f}" in rows]
     steadiness = {}
     if f"cold: {OURS}" in rows and floors:
         floor = rows[min((f"cold: {f}" for f in floors), key=lambda m: rows[m]["median_s"])]
@@ -519,7 +521,7 @@ def print_table(model: str, rows: dict[str, dict[str, Any]], model_bytes: int, r
     for method, row in rows.items():
         floors = [
             rows[f"cold: {f}"]["median_s"]
-            for f in (FLOOR, STREAM_FLOOR, PARALLEL_FLOOR)
+            for f in (*SEQUENTIAL_FLOORS, PARALLEL_FLOOR)
             if f"cold: {f}" in rows
         ]
         floor = min(floors) if method.startswith("cold: ") and floors else None
@@ -617,7 +619,7 @@ def main() -> None:
     print("\nTargets:")
     for check in record["checks"]:
         spread = (
-            f"; the floor's {check['floor_runs']} runs spread {check['floor_spread']:.2f}x"
+            f"; the floor's spread {check['floor_spread']:.2f}x over {check['floor_runs']} runs"
             if "floor_runs" in check
             else ""
         )
