@@ -244,3 +244,65 @@ def test_a_cold_file_has_one_reader_and_the_caller_waits_for_it_instead_of_readi
     assert len(readers) == 1 and not callers
     assert len([g for g in watched[0]._groups if g.span]) > 1 and report.verified_bytes > 0
     assert torch.equal(report.model(torch.ones(1, 64)), report.model(torch.ones(1, 64)))
+
+
+@pytest.mark.parametrize("large", [True, False])
+def test_a_large_warm_file_is_checked_from_its_end_while_loading_then_from_its_front(
+    tmp_path, monkeypatch, watched, large
+) -> None:
+    """A large file's checks made while the model is built come from the end of the file; once the load
+    returns the next one is the file's first, where a forward or a copy of the weights starts: a check
+    far ahead of that use reads the memory a second time instead of sharing the caller's reads. A small
+    file is checked front first throughout, so the caller's first reads find their pages mapped in."""
+    monkeypatch.setattr(verification, "LARGE_FILE_BYTES", 0 if large else 1 << 40)
+    monkeypatch.setattr(verification, "LARGE_SPAN_BYTES", 16 << 10)
+    monkeypatch.setattr(verification, "SPAN_BYTES", 16 << 10)
+    monkeypatch.setattr(verification, "_cold", lambda tensors: False)
+    ran: list[tuple[int, bool]] = []  # (span, the load had returned)
+    released = threading.Event()
+    original_run = Verification._run
+    main = threading.current_thread()
+
+    def run(self: Verification, group, check) -> None:
+        if threading.current_thread() is not main:
+            ran.append((group.order, self._returned is not None))
+        original_run(self, group, check)
+        if len(ran) == 2:
+            released.wait(20)  # the checking thread holds here until the load has returned
+
+    def build() -> MLP:
+        deadline = time.monotonic() + 20
+        while len(ran) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return MLP()
+
+    monkeypatch.setattr(Verification, "_run", run)
+    report = slimtorch.load_model(_saved(tmp_path), build, verify="before-use", threads=2)
+    released.set()
+    deadline = time.monotonic() + 20
+    while len(ran) < 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    report.wait()
+    spans = len([g for g in watched[0]._groups if g.span])
+    assert spans >= 4
+    expected = (
+        [(spans - 1, False), (spans - 2, False), (0, True)] if large else [(0, False), (1, False), (2, True)]
+    )
+    assert ran[:3] == expected
+    assert report.verified_bytes == watched[0].stats.checked_bytes > 0
+
+
+def test_a_large_file_is_checked_in_smaller_spans_on_a_warm_cache_only(
+    tmp_path, monkeypatch, watched
+) -> None:
+    monkeypatch.setattr(verification, "LARGE_FILE_BYTES", 0)
+    monkeypatch.setattr(verification, "LARGE_SPAN_BYTES", 16 << 10)
+    monkeypatch.setattr(verification, "SPAN_BYTES", 128 << 10)  # the whole MLP: one span
+    monkeypatch.setattr(verification, "COLD_SPAN_BYTES", 64 << 10)
+    counts = []
+    for cold in (False, True):
+        monkeypatch.setattr(verification, "_cold", lambda tensors, cold=cold: cold)
+        slimtorch.load_model(_saved(tmp_path), MLP, verify="before-use").wait()
+        counts.append(len([g for g in watched[-1]._groups if g.span]))
+        assert watched[-1]._back_first is not cold
+    assert counts[0] == 4 and counts[1] < counts[0]  # cold: the cold spans, never the large file's
