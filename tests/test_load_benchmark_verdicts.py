@@ -61,3 +61,18 @@ def test_a_cold_target_on_a_floor_that_swung_or_ran_once_is_unsteady_not_a_pass(
 ) -> None:
     check = _cold_check(bench, readinto, stream, (0.60, 0.61, 0.62))
     assert bench.verdict(check) == "UNSTEADY" and not check["ok"]
+
+
+def test_the_two_pass_floor_is_compared_with_the_same_file_read_once_not_the_anchors_file(bench) -> None:
+    """The anchor reads another file, whose pages this host may read at another speed: the second read's
+    cost is the floor over ``verify=False`` (the slim file read once), and our overhead is ours over it."""
+    rows = {
+        bench.ANCHOR: _row(0.2, 0.2, 0.2),
+        bench.ONCE: _row(0.05, 0.05, 0.05),
+        bench.TWO_PASS_FLOOR: _row(0.06, 0.06, 0.06),
+        bench.OURS: _row(0.09, 0.09, 0.09),
+    }
+    found = dict(bench.measures("mlp", rows))
+    second = next(v for k, v in found.items() if "second read" in k)
+    overhead = next(v for k, v in found.items() if "own overhead" in k)
+    assert second == pytest.approx(1.2) and overhead == pytest.approx(1.5)
