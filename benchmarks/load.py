@@ -355,7 +355,8 @@ def load_once(method: str, model: str, folder: Path, layers: int, sum_threads: i
     if net is not None:
         on_meta = touch([*net.parameters(), *net.buffers()], sum_threads)
     elif not method.endswith((STREAM_FLOOR, TWO_PASS_FLOOR)):  # those two sum as they read
-        on_meta = touch([buffer[: buffer.numel() // 4 * 4].view(torch.float32)], sum_threads)  # type: ignore[index]
+        values = buffer[: buffer.numel() // 4 * 4].view(torch.float32)  # type: ignore[index]
+        on_meta = touch([values], sum_threads)
     if report is not None:
         report.wait()
     seconds = time.perf_counter() - start
