@@ -76,3 +76,40 @@ def test_the_two_pass_floor_is_compared_with_the_same_file_read_once_not_the_anc
     second = next(v for k, v in found.items() if "second read" in k)
     overhead = next(v for k, v in found.items() if "own overhead" in k)
     assert second == pytest.approx(1.2) and overhead == pytest.approx(1.5)
+
+
+def test_the_warm_target_is_judged_against_the_anchor_on_the_same_file_and_its_own_is_printed(bench) -> None:
+    """The anchor on the slim file reads the pages slimtorch reads; its own file's pages this host may read
+    at another speed (0.074 s against 0.109 in one A/B, the other way round minutes later)."""
+    rows = {
+        bench.ANCHOR: _row(0.2, 0.2, 0.2),
+        bench.SAME_FILE: _row(0.10, 0.10, 0.10),
+        bench.OURS: _row(0.12, 0.12, 0.12) | {"peak_rss_x_model": 1.0},
+    }
+    warm = next(c for c in bench.checks("mlp", rows) if c["name"].endswith(", warm"))
+    assert bench.SAME_FILE in warm["name"] and warm["measured"] == pytest.approx(1.2) and not warm["ok"]
+    own = next(v for k, v in bench.measures("mlp", rows) if "its own file" in k)
+    assert own == pytest.approx(0.6)
+    del rows[bench.SAME_FILE]  # an --only run without it: the anchor's own file, as before
+    warm = next(c for c in bench.checks("mlp", rows) if c["name"].endswith(", warm"))
+    assert warm["measured"] == pytest.approx(0.6) and warm["ok"]
+
+
+def test_each_round_starts_one_method_further_cold_ones_first_then_the_files_warmed_again(
+    bench, monkeypatch, tmp_path
+) -> None:
+    """A fixed order ran each method after the same one every round; the anchor, second in each, spread
+    0.070-0.131 s in one run while slimtorch's unchecked load of the same file spread 0.065-0.067."""
+    ran: list[str] = []
+    monkeypatch.setattr(bench, "run_child", lambda method, *args: ran.append(method) or {"seconds": 1.0})
+    monkeypatch.setattr(bench, "evict", lambda path: ran.append("evict"))
+    monkeypatch.setattr(bench, "warm", lambda path: None)
+    only = ["cold: floor: readinto", "cold: slimtorch verified (before-use)", "load_file + assign"]
+    bench.measure("mlp", tmp_path, 1, 2, None, True, only, 1)
+    rounds = [ran[i : i + len(ran) // 3] for i in range(0, len(ran), len(ran) // 3)]
+    firsts = [[m for m in r if m != "evict"] for r in rounds]
+    assert len({r[0] for r in firsts}) == 3  # 3 cold methods (the anchor cold too): a new first each round
+    for methods, events in zip(firsts, rounds, strict=True):
+        colds = [m for m in methods if m.startswith("cold: ")]
+        assert methods[: len(colds)] == colds  # every cold run before the warm ones
+        assert events.index("evict") == len(colds)  # the files warmed again right before the first warm one

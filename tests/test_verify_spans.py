@@ -306,3 +306,41 @@ def test_a_large_file_is_checked_in_smaller_spans_on_a_warm_cache_only(
         counts.append(len([g for g in watched[-1]._groups if g.span]))
         assert watched[-1]._back_first is not cold
     assert counts[0] == 4 and counts[1] < counts[0]  # cold: the cold spans, never the large file's
+
+
+@pytest.mark.parametrize("returned", [True, False])
+def test_a_waiting_caller_takes_checks_from_the_other_end_than_the_checking_thread(returned) -> None:
+    """From the same end the caller waited for the span the checking thread ran and lost the next one to
+    it, every time: the checks ran on one thread (``load_model(...).wait()`` on a 2 GiB file: 74 ms, now
+    54). Here the thread's first check holds until the caller has run the last one, which it can only do
+    by starting from the other end; while a large file still loads the thread takes the end first
+    (:meth:`Verification._from_back`) and the caller the front."""
+    checks = Verification(threads=2)
+    held, released, ran = threading.Event(), [], {}
+
+    def check(index: int, count: int = 4):
+        def run() -> int:
+            ran[index] = threading.current_thread().name
+            if index == (0 if returned else count - 1):
+                held.set()
+                released.append(release.wait(20))
+            else:
+                release.set() if index == (count - 1 if returned else 0) else None
+            return 1
+
+        return run
+
+    release = threading.Event()
+    for index in range(4):
+        checks.add([check(index)], torch.zeros(1), [], order=index)
+    if not returned:
+        checks._back_first = True  # a large file under watch, the load not yet returned
+        checks._back = 4
+    checks.start(hooks=False)
+    assert held.wait(20)
+    if returned:
+        checks.returned()
+    checks.wait()
+    assert released == [True]  # the held check was let go by the caller, not by the timeout
+    far = 3 if returned else 0
+    assert ran[far] == threading.current_thread().name and checks.stats.checked_bytes == 4

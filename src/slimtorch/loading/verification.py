@@ -306,9 +306,18 @@ class Verification:
         self._returned = time.perf_counter()
 
     def wait(self) -> None:
-        """Block until every check is done, running unstarted ones on this thread (on a warm page cache);
-        raise the first mismatch (in the model's order)."""
-        self._wait_for(self._groups)
+        """Block until every check is done, running unstarted ones on this thread (on a warm page cache)
+        from the other end of the file than the checking threads take theirs; raise the first mismatch
+        (in the model's order).
+
+        From the same end this thread waited for the span a checking thread ran and lost the next one to
+        it (the thread claims its next span as it finishes one, before this thread wakes): the checks ran
+        on one thread to the end. ``load_model(2 GiB MLP, verify="before-use").wait()``, medians of 6
+        fresh processes: 74 ms with this thread running 2% of the spans, 54 ms running 47% (eager, which
+        already took the other end, 53 either way)."""
+        with self._lock:
+            ahead = self._from_back()
+        self._wait_for(self._groups if ahead else self._groups[::-1])
         failed = self._first_error()
         self._finished.wait()  # the last check's thread may still be removing the hooks
         for callback in self._on_finish:
