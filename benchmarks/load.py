@@ -455,9 +455,9 @@ def measure(
     methods += [ANCHOR] if ANCHOR not in methods else []
     methods += [SAME_FILE] if OURS in methods and SAME_FILE not in methods else []
     results: dict[str, list[dict]] = {m: [] for m in methods}
+    colds = [m for m in methods if m.startswith("cold: ")]
+    warms = [m for m in methods if m not in colds]
     for round_ in range(runs + 1):
-        colds = [m for m in methods if m.startswith("cold: ")]
-        warms = [m for m in methods if m not in colds]
         for index, method in enumerate([*rotated(colds, round_), *rotated(warms, round_)]):
             if index == len(colds):
                 for path in files(folder, model).values():

@@ -19,8 +19,8 @@ core), so a verified load at the speed of an unverified one has to verify beside
 Then ``verify`` says when the caller waits:
 
 - ``"eager"`` waits for every check before ``load_model`` returns (the calling thread joins in on a warm
-  page cache, from the front; on a cold one a single thread reads the file in order, which a second
-  reader would slow);
+  page cache, from the other end of the file than the checking threads; on a cold one a single thread
+  reads the file in order, which a second reader would slow);
 - ``"before-use"`` returns at once. The checks go on in order (file or model order: about the order a
   forward uses the tensors), and a forward pre-hook on each module waits for its own tensors' checks,
   running them itself when no thread has started them yet (warm page cache), and raises the checksum
@@ -316,8 +316,8 @@ class Verification:
         fresh processes: 74 ms with this thread running 2% of the spans, 54 ms running 47% (eager, which
         already took the other end, 53 either way)."""
         with self._lock:
-            ahead = self._from_back()
-        self._wait_for(self._groups if ahead else self._groups[::-1])
+            threads_from_back = self._from_back()
+        self._wait_for(self._groups if threads_from_back else self._groups[::-1])
         failed = self._first_error()
         self._finished.wait()  # the last check's thread may still be removing the hooks
         for callback in self._on_finish:
