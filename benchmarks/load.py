@@ -31,6 +31,13 @@ Methods:
   interleaved A/B of 7 fresh processes the anchor took 0.109 s [0.085..0.199] on its own file and 0.074
   [0.066..0.076] on the slim file, and in the next 0.084 on its own and 0.095 on the slim file; a ratio
   to the anchor's own file passes or fails by that. Its ratio is printed too.
+* ``safetensors load_file + assign, small pages`` and ``slimtorch verified (before-use), small pages``:
+  the same two on a copy of the slim file cached in small pages (:func:`warm_small`: 4 KiB folios, one
+  page fault per 64 KiB mapped), where the other files sit in 2 MiB folios (the ``2 MiB-mapped`` column).
+  Kernels and file systems without large folios cache every file so, and files here come back so after
+  the host's memory manager took their pages (the slim file read 4-13 faults per MiB then). Mapped in
+  small pages, the faults cost more than the reads: a second target holds the verified load to 1.1x the
+  anchor in this state too.
 * ``torch.load(mmap) + assign``: the same with ``torch.load(mmap=True, weights_only=True)`` of a .pt file.
 * ``safetensors load_model``: build the model (random init), ``safetensors.torch.load_model`` into it.
 * ``fastsafetensors``: only where it is importable (it is not here).
@@ -86,6 +93,7 @@ import json
 import mmap
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -105,6 +113,9 @@ SAME_FILE = "safetensors load_file + assign, slim file"
 """The anchor's code on the file slimtorch loads (a slim file is a safetensors file): the warm target is
 judged against it, as the two files' pages can be read at different speeds here (see the docstring)."""
 OURS = "slimtorch verified (before-use)"
+SMALL_OURS = "slimtorch verified (before-use), small pages"
+SMALL_ANCHOR = "safetensors load_file + assign, small pages"
+"""Both on a copy of the slim file cached in small pages (:func:`warm_small`): the other warm state."""
 FLOOR = "floor: readinto"
 STREAM_FLOOR = "floor: sequential read"
 SEQUENTIAL_FLOORS = (FLOOR, STREAM_FLOOR)
@@ -123,6 +134,8 @@ METHODS = (
     "safetensors load_model",
     *(("fastsafetensors",) if importlib.util.find_spec("fastsafetensors") else ()),
     OURS,
+    SMALL_ANCHOR,
+    SMALL_OURS,
     "slimtorch verified (eager)",
     ONCE,
     "slimtorch pre-built model",
@@ -148,6 +161,8 @@ READS = {  # the file each method reads
     "slimtorch on .safetensors": "safetensors",
     FLOOR: "safetensors",
     PARALLEL_FLOOR: "safetensors",
+    SMALL_ANCHOR: "small",
+    SMALL_OURS: "small",
 }
 TITLES = {"mlp": "synthetic MLP", "bert": "BERT-base (transformers)"}
 
@@ -174,6 +189,7 @@ def files(folder: Path, model: str) -> dict[str, Path]:
         "safetensors": folder / f"{model}.safetensors",
         "slim": folder / f"{model}-slim.safetensors",
         "int8": folder / f"{model}-int8.safetensors",
+        "small": folder / f"{model}-slim-small.safetensors",
     }
 
 
@@ -195,9 +211,8 @@ def write_files(folder: Path, model: str, layers: int) -> int:
     safetensors.torch.save_file(state, paths["safetensors"])
     slimtorch.save(state, paths["slim"])
     slimtorch.save(state, paths["int8"], quantize="int8")
-    for path in paths.values():  # cached as a read caches them, whichever writer made them: written pages
-        evict(path)  # can sit in smaller folios, which made a sum of the same bytes 1.5x slower here
-        warm(path)
+    shutil.copyfile(paths["slim"], paths["small"])
+    cache(paths)
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
@@ -228,6 +243,29 @@ def warm(path: Path) -> None:
     with open(path, "rb", buffering=0) as stream:
         while stream.read(64 * MIB):
             pass
+
+
+def warm_small(path: Path) -> None:
+    """Cache ``path`` in small pages: read in 1 MiB ``pread`` calls under ``POSIX_FADV_RANDOM`` (the kernel
+    reads nothing ahead, and caches 4 KiB folios here: one page fault per 64 KiB of a mapping), as kernels
+    and file systems without large folios cache every file, and as files here come back after the host's
+    memory manager took their pages (4-13 faults per MiB)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for offset in range(0, os.fstat(fd).st_size, MIB):
+            os.pread(fd, MIB, offset)
+    finally:
+        os.close(fd)
+
+
+def cache(paths: dict[str, Path]) -> None:
+    """Evict the files and read them back into the page cache, the small-pages copy in small pages (the
+    others as a read caches them: written pages can sit in smaller folios, which made a sum of the same
+    bytes 1.5x slower here, and pages a cold load faulted in are read slower later)."""
+    for kind, path in paths.items():
+        evict(path)
+        (warm_small if kind == "small" else warm)(path)
 
 
 # -- one run, in a fresh process -----------------------------------------------------------------------------
@@ -283,7 +321,7 @@ def load(method: str, build, paths: dict[str, Path], buffer: torch.Tensor | None
     import slimtorch
 
     base = method.removeprefix("cold: ")
-    if base in (ANCHOR, SAME_FILE):
+    if base in (ANCHOR, SAME_FILE, SMALL_ANCHOR):
         with torch.device("meta"):
             net = build()
         net.load_state_dict(safetensors.torch.load_file(paths[file_of(method)]), assign=True)
@@ -454,19 +492,18 @@ def measure(
     methods = [m for m in (*(COLD if cold else ()), *METHODS) if not only or any(o in m for o in only)]
     methods += [ANCHOR] if ANCHOR not in methods else []
     methods += [SAME_FILE] if OURS in methods and SAME_FILE not in methods else []
+    methods += [SMALL_ANCHOR] if SMALL_OURS in methods and SMALL_ANCHOR not in methods else []
     results: dict[str, list[dict]] = {m: [] for m in methods}
     colds = [m for m in methods if m.startswith("cold: ")]
     warms = [m for m in methods if m not in colds]
     for round_ in range(runs + 1):
         for index, method in enumerate([*rotated(colds, round_), *rotated(warms, round_)]):
             if index == len(colds):
-                for path in files(folder, model).values():
-                    # Cached again as a read caches it, whichever cold load read it last: pages a cold
-                    # load faulted in through a mapping are read slower later (summing BERT's bytes: 32
-                    # ms after a read, 41-44 after slimtorch's cold load, 51 after the anchor's), and
-                    # each warm row would measure the cold row before it, not its own load.
-                    evict(path)
-                    warm(path)
+                # Cached again as a read caches it, whichever cold load read it last: pages a cold load
+                # faulted in through a mapping are read slower later (summing BERT's bytes: 32 ms after a
+                # read, 41-44 after slimtorch's cold load, 51 after the anchor's), and each warm row would
+                # measure the cold row before it, not its own load.
+                cache(files(folder, model))
             handed = reported_kib() if method.startswith("cold: ") else None
             result = run_child(method, model, folder, layers, threads, sums)
             if handed is not None:
@@ -537,6 +574,9 @@ def checks(model: str, rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             ),
             (f"{title}: verified load peak RSS / model bytes", ours["peak_rss_x_model"], 1.05),
         ]
+    if SMALL_OURS in rows and SMALL_ANCHOR in rows:
+        ratio = rows[SMALL_OURS]["median_s"] / rows[SMALL_ANCHOR]["median_s"]
+        found.append((f"{title}: verified load / {SMALL_ANCHOR}, warm", ratio, 1.1))
     floors = [f for f in SEQUENTIAL_FLOORS if f"cold: {f}" in rows]
     steadiness = {}
     if f"cold: {OURS}" in rows and floors:

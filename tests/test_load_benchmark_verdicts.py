@@ -7,6 +7,7 @@ and 3 s in the next; a ratio to such a floor passed once by the floor's slowness
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,7 @@ def test_each_round_starts_one_method_further_cold_ones_first_then_the_files_war
     monkeypatch.setattr(bench, "run_child", lambda method, *args: ran.append(method) or {"seconds": 1.0})
     monkeypatch.setattr(bench, "evict", lambda path: ran.append("evict"))
     monkeypatch.setattr(bench, "warm", lambda path: None)
+    monkeypatch.setattr(bench, "warm_small", lambda path: None)
     only = ["cold: floor: readinto", "cold: slimtorch verified (before-use)", "load_file + assign"]
     bench.measure("mlp", tmp_path, 1, 2, None, True, only, 1)
     rounds = [ran[i : i + len(ran) // 3] for i in range(0, len(ran), len(ran) // 3)]
@@ -113,3 +115,46 @@ def test_each_round_starts_one_method_further_cold_ones_first_then_the_files_war
         colds = [m for m in methods if m.startswith("cold: ")]
         assert methods[: len(colds)] == colds  # every cold run before the warm ones
         assert events.index("evict") == len(colds)  # the files warmed again right before the first warm one
+
+
+def test_the_small_pages_target_is_judged_against_the_anchor_on_the_small_pages_copy(bench) -> None:
+    """Mapped in small pages the faults cost more than the reads, and the two files' states differ: each
+    verified row is judged against the anchor on the same pages."""
+    rows = {
+        bench.SAME_FILE: _row(0.10, 0.10, 0.10),
+        bench.OURS: _row(0.105, 0.105, 0.105) | {"peak_rss_x_model": 1.0},
+        bench.SMALL_ANCHOR: _row(0.20, 0.20, 0.20),
+        bench.SMALL_OURS: _row(0.24, 0.24, 0.24),
+    }
+    found = {c["name"]: c for c in bench.checks("mlp", rows)}
+    small = found[f"synthetic MLP: verified load / {bench.SMALL_ANCHOR}, warm"]
+    assert small["measured"] == pytest.approx(1.2) and not small["ok"]
+    assert found[f"synthetic MLP: verified load / {bench.SAME_FILE}, warm"]["ok"]
+    assert bench.file_of(bench.SMALL_OURS) == bench.file_of(bench.SMALL_ANCHOR) == "small"
+    assert bench.file_of(f"cold: {bench.OURS}") == "slim"
+
+
+def test_the_small_pages_copy_is_cached_in_small_pages_and_the_others_as_a_read_caches_them(
+    bench, monkeypatch, tmp_path
+) -> None:
+    events: list[tuple[str, str]] = []
+    for name in ("evict", "warm", "warm_small"):
+        monkeypatch.setattr(bench, name, lambda path, name=name: events.append((name, path.name)))
+    paths = bench.files(tmp_path, "mlp")
+    bench.cache(paths)
+    assert ("warm_small", "mlp-slim-small.safetensors") in events
+    assert {name for name, path in events if path == "mlp-slim.safetensors"} == {"evict", "warm"}
+    assert [e for e in events if e[0] == "evict"] == [("evict", p.name) for p in paths.values()]
+
+
+def test_warm_small_caches_the_whole_file(bench, tmp_path) -> None:
+    path = tmp_path / "f.bin"
+    with open(path, "wb") as stream:
+        stream.write(bytes(range(256)) * 9000)  # over 2 MiB: more than one pread
+        stream.flush()
+        os.fsync(stream.fileno())  # clean pages: the eviction can drop them
+    bench.evict(path)
+    if bench.resident_share(path) > 0.5:
+        pytest.skip("this file system keeps the pages (tmpfs)")
+    bench.warm_small(path)
+    assert bench.resident_share(path) == 1.0

@@ -227,10 +227,10 @@ def test_a_cold_file_has_one_reader_and_the_caller_waits_for_it_instead_of_readi
         time.sleep(0.2)
         original_work(self)
 
-    def run(self: Verification, group, check) -> None:
+    def run(self: Verification, group, check) -> int:
         if threading.current_thread() not in readers:
             callers.append(threading.current_thread())
-        original_run(self, group, check)
+        return original_run(self, group, check)
 
     def wait_for(self: Verification, groups) -> None:
         waiting.set()
@@ -246,14 +246,16 @@ def test_a_cold_file_has_one_reader_and_the_caller_waits_for_it_instead_of_readi
     assert torch.equal(report.model(torch.ones(1, 64)), report.model(torch.ones(1, 64)))
 
 
-@pytest.mark.parametrize("large", [True, False])
+@pytest.mark.parametrize(("large", "small_pages"), [(True, False), (True, True), (False, False)])
 def test_a_large_warm_file_is_checked_from_its_end_while_loading_then_from_its_front(
-    tmp_path, monkeypatch, watched, large
+    tmp_path, monkeypatch, watched, large, small_pages
 ) -> None:
     """A large file's checks made while the model is built come from the end of the file; once the load
     returns the next one is the file's first, where a forward or a copy of the weights starts: a check
-    far ahead of that use reads the memory a second time instead of sharing the caller's reads. A small
+    far ahead of that use reads the memory a second time instead of sharing the caller's reads. Mapped in
+    small pages, the checks keep to the end, faulting there while the caller faults at the front. A small
     file is checked front first throughout, so the caller's first reads find their pages mapped in."""
+    monkeypatch.setattr(Verification, "_small_pages", lambda self: small_pages)
     monkeypatch.setattr(verification, "LARGE_FILE_BYTES", 0 if large else 1 << 40)
     monkeypatch.setattr(verification, "LARGE_SPAN_BYTES", 16 << 10)
     monkeypatch.setattr(verification, "SPAN_BYTES", 16 << 10)
@@ -263,12 +265,13 @@ def test_a_large_warm_file_is_checked_from_its_end_while_loading_then_from_its_f
     original_run = Verification._run
     main = threading.current_thread()
 
-    def run(self: Verification, group, check) -> None:
+    def run(self: Verification, group, check) -> int:
         if threading.current_thread() is not main:
             ran.append((group.order, self._returned is not None))
-        original_run(self, group, check)
+        checked = original_run(self, group, check)
         if len(ran) == 2:
             released.wait(20)  # the checking thread holds here until the load has returned
+        return checked
 
     def build() -> MLP:
         deadline = time.monotonic() + 20
@@ -285,9 +288,9 @@ def test_a_large_warm_file_is_checked_from_its_end_while_loading_then_from_its_f
     report.wait()
     spans = len([g for g in watched[0]._groups if g.span])
     assert spans >= 4
-    expected = (
-        [(spans - 1, False), (spans - 2, False), (0, True)] if large else [(0, False), (1, False), (2, True)]
-    )
+    after = (spans - 3, True) if small_pages else (0, True)
+    expected = [(spans - 1, False), (spans - 2, False), after]
+    expected = expected if large else [(0, False), (1, False), (2, True)]
     assert ran[:3] == expected
     assert report.verified_bytes == watched[0].stats.checked_bytes > 0
 
@@ -344,3 +347,74 @@ def test_a_waiting_caller_takes_checks_from_the_other_end_than_the_checking_thre
     assert released == [True]  # the held check was let go by the caller, not by the timeout
     far = 3 if returned else 0
     assert ran[far] == threading.current_thread().name and checks.stats.checked_bytes == 4
+
+
+@pytest.mark.parametrize(
+    ("back_first", "faults_per_mib", "read_mib", "keeps_back"),
+    [
+        (True, 16, 4, True),  # 4 KiB pages: one fault per 64 KiB
+        (True, 4, 64, True),
+        (True, 1, 64, False),  # 2 MiB pages (with the check's own few faults)
+        (True, 16, 1, False),  # too little read to judge: the 2 MiB pages' way
+        (False, 16, 64, False),  # a small file: front first whatever its pages
+    ],
+)
+def test_the_checks_keep_to_the_end_after_the_return_only_where_they_took_many_faults(
+    back_first, faults_per_mib, read_mib, keeps_back
+) -> None:
+    checks = Verification(threads=2)
+    checks._back_first = back_first
+    checks._count_faults(faults_per_mib * read_mib, read_mib << 20)
+    with checks._lock:
+        assert checks._from_back() is back_first  # while loading: from the end, a large file
+    checks.returned()
+    with checks._lock:
+        assert checks._from_back() is keeps_back
+    checks._count_faults(0, 1 << 30)  # faults counted later (beside the caller's reads) change nothing
+    with checks._lock:
+        assert checks._from_back() is keeps_back
+
+
+@pytest.mark.skipif(verification._RUSAGE_THREAD is None, reason="per-thread fault counts are Linux's")
+def test_fault_counts_are_the_calling_threads_own() -> None:
+    def touch() -> None:
+        torch.ones(16 << 20, dtype=torch.uint8)  # fresh pages: 16 MiB of faults (4 KiB or 2 MiB each)
+
+    start = verification._thread_faults()
+    other = threading.Thread(target=touch)
+    other.start()
+    other.join()
+    after_other = verification._thread_faults()
+    touch()
+    after_own = verification._thread_faults()
+    assert after_own - after_other > after_other - start  # type: ignore[operator]
+
+
+@pytest.mark.skipif(verification._RUSAGE_THREAD is None, reason="per-thread fault counts are Linux's")
+def test_a_large_file_is_probed_near_its_end_before_its_first_check(tmp_path, monkeypatch, watched) -> None:
+    """The first checking thread reads PROBE_BYTES near the end of its first span first, counting the
+    faults, so that the load's return finds something to judge the pages by even where that check outlasts
+    the load; the probe is part of the claimed check (a cancelled load waits for it)."""
+    monkeypatch.setattr(verification, "LARGE_FILE_BYTES", 0)
+    monkeypatch.setattr(verification, "PROBE_BYTES", 1 << 20)
+    monkeypatch.setattr(verification, "_cold", lambda tensors: False)
+    probed: list[tuple[int, int, int]] = []
+    original = Verification._count_faults
+
+    def count(self: Verification, faults: int, read: int) -> None:
+        running = sum(group.running for group in self._groups)
+        probed.append((faults, read, running)) if not probed else None
+        original(self, faults, read)
+
+    def build() -> torch.nn.Module:  # the load returns once the probe has run
+        deadline = time.monotonic() + 20
+        while not probed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return torch.nn.ParameterDict({"w": torch.zeros(1024, 1024)})
+
+    monkeypatch.setattr(Verification, "_count_faults", count)
+    path = tmp_path / "wide.safetensors"
+    slimtorch.save({"w": torch.randn(1024, 1024)}, path)  # 4 MiB: the probe and the 2 MiB past it
+    slimtorch.load_model(path, build, verify="before-use").wait()
+    assert watched[0]._back_first
+    assert probed and probed[0][1] == 1 << 20 and probed[0][0] >= 1 and probed[0][2] == 1

@@ -11,8 +11,9 @@ core), so a verified load at the speed of an unverified one has to verify beside
   interpreter lock). On BERT-base most of the file is checked by the time the model is filled, and the
   checking threads have paged the mapping in for the caller. A large file on a warm page cache is
   checked from its end until the load returns, then from its front, side by side with the caller's
-  first use (:data:`LARGE_FILE_BYTES`, :meth:`Verification._from_back`). A span that does not match is checked
-  chunk by chunk, so the error names the corrupt tensor and no other.
+  first use (:data:`LARGE_FILE_BYTES`, :meth:`Verification._from_back`); mapped in small pages, from its
+  end throughout, its page faults beside the caller's (:data:`SMALL_PAGE_FAULTS_PER_MIB`). A span that
+  does not match is checked chunk by chunk, so the error names the corrupt tensor and no other.
 - Otherwise (CUDA staging, offload, a model given with real tensors) each mapped tensor's chunks are
   handed over as the model takes it (:meth:`Verification.add`) and checked after the load.
 
@@ -50,6 +51,13 @@ from slimtorch.errors import SlimtorchError
 from slimtorch.format import layout, pending
 from slimtorch.format.source import StoredChunk, TensorSource
 
+try:
+    import resource
+
+    _RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
+except ImportError:  # Windows
+    _RUSAGE_THREAD = None
+
 SMALL_CODED = 1 << 20
 """Coded parts under this many bytes join a file-wide check's spans (:meth:`Verification.watch`)."""
 SPAN_BYTES = 256 << 20
@@ -79,6 +87,20 @@ every weight is summed, fresh processes on an evicted cache: 16 MiB spans 0.64 s
 floor 0.74 in the same A/B; 4, 8 and 32 MiB, tried with a sequential-access hint, 0.62-0.66), 64 MiB
 spans 0.64 s in one run of 5 and 2.4-2.7 s in the others: with spans as large as the tensors, the sum
 faulting the tensor the check reads went the slow way."""
+SMALL_PAGE_FAULTS_PER_MIB = 4
+"""A large warm file whose checks took at least this many page faults per MiB they read is mapped in small
+pages, and its checks go on from the end after the load returns (:meth:`Verification._from_back`).
+Mapped in 2 MiB pages, a read takes 0.5 faults per MiB (the probe, :data:`PROBE_BYTES`: 4-5 in 4 MiB); in
+4 KiB pages 16, one per 64 KiB the kernel maps around a fault (the probe: 67), and 4-13 in a page cache
+the host had partly reclaimed and read back. Kernels and file systems without large folios cache every
+file in 4 KiB pages. There the faults cost more than the reads (2 GiB summed: 142 ms on a fresh mapping,
+57 on a mapped one), and faults in different parts of a mapping run in parallel (``MADV_POPULATE_READ``
+of 2 GiB: 113 ms on one thread, 63 on two)."""
+PROBE_BYTES = 4 << 20
+"""Bytes near the end of a large warm file that the first checking thread reads before its first check,
+counting the page faults (:meth:`Verification._probe`): a file's first check from the end is a 64 MiB
+chunk, which in small pages can end after the load returns (6 ms, from 3 ms into a load that returned
+at 9), leaving nothing to judge by."""
 
 Check = Callable[[], int]
 """Reads one chunk, returns its bytes, raises FormatError on a mismatch (``TensorSource.checks``)."""
@@ -182,6 +204,12 @@ class Verification:
         self._watching = False
         self._cold = False
         """The checked bytes were not in the page cache: one thread reads them, everyone else waits."""
+        self._faults = 0
+        self._faulted_bytes = 0
+        """The checking threads' page faults, and the bytes their checks read (:meth:`_small_pages`)."""
+        self._probed = False
+        self._keep_back = False
+        """The checks go on from the end after the load returns (:meth:`_from_back`)."""
 
     @property
     def finished(self) -> bool:
@@ -303,7 +331,9 @@ class Verification:
 
     def returned(self) -> None:
         """The load returns now: what runs from here on overlaps the caller's work."""
-        self._returned = time.perf_counter()
+        with self._lock:
+            self._returned = time.perf_counter()
+            self._keep_back = self._back_first and self._small_pages()
 
     def wait(self) -> None:
         """Block until every check is done, running unstarted ones on this thread (on a warm page cache)
@@ -328,7 +358,36 @@ class Verification:
     # -- running checks ---------------------------------------------------------------------------------
     def _work(self) -> None:
         while (job := self._claim(None)) is not None:
-            self._run(*job)
+            self._probe(job[0])
+            faults = _thread_faults()
+            checked = self._run(*job)
+            if faults is not None and checked >= 1 << 20:  # a small check's faults are its own set-up's
+                self._count_faults(_thread_faults() - faults, checked)  # type: ignore[operator]
+
+    def _probe(self, group: _Group) -> None:
+        """Before the first check from the end of a large file with :data:`PROBE_BYTES` and 2 MiB more,
+        read those bytes near its end, counting the page faults (:meth:`_small_pages`); the check reads
+        them again from the cache. Not the last 2 MiB: the end of a file is mapped in small pages whatever
+        its page cache holds (2 GiB MLP in 2 MiB pages: 6 faults in its last 4 MiB, 3 in 4 MiB further in;
+        in small pages 65). Part of a claimed check, so a cancelled load waits for it too."""
+        if self._probed or not self._back_first or _RUSAGE_THREAD is None:
+            return
+        data = layout.tensor_bytes(group.tensor)
+        if len(data) < PROBE_BYTES + (2 << 20):
+            return
+        with self._lock:
+            probed, self._probed = self._probed, True
+        if not probed:
+            end = len(data) - (2 << 20)
+            probe = data[end - PROBE_BYTES : end]
+            faults = _thread_faults()
+            layout.crc32(probe)
+            self._count_faults(_thread_faults() - faults, PROBE_BYTES)  # type: ignore[operator]
+
+    def _count_faults(self, faults: int, read: int) -> None:
+        with self._lock:
+            self._faults += faults
+            self._faulted_bytes += read
 
     def _claim(self, group: _Group | None) -> tuple[_Group, Check] | None:
         """The next check nobody runs yet: of ``group``, or (None) the first group in the model's order,
@@ -354,17 +413,33 @@ class Verification:
 
     def _from_back(self) -> bool:
         """Whether the checking threads take spans from the end of the file: a large one under
-        :meth:`watch` on a warm page cache (:data:`LARGE_FILE_BYTES`), until the load returns. Whoever uses
-        the weights then starts at the front, and the checks turn to the front too, side by side with it:
-        two threads reading the same bytes at about the same time share the pages' faults and the cache,
-        where a check far ahead of the use reads the memory a second time. On this 2-core host a 2 GiB sum
-        beside a CRC of the same bytes started with it took 0.95-1.0x the sum alone, and 1.33-1.39x with
-        the CRC started 9 ms (a model's construction) ahead (medians of 7, in the host's fastest memory
-        state; the same within 3% in its slowest). The spans checked while loading are where the use
-        ends, so it finds them done. Called with the lock held."""
-        return self._back_first and self._returned is None
+        :meth:`watch` on a warm page cache (:data:`LARGE_FILE_BYTES`), until the load returns, and after it
+        too where the file is mapped in small pages (:meth:`_small_pages`). Called with the lock held.
 
-    def _run(self, group: _Group, check: Check) -> None:
+        Mapped in 2 MiB pages, whoever uses the weights starts at the front, and the checks turn to the
+        front too, side by side with it: two threads reading the same bytes at about the same time share
+        the cache, where a check far ahead of the use reads the memory a second time. On this 2-core host
+        a 2 GiB sum beside a CRC of the same bytes started with it took 0.95-1.0x the sum alone, and
+        1.33-1.39x with the CRC started 9 ms (a model's construction) ahead (medians of 7). The spans
+        checked while loading are where the use ends, so it finds them done.
+
+        Mapped in small pages, the page faults cost more than the reads: the checks keep to the end, mapping
+        the pages there while the caller maps the front, the two threads' faults in parallel. 2 GiB MLP,
+        before-use, until every weight is summed, medians of 6 fresh processes: 125 ms from the end, 148
+        turning to the front, 158 for ``load_file`` + assign (no mapping in 2 MiB pages)."""
+        return self._back_first and (self._returned is None or self._keep_back)
+
+    def _small_pages(self) -> bool:
+        """Whether the checks done so far (and :meth:`_probe`) read :data:`PROBE_BYTES` or more and took
+        :data:`SMALL_PAGE_FAULTS_PER_MIB` faults per MiB or more (Linux; elsewhere no). Asked as the load
+        returns, of the checks made alone while it loaded: beside the caller's reads of the same bytes a
+        check took 4-8 faults per MiB of a file mapped in 2 MiB pages. Called with the lock held."""
+        return self._faulted_bytes >= PROBE_BYTES and self._faults * (1 << 20) >= (
+            SMALL_PAGE_FAULTS_PER_MIB * self._faulted_bytes
+        )
+
+    def _run(self, group: _Group, check: Check) -> int:
+        """Run ``check`` of ``group`` here; the bytes it read (0 when it failed)."""
         clock = time.perf_counter()
         error, checked = None, 0
         try:
@@ -384,6 +459,7 @@ class Verification:
             last = closed and self._open == 0 and self._begun
         if last:
             self._finish()
+        return checked
 
     def _wait_for(self, groups: Sequence[_Group]) -> None:
         """Wait until ``groups`` are done, running their unstarted checks here on a warm page cache (on a
@@ -497,6 +573,11 @@ def _cold(tensors: list[torch.Tensor]) -> bool:
     pages = [t.data_ptr() + t.numel() * t.element_size() * i // 4 for t in sample for i in range(4)]
     missing = sum(not layout.resident(page) for page in pages)
     return bool(pages) and missing * 4 >= len(pages)
+
+
+def _thread_faults() -> int | None:
+    """The calling thread's minor page faults so far (Linux), or None."""
+    return None if _RUSAGE_THREAD is None else resource.getrusage(_RUSAGE_THREAD).ru_minflt
 
 
 def _ranges(groups: list[_Group]) -> list[tuple[int, int]]:
