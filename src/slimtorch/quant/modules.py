@@ -352,7 +352,7 @@ class Int8DynamicLinear(_QuantizedLinear):
         chosen = self._run_of.get(known)
         if chosen is None:
             chosen = self._run_of[known] = self._chosen_run(x2d, rows)
-        run, signed = chosen
+        run, signed, _ = chosen
         codes, row_scale = kernels.SHARED_INPUTS.codes(x, x2d, signed)
         return run(codes, row_scale)
 
@@ -368,13 +368,12 @@ class Int8DynamicLinear(_QuantizedLinear):
             generator = torch.Generator(device).manual_seed(0)  # the caller's random stream is not touched
             x2d = torch.randn(rows, self.in_features, device=device, generator=generator).to(dtype)
             self._run_of[known] = self._chosen_run(x2d, rows)
-        run = self._run_of[known][0]
-        return next(name for name, candidate in self._runs(device).items() if candidate == run)
+        return self._run_of[known][2]
 
-    def _chosen_run(self, x2d: torch.Tensor, rows: int) -> tuple[Callable, bool]:
-        """The kernel to run for this batch size, and whether it takes signed codes; each candidate is
-        timed on the codes it takes, as its calls will get them, and on weights out of the caches, as
-        a model's layers find them: in turns over this layer and copies of it (:meth:`_twins`)."""
+    def _chosen_run(self, x2d: torch.Tensor, rows: int) -> tuple[Callable, bool, str]:
+        """The kernel to run for this batch size, whether it takes signed codes, and its name; each
+        candidate is timed on the codes it takes, as its calls will get them, and on weights out of the
+        caches, as a model's layers find them: in turns over this layer and copies of it (:meth:`_twins`)."""
         codes, row_scale = kernels.quantize_rows(x2d)
         signed = codes.bitwise_xor(128).view(torch.int8)  # bit for bit quantize_rows(x2d, signed=True)
         runs = self._runs(x2d.device)
@@ -387,7 +386,7 @@ class Int8DynamicLinear(_QuantizedLinear):
 
         candidates = {name: kernels.in_turn(partial(calls, name)) for name in runs}
         name = self.choose(x2d, rows, candidates)
-        return runs[name], name in SIGNED_CODES
+        return runs[name], name in SIGNED_CODES, name
 
     def _twins(
         self, device: torch.device, inputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
