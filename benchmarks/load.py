@@ -218,9 +218,11 @@ def write_files(folder: Path, model: str, layers: int) -> int:
 
 # -- the page cache ------------------------------------------------------------------------------------------
 def evict(path: Path) -> None:
-    """Drop the file's clean pages from the page cache (no root needed)."""
+    """Drop the file's pages from the page cache (no root needed), written back first: the advice drops
+    clean pages only (a file just written kept its pages, in the folios its writer left)."""
     fd = os.open(path, os.O_RDONLY)
     try:
+        os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
