@@ -7,11 +7,13 @@ tensor failed its span's intact neighbours, or if a failed load left a thread re
 
 from __future__ import annotations
 
+import mmap
 import threading
 import time
 import zlib
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
 
@@ -377,8 +379,9 @@ def test_the_checks_keep_to_the_end_after_the_return_only_where_they_took_many_f
 
 @pytest.mark.skipif(verification._RUSAGE_THREAD is None, reason="per-thread fault counts are Linux's")
 def test_fault_counts_are_the_calling_threads_own() -> None:
-    def touch() -> None:
-        torch.ones(16 << 20, dtype=torch.uint8)  # fresh pages: 16 MiB of faults (4 KiB or 2 MiB each)
+    def touch() -> None:  # a fresh mapping (an allocator may hand back pages it already has): faults
+        with mmap.mmap(-1, 16 << 20) as fresh:
+            numpy.frombuffer(fresh, dtype=numpy.uint8)[:: mmap.PAGESIZE] = 1
 
     start = verification._thread_faults()
     other = threading.Thread(target=touch)
@@ -387,7 +390,7 @@ def test_fault_counts_are_the_calling_threads_own() -> None:
     after_other = verification._thread_faults()
     touch()
     after_own = verification._thread_faults()
-    assert after_own - after_other > after_other - start  # type: ignore[operator]
+    assert after_other - start < (after_own - after_other) / 2  # type: ignore[operator]
 
 
 @pytest.mark.skipif(verification._RUSAGE_THREAD is None, reason="per-thread fault counts are Linux's")
