@@ -358,8 +358,12 @@ class Verification:
     # -- running checks ---------------------------------------------------------------------------------
     def _work(self) -> None:
         while (job := self._claim(None)) is not None:
-            self._probe(job[0])
-            faults = _thread_faults()
+            # The faults of the checks made while a large file loads decide, as it returns, where the
+            # checks go on (:meth:`_small_pages`); later ones are not counted.
+            counting = self._back_first and self._returned is None
+            if counting:
+                self._probe(job[0])
+            faults = _thread_faults() if counting else None
             checked = self._run(*job)
             if faults is not None and checked >= 1 << 20:  # a small check's faults are its own set-up's
                 self._count_faults(_thread_faults() - faults, checked)  # type: ignore[operator]
@@ -370,7 +374,7 @@ class Verification:
         them again from the cache. Not the last 2 MiB: the end of a file is mapped in small pages whatever
         its page cache holds (2 GiB MLP in 2 MiB pages: 6 faults in its last 4 MiB, 3 in 4 MiB further in;
         in small pages 65). Part of a claimed check, so a cancelled load waits for it too."""
-        if self._probed or not self._back_first or _RUSAGE_THREAD is None:
+        if self._probed or _RUSAGE_THREAD is None:
             return
         data = layout.tensor_bytes(group.tensor)
         if len(data) < PROBE_BYTES + (2 << 20):
