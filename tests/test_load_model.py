@@ -121,16 +121,16 @@ def test_raw_tensors_are_the_files_bytes_and_writing_them_never_changes_the_file
 
 
 def test_tensors_stored_as_is_skip_the_general_fetch_and_the_rest_take_it(tmp_path, monkeypatch) -> None:
-    from slimtorch.loading import loader
+    from slimtorch.loading import fetching
 
     fetched: list[str] = []
-    general = loader._fetch
+    general = fetching.fetch
 
     def fetch(source, name, *args):
         fetched.append(name)
         return general(source, name, *args)
 
-    monkeypatch.setattr(loader, "_fetch", fetch)
+    monkeypatch.setattr(fetching, "fetch", fetch)
     mlp = MLP()
     path = tmp_path / "mlp.safetensors"
     slimtorch.save(mlp.state_dict(), path)
