@@ -21,7 +21,7 @@ import slimtorch
 from slimtorch.format import layout
 from slimtorch.format.layout import ChecksumMismatches, SpanCheck
 from slimtorch.format.source import StoredChunk
-from slimtorch.loading import verification
+from slimtorch.loading import residency, verification
 from slimtorch.loading.verification import Verification
 from tests.hostile import data_range
 from tests.zoo import MLP
@@ -192,7 +192,7 @@ def test_a_page_cache_missing_a_few_pages_counts_as_warm_and_one_missing_a_quart
     def missing(count: int) -> bool:
         gone = set(pages[:: len(pages) // count][:count])
         monkeypatch.setattr(layout, "resident", lambda address: address not in gone)
-        return verification._cold(spans)
+        return residency.cold(spans)
 
     assert not missing(1)  # one missing page: warm (one check thread beside the constructor)
     assert not missing(6)
@@ -204,7 +204,7 @@ def test_a_page_cache_missing_a_few_pages_counts_as_warm_and_one_missing_a_quart
 def test_a_cold_file_is_cut_into_smaller_spans(tmp_path, monkeypatch, watched, cold):
     monkeypatch.setattr(verification, "SPAN_BYTES", 128 << 10)  # the whole MLP: one span when warm
     monkeypatch.setattr(verification, "COLD_SPAN_BYTES", 16 << 10)
-    monkeypatch.setattr(verification, "_cold", lambda tensors: cold)
+    monkeypatch.setattr(residency, "cold", lambda tensors: cold)
     path = _saved(tmp_path)
     report = slimtorch.load_model(path, MLP, verify="before-use")
     report.wait()
@@ -219,7 +219,7 @@ def test_a_cold_file_has_one_reader_and_the_caller_waits_for_it_instead_of_readi
     """On a cold page cache a second reader of the mapping slows the first (the kernel's read-ahead follows
     one sequential reader): one thread checks, in file order, and a waiting caller claims no check."""
     monkeypatch.setattr(verification, "COLD_SPAN_BYTES", 16 << 10)
-    monkeypatch.setattr(verification, "_cold", lambda tensors: True)
+    monkeypatch.setattr(residency, "cold", lambda tensors: True)
     waiting, readers, callers = threading.Event(), [], []
     original_work, original_run, original_wait = Verification._work, Verification._run, Verification._wait_for
 
@@ -261,7 +261,7 @@ def test_a_large_warm_file_is_checked_from_its_end_while_loading_then_from_its_f
     monkeypatch.setattr(verification, "LARGE_FILE_BYTES", 0 if large else 1 << 40)
     monkeypatch.setattr(verification, "LARGE_SPAN_BYTES", 16 << 10)
     monkeypatch.setattr(verification, "SPAN_BYTES", 16 << 10)
-    monkeypatch.setattr(verification, "_cold", lambda tensors: False)
+    monkeypatch.setattr(residency, "cold", lambda tensors: False)
     ran: list[tuple[int, bool]] = []  # (span, the load had returned)
     released = threading.Event()
     original_run = Verification._run
@@ -306,7 +306,7 @@ def test_a_large_file_is_checked_in_smaller_spans_on_a_warm_cache_only(
     monkeypatch.setattr(verification, "COLD_SPAN_BYTES", 64 << 10)
     counts = []
     for cold in (False, True):
-        monkeypatch.setattr(verification, "_cold", lambda tensors, cold=cold: cold)
+        monkeypatch.setattr(residency, "cold", lambda tensors, cold=cold: cold)
         slimtorch.load_model(_saved(tmp_path), MLP, verify="before-use").wait()
         counts.append(len([g for g in watched[-1]._groups if g.span]))
         assert watched[-1]._back_first is not cold
@@ -377,30 +377,30 @@ def test_the_checks_keep_to_the_end_after_the_return_only_where_they_took_many_f
         assert checks._from_back() is keeps_back
 
 
-@pytest.mark.skipif(verification._RUSAGE_THREAD is None, reason="per-thread fault counts are Linux's")
+@pytest.mark.skipif(residency.RUSAGE_THREAD is None, reason="per-thread fault counts are Linux's")
 def test_fault_counts_are_the_calling_threads_own() -> None:
     def touch() -> None:  # a fresh mapping (an allocator may hand back pages it already has): faults
         with mmap.mmap(-1, 16 << 20) as fresh:
             numpy.frombuffer(fresh, dtype=numpy.uint8)[:: mmap.PAGESIZE] = 1
 
-    start = verification._thread_faults()
+    start = residency.thread_faults()
     other = threading.Thread(target=touch)
     other.start()
     other.join()
-    after_other = verification._thread_faults()
+    after_other = residency.thread_faults()
     touch()
-    after_own = verification._thread_faults()
+    after_own = residency.thread_faults()
     assert after_other - start < (after_own - after_other) / 2  # type: ignore[operator]
 
 
-@pytest.mark.skipif(verification._RUSAGE_THREAD is None, reason="per-thread fault counts are Linux's")
+@pytest.mark.skipif(residency.RUSAGE_THREAD is None, reason="per-thread fault counts are Linux's")
 def test_a_large_file_is_probed_near_its_end_before_its_first_check(tmp_path, monkeypatch, watched) -> None:
     """The first checking thread reads PROBE_BYTES near the end of its first span first, counting the
     faults, so that the load's return finds something to judge the pages by even where that check outlasts
     the load; the probe is part of the claimed check (a cancelled load waits for it)."""
     monkeypatch.setattr(verification, "LARGE_FILE_BYTES", 0)
     monkeypatch.setattr(verification, "PROBE_BYTES", 1 << 20)
-    monkeypatch.setattr(verification, "_cold", lambda tensors: False)
+    monkeypatch.setattr(residency, "cold", lambda tensors: False)
     probed: list[tuple[int, int, int]] = []
     original = Verification._count_faults
 

@@ -39,8 +39,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -50,13 +49,8 @@ from torch.utils.hooks import RemovableHandle
 from slimtorch.errors import SlimtorchError
 from slimtorch.format import layout, pending
 from slimtorch.format.source import StoredChunk, TensorSource
-
-try:
-    import resource
-
-    _RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
-except ImportError:  # Windows
-    _RUSAGE_THREAD = None
+from slimtorch.loading import residency
+from slimtorch.loading.check_groups import Check, CheckGroup, MappedUse, VerifyStats, error_of, first_error
 
 SMALL_CODED = 1 << 20
 """Coded parts under this many bytes join a file-wide check's spans (:meth:`Verification.watch`)."""
@@ -81,12 +75,12 @@ fresh processes, over the same file's unchecked load, three rounds of 6 at three
 memory: 1.03 / 1.09 / 1.04x in 32 MiB spans, 1.16 / 1.13 / 1.01 in 64, 1.03 / 1.36 / 1.16 in 256, and
 1.06 / 1.26 / 1.18 front first in 256 MiB spans (the small files' way)."""
 COLD_SPAN_BYTES = 16 << 20
-"""The same on a cold page cache, where one thread checks the spans in file order (:func:`_cold`), and
-the first forward, or whoever reads the weights, follows right behind it. 2 GiB MLP, before-use, until
-every weight is summed, fresh processes on an evicted cache: 16 MiB spans 0.64 s (the file's readinto
-floor 0.74 in the same A/B; 4, 8 and 32 MiB, tried with a sequential-access hint, 0.62-0.66), 64 MiB
-spans 0.64 s in one run of 5 and 2.4-2.7 s in the others: with spans as large as the tensors, the sum
-faulting the tensor the check reads went the slow way."""
+"""The same on a cold page cache (:func:`~slimtorch.loading.residency.cold`), where one thread checks the
+spans in file order, and the first forward, or whoever reads the weights, follows right behind it. 2 GiB
+MLP, before-use, until every weight is summed, fresh processes on an evicted cache: 16 MiB spans 0.64 s
+(the file's readinto floor 0.74 in the same A/B; 4, 8 and 32 MiB, tried with a sequential-access hint,
+0.62-0.66), 64 MiB spans 0.64 s in one run of 5 and 2.4-2.7 s in the others: with spans as large as the
+tensors, the sum faulting the tensor the check reads went the slow way."""
 SMALL_PAGE_FAULTS_PER_MIB = 4
 """A large warm file whose checks took at least this many page faults per MiB they read is mapped in small
 pages, and its checks go on from the end after the load returns (:meth:`Verification._from_back`).
@@ -101,71 +95,6 @@ PROBE_BYTES = 4 << 20
 counting the page faults (:meth:`Verification._probe`): a file's first check from the end is a 64 MiB
 chunk, which in small pages can end after the load returns (6 ms, from 3 ms into a load that returned
 at 9), leaving nothing to judge by."""
-
-Check = Callable[[], int]
-"""Reads one chunk, returns its bytes, raises FormatError on a mismatch (``TensorSource.checks``)."""
-
-
-@dataclass(eq=False)
-class _Group:
-    """The checks of one tensor: done when every check has passed or one has failed."""
-
-    checks: list[Check]
-    modules: list[nn.Module]
-    tensor: torch.Tensor
-    order: int
-    span: bool = False
-    """A span of a watched file (:meth:`Verification.watch`): its errors concern the uses of its tensors."""
-    claimed: int = 0
-    running: int = 0
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def exhausted(self) -> bool:
-        return self.claimed == len(self.checks) or self.error is not None
-
-
-@dataclass(eq=False)
-class _Use:
-    """A tensor the model holds as mapped from a watched file: stored tensor ``name``, whose bytes the
-    ``spans`` cover, used by ``modules``."""
-
-    name: str
-    spans: list[_Group]
-    modules: list[nn.Module]
-    order: int
-
-    def error(self) -> BaseException | None:
-        return _first_error((g, self.name) for g in self.spans)
-
-
-def _first_error(waits: Iterable[tuple[_Group, str | None]]) -> BaseException | None:
-    """The first error among (group, stored tensor name) pairs, each as :func:`_error_of` sees it."""
-    return next((e for group, name in waits if (e := _error_of(group, name)) is not None), None)
-
-
-def _error_of(group: _Group, name: str | None) -> BaseException | None:
-    """The group's error as it concerns stored tensor ``name`` (None: any tensor of the group): a span
-    holding another tensor's corrupt chunk is no error for this one."""
-    if isinstance(group.error, layout.ChecksumMismatches) and name is not None:
-        return group.error.errors.get(name)
-    return group.error
-
-
-@dataclass
-class VerifyStats:
-    """What the checks cost; filled in as they run."""
-
-    checked_bytes: int = 0
-    check_s: float = 0.0
-    """Seconds spent hashing, summed over the threads."""
-    wall_s: float = 0.0
-    """From the start of the checks to the last one done."""
-    waited_s: float = 0.0
-    """Seconds forwards and waits were blocked on checks."""
-    after_return_s: float = 0.0
-    """How long the checks went on after the load returned (0: done before it)."""
 
 
 class Verification:
@@ -182,7 +111,7 @@ class Verification:
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self.stats = VerifyStats()
-        self._groups: list[_Group] = []
+        self._groups: list[CheckGroup] = []
         self._lock = threading.Lock()
         self._cursor = 0
         self._back = 0
@@ -196,9 +125,9 @@ class Verification:
         self._hooks: list[tuple[RemovableHandle, int]] = []
         self._token: int | None = None
         self._on_finish: list[Callable[[], None]] = []
-        self._spans: dict[str, list[_Group]] = {}
+        self._spans: dict[str, list[CheckGroup]] = {}
         """Stored tensor name -> the spans over its bytes (:meth:`watch`)."""
-        self._uses: list[_Use] = []
+        self._uses: list[MappedUse] = []
         self._begun = False
         """:meth:`start` was called: the last check done finishes the verification."""
         self._watching = False
@@ -222,7 +151,7 @@ class Verification:
         they run by ``order`` (the tensor's place in the model)."""
         if checks:
             with self._lock:
-                self._groups.append(_Group(list(checks), modules, tensor, order))
+                self._groups.append(CheckGroup(list(checks), modules, tensor, order))
                 self._open += 1
 
     def watch(self, source: TensorSource) -> None:
@@ -247,14 +176,14 @@ class Verification:
         runs, mapped = _spans(source, chunks, SPAN_BYTES)
         # Decided here, not by each check: mincore releases the interpreter lock, and a checking thread
         # taking it back while the model is built waits up to the 5 ms switch interval.
-        cold = _cold(mapped)
+        cold = residency.cold(mapped)
         self._back_first = not cold and sum(c.length for c in chunks) >= LARGE_FILE_BYTES
         span_bytes = COLD_SPAN_BYTES if cold else LARGE_SPAN_BYTES if self._back_first else SPAN_BYTES
         if span_bytes < SPAN_BYTES:
             runs, mapped = _spans(source, chunks, span_bytes)
         for run, data in zip(runs, mapped, strict=True):
             check = layout.SpanCheck(source.path, run, layout.tensor_bytes(data))
-            group = _Group([check], [], data, order=len(self._groups), span=True)
+            group = CheckGroup([check], [], data, order=len(self._groups), span=True)
             self._groups.append(group)
             for name in dict.fromkeys(chunk.tensor for chunk in run if chunk.tensor in raw):
                 self._spans.setdefault(name, []).append(group)
@@ -275,14 +204,14 @@ class Verification:
     def use(self, name: str, modules: list[nn.Module], order: int) -> None:
         """The model holds stored tensor ``name`` as mapped (under :meth:`watch`), used by ``modules``
         (their forwards wait for its spans) at ``order`` (its place in the model)."""
-        self._uses.append(_Use(name, self._spans[name], modules, order))
+        self._uses.append(MappedUse(name, self._spans[name], modules, order))
 
     def verify_stored(self, name: str) -> None:
         """Block until the spans over stored tensor ``name`` are checked, running unstarted ones here;
         raise its own mismatch (before its bytes are decoded or copied)."""
         spans = self._spans[name]
         self._wait_for(spans)
-        error = _first_error((g, name) for g in spans)
+        error = first_error((g, name) for g in spans)
         if error is not None:
             raise error
 
@@ -321,7 +250,7 @@ class Verification:
         """Start the checking threads: one on a cold page cache (``None``: look at the pages)."""
         if not self._groups:
             return
-        self._cold = _cold([g.tensor for g in self._groups]) if cold is None else cold
+        self._cold = residency.cold([g.tensor for g in self._groups]) if cold is None else cold
         workers = 1 if self._cold else min(max(1, self.threads - 1), self._checks())
         for _ in range(workers):
             threading.Thread(target=self._work, name="slimtorch-verify").start()
@@ -363,18 +292,18 @@ class Verification:
             counting = self._back_first and self._returned is None
             if counting:
                 self._probe(job[0])
-            faults = _thread_faults() if counting else None
+            faults = residency.thread_faults() if counting else None
             checked = self._run(*job)
             if faults is not None and checked >= 1 << 20:  # a small check's faults are its own set-up's
-                self._count_faults(_thread_faults() - faults, checked)  # type: ignore[operator]
+                self._count_faults(residency.thread_faults() - faults, checked)  # type: ignore[operator]
 
-    def _probe(self, group: _Group) -> None:
+    def _probe(self, group: CheckGroup) -> None:
         """Before the first check from the end of a large file with :data:`PROBE_BYTES` and 2 MiB more,
         read those bytes near its end, counting the page faults (:meth:`_small_pages`); the check reads
         them again from the cache. Not the last 2 MiB: the end of a file is mapped in small pages whatever
         its page cache holds (2 GiB MLP in 2 MiB pages: 6 faults in its last 4 MiB, 3 in 4 MiB further in;
         in small pages 65). Part of a claimed check, so a cancelled load waits for it too."""
-        if self._probed or _RUSAGE_THREAD is None:
+        if self._probed or residency.RUSAGE_THREAD is None:
             return
         data = layout.tensor_bytes(group.tensor)
         if len(data) < PROBE_BYTES + (2 << 20):
@@ -384,16 +313,16 @@ class Verification:
         if not probed:
             end = len(data) - (2 << 20)
             probe = data[end - PROBE_BYTES : end]
-            faults = _thread_faults()
+            faults = residency.thread_faults()
             layout.crc32(probe)
-            self._count_faults(_thread_faults() - faults, PROBE_BYTES)  # type: ignore[operator]
+            self._count_faults(residency.thread_faults() - faults, PROBE_BYTES)  # type: ignore[operator]
 
     def _count_faults(self, faults: int, read: int) -> None:
         with self._lock:
             self._faults += faults
             self._faulted_bytes += read
 
-    def _claim(self, group: _Group | None) -> tuple[_Group, Check] | None:
+    def _claim(self, group: CheckGroup | None) -> tuple[CheckGroup, Check] | None:
         """The next check nobody runs yet: of ``group``, or (None) the first group in the model's order,
         or, while a large watched file is still being loaded (:meth:`_from_back`), the last one."""
         with self._lock:
@@ -442,7 +371,7 @@ class Verification:
             SMALL_PAGE_FAULTS_PER_MIB * self._faulted_bytes
         )
 
-    def _run(self, group: _Group, check: Check) -> int:
+    def _run(self, group: CheckGroup, check: Check) -> int:
         """Run ``check`` of ``group`` here; the bytes it read (0 when it failed)."""
         clock = time.perf_counter()
         error, checked = None, 0
@@ -465,9 +394,10 @@ class Verification:
             self._finish()
         return checked
 
-    def _wait_for(self, groups: Sequence[_Group]) -> None:
+    def _wait_for(self, groups: Sequence[CheckGroup]) -> None:
         """Wait until ``groups`` are done, running their unstarted checks here on a warm page cache (on a
-        cold one a second reader would only slow the first: see :func:`_cold`)."""
+        cold one a second reader would only slow the first: see
+        :func:`~slimtorch.loading.residency.cold`)."""
         clock = time.perf_counter()
         for group in groups:
             while not self._cold and (job := self._claim(group)) is not None:
@@ -506,11 +436,11 @@ class Verification:
 
     # -- waiting in forwards ----------------------------------------------------------------------------
     def _hook_modules(self) -> None:
-        by_module: dict[int, tuple[nn.Module, list[tuple[_Group, str | None]]]] = {}
+        by_module: dict[int, tuple[nn.Module, list[tuple[CheckGroup, str | None]]]] = {}
         waits = [(g, None, g.modules) for g in self._groups if g.modules]
         waits += [(g, use.name, use.modules) for use in self._uses for g in use.spans]
         for group, name, modules in waits:
-            if group.done.is_set() and _error_of(group, name) is None:
+            if group.done.is_set() and error_of(group, name) is None:
                 continue  # checked already: nothing to wait for
             for module in modules:
                 by_module.setdefault(id(module), (module, []))[1].append((group, name))
@@ -525,16 +455,16 @@ class _BeforeForward:
     A model holding these hooks refuses to be copied or pickled: the copy would hold bytes nobody checked
     yet, with no hook of its own to check them (and the checks' threads and locks cannot be copied)."""
 
-    def __init__(self, verification: Verification, groups: list[tuple[_Group, str | None]]) -> None:
+    def __init__(self, verification: Verification, groups: list[tuple[CheckGroup, str | None]]) -> None:
         self.verification = verification
         self.groups = groups
         """(group, stored tensor name or None: any of the group's errors is this module's)"""
 
     def __call__(self, module: nn.Module, args: Any) -> None:
-        if all(g.done.is_set() and _error_of(g, name) is None for g, name in self.groups):
+        if all(g.done.is_set() and error_of(g, name) is None for g, name in self.groups):
             return
         self.verification._wait_for([g for g, _ in self.groups])
-        failed = _first_error(self.groups)
+        failed = first_error(self.groups)
         if failed is not None:
             raise failed
 
@@ -556,35 +486,7 @@ def _spans(
     return runs, [source.mapped_range(r[0].file, r[0].offset, r[-1].offset + r[-1].length) for r in runs]
 
 
-def _cold(tensors: list[torch.Tensor]) -> bool:
-    """Whether the checked bytes are not in the page cache (sampled), which decides how many threads check
-    them: on a warm cache one fewer than the load's, the caller's thread being the other (an eager load
-    joins in its wait; a forward beside before-use checks pages in the same bytes; measured on 2 cores,
-    2 GiB: one check thread beside a 1-thread sum adds nothing, 0.92x the sum alone; two add 1.26x, they
-    compete for the cores). Cold, one thread reads and checks the spans in file order and nobody else
-    claims a check: the kernel reads a mapping ahead fastest for one sequential reader, and whoever uses
-    the weights meanwhile follows behind it. 2 GiB MLP, medians of 5-6 fresh processes on an evicted
-    cache, the file's readinto floor at 0.65-0.74 s in each run: before-use until every weight is summed
-    0.62 s, eager 0.68; with 4 reading threads and read-ahead hints (the earlier design) 1.19 and 1.03,
-    and an eager caller checking beside its one reader went 0.72 s or 2.5 s by the run.
-
-    A page cache that holds almost all of the file is warm: a shared machine's host reclaims pages, and
-    "warm" files here held 98-99.9% of their pages. Asked of one first page per sampled tensor with any
-    page missing meaning cold, BERT-base's warm loads went the cold way now and then (4 threads beside the
-    constructor on 2 cores: returned in 57 ms, not 41); now 4 pages spread over each, and cold means a
-    quarter of them missing."""
-    sample = [t for t in tensors[:: max(1, len(tensors) // 8)] if t.numel()]
-    pages = [t.data_ptr() + t.numel() * t.element_size() * i // 4 for t in sample for i in range(4)]
-    missing = sum(not layout.resident(page) for page in pages)
-    return bool(pages) and missing * 4 >= len(pages)
-
-
-def _thread_faults() -> int | None:
-    """The calling thread's minor page faults so far (Linux), or None."""
-    return None if _RUSAGE_THREAD is None else resource.getrusage(_RUSAGE_THREAD).ru_minflt
-
-
-def _ranges(groups: list[_Group]) -> list[tuple[int, int]]:
+def _ranges(groups: list[CheckGroup]) -> list[tuple[int, int]]:
     """The bytes of every tensor under check, for :func:`~slimtorch.format.pending.wait_for_checks`."""
     ranges = []
     for group in groups:
