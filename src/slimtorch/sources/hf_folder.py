@@ -16,7 +16,8 @@ from slimtorch.errors import CheckpointError, CheckpointNotFoundError, FormatErr
 from slimtorch.format.hf_layout import inner_config
 from slimtorch.format.source import ObjectInfo, TensorSource
 from slimtorch.format.untrusted import load_json
-from slimtorch.sources.slim import SlimSource, merge_shards
+from slimtorch.sources.slim import SlimSource
+from slimtorch.sources.slim_shards import merge_shards
 
 # In order of preference, as transformers loads them: its safetensors names (sharded by an index, or single)
 # before its .bin names, whatever else the folder holds; within a format, an index before single files. Files

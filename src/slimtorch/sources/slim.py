@@ -8,9 +8,6 @@ are mapped from the file without a copy, like any safetensors tensor. The physic
 
 from __future__ import annotations
 
-import math
-import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,11 +26,9 @@ from slimtorch.format.layout import (
     Layout,
     check_seal,
     chunk_checks,
-    crc32,
     recorded_crcs,
-    tensor_bytes,
 )
-from slimtorch.format.shard_read import Piece, ShardRead, Span, read_region, region
+from slimtorch.format.shard_read import ShardRead, Span
 from slimtorch.format.source import (
     ObjectInfo,
     StorageLocation,
@@ -42,11 +37,10 @@ from slimtorch.format.source import (
     TensorSource,
     contiguous_strides,
 )
+from slimtorch.sources import slim_regions
 from slimtorch.sources.pickled import flatten
 
 ROW_CODECS = ("raw", "int8", "int4")  # chains whose parts are stored row by row, first dim = the tensor's
-SHARD_NAME = re.compile(r"model-\d+-of-(\d+)\.safetensors")
-READ_BLOCK = 16 << 20  # bytes of decoded rows per block when a sharded read decodes codes
 
 
 @dataclass
@@ -172,83 +166,9 @@ class SlimSource(TensorSource):
     def read_into(
         self, name: str, out: torch.Tensor, *, rows: Span | None = None, cols: Span | None = None
     ) -> ShardRead:
-        """Rows and columns of tensor ``name`` into ``out`` with ``pread`` (see
-        :meth:`TensorSource.read_into`), each stored part's region only: raw and cast tensors by rows or
-        columns, int8 codes on any column (its scales are per row), row-grouped int4 on whole groups (the
-        covering groups read, then trimmed). The bytes read are hashed into :class:`Piece` s for the caller
-        to check (``verify``); other chains are decoded whole and checked here, with a ``note``."""
-        entry = self.entry(name)
-        rows, cols, shape = region(entry.shape, rows, cols)
-        if tuple(out.shape) != shape:
-            raise ValueError(f"{name}: the region is {list(shape)}, the tensor given {list(out.shape)}")
-        plan = _column_plan(entry, cols)
-        if plan is None:
-            return self._read_whole(entry, out, rows, cols)
-        done = ShardRead()
-        if not entry.stages and out.dtype == entry.dtype and out.is_contiguous() and out.device.type == "cpu":
-            self._read_part(entry, "", rows, cols, out, done)  # straight into the shard: no copy
-            return done
-        width = max(1, math.prod(shape[1:]) * entry.dtype.itemsize)
-        step = max(1, READ_BLOCK // width)  # decode in bounded blocks: scratch stays small
-        for start in range(rows[0], rows[1], step):
-            block = (start, min(rows[1], start + step))
-            parts = {
-                role: self._read_part(entry, role, block, span, None, done) for role, span in plan.items()
-            }
-            decoded = self._decode_block(entry, parts, block, plan)
-            if cols:  # int4 read whole groups: cut to the columns asked
-                trim = cols[0] - plan[_primary(entry)][0] * _per_code(entry)  # type: ignore[index]
-                decoded = decoded[:, trim : trim + cols[1] - cols[0]]
-            out[block[0] - rows[0] : block[1] - rows[0]].copy_(decoded)
-        return done
-
-    def _read_part(
-        self,
-        entry: Entry,
-        role: str,
-        rows: Span,
-        cols: Span | None,
-        out: torch.Tensor | None,
-        done: ShardRead,
-    ) -> torch.Tensor:
-        """One part's rows (its columns ``cols``) pread into ``out`` (None: a new tensor), hashed."""
-        key = entry.parts[role]
-        info = self.physical[key]
-        shape = region(info.shape, rows, cols)[2]
-        out = torch.empty(shape, dtype=info.dtype) if out is None else out
-        data = tensor_bytes(out) if out.numel() else memoryview(b"")
-        location = self.locations[info.storage]
-        spans = read_region(
-            location.file, location.offset + info.storage_offset, info.shape, info.itemsize, rows, cols, data
-        )
-        done.bytes_read += len(data)
-        if self.hash_reads:
-            done.pieces += _pieces(self.path, entry, role, spans, info.nbytes)
-        return out
-
-    def _decode_block(
-        self, entry: Entry, parts: dict[str, torch.Tensor], rows: Span, plan: dict[str, Span | None]
-    ) -> torch.Tensor:
-        """Decode a block of parts read by rows (and columns): the stages told the block's own shape."""
-        span = plan[_primary(entry)]
-        width = entry.shape[1:] if span is None else (_decoded_width(entry, span), *entry.shape[2:])
-        shape = [rows[1] - rows[0], *width]
-        stages = [{**stage, "shape": shape} for stage in entry.stages]
-        try:
-            return decode(parts, stages, entry.dtype, shape) if stages else parts[""]
-        except CodecError as exc:
-            raise FormatError(self.path, f"tensor {entry.name!r} does not decode: {exc}") from None
-
-    def _read_whole(self, entry: Entry, out: torch.Tensor, rows: Span, cols: Span | None) -> ShardRead:
-        """A chain without row access (zstd, sparse, flat int4): decoded whole, its chunks checked here."""
-        parts = {role: self._map(self.physical[key]) for role, key in entry.parts.items()}
-        if self.hash_reads:
-            for check in self.checks(entry.name, parts):
-                check()
-        tensor = self.decode_parts(entry.name, parts)
-        out.copy_(tensor[(slice(*rows), *([slice(*cols)] if cols else []))])
-        stored = sum(p.nbytes for p in parts.values())
-        return ShardRead(stored, note=f"{entry.name}: {entry.chain} has no row access: decoded whole")
+        """Rows and columns of tensor ``name`` into ``out`` with ``pread``, each stored part's region only
+        (:func:`slimtorch.sources.slim_regions.read_into`), the bytes read hashed for the caller to check."""
+        return slim_regions.read_into(self, name, out, rows=rows, cols=cols)
 
     def as_stored(self, name: str) -> torch.Tensor | None:
         """Tensor ``name`` mapped from the file when it is stored as is (one raw part in its own dtype and
@@ -274,22 +194,6 @@ class SlimSource(TensorSource):
             raise FormatError(self.path, f"tensor {entry.name!r} does not decode: {exc}") from None
 
 
-def _primary(entry: Entry) -> str:
-    """The role of the part holding the codes (or the values): the one read by columns."""
-    return next(role for role in ("q", "q4", "") if role in entry.parts)
-
-
-def _per_code(entry: Entry) -> int:
-    """Columns one unit of the primary part's column span stands for (int4: a byte holds two)."""
-    return 2 if _primary(entry) == "q4" else 1
-
-
-def _decoded_width(entry: Entry, span: Span) -> int:
-    """Columns a block read on ``span`` of the primary part decodes to (int4: its groups, the last cut)."""
-    start, stop = span[0] * _per_code(entry), span[1] * _per_code(entry)
-    return min(stop, entry.shape[1]) - start
-
-
 def keeps_rows_apart(chain: str, stages: Sequence[Mapping[str, Any]], shape: Sequence[int]) -> bool:
     """Whether a tensor's stored parts keep each row's bytes together, so its rows are read alone (stored
     as is, int8, row-grouped int4); other chains (sparse, zstd, int4 grouped over the flattened tensor)
@@ -297,47 +201,6 @@ def keeps_rows_apart(chain: str, stages: Sequence[Mapping[str, Any]], shape: Seq
     if stages and stages[-1].get("flat"):
         return False
     return chain == "raw" or (chain in ROW_CODECS and len(shape) >= 2)
-
-
-def _column_plan(entry: Entry, cols: Span | None) -> dict[str, Span | None] | None:
-    """Which columns of each stored part a region's columns need (None: whole rows); None when the chain
-    keeps no row apart (zstd, sparse, flat or packed int4, a 1-d coded tensor)."""
-    chain, stages = entry.chain, entry.stages
-    if chain in ("raw", "cast") and set(entry.parts) == {""}:
-        return {"": cols}
-    if len(entry.shape) < 2 or stages[-1].get("flat") or stages[0].get("packing") is not None:
-        return None
-    if chain == "int8" and set(entry.parts) == {"q", "scale"}:
-        return {"q": cols, "scale": None}
-    if chain != "int4" or set(entry.parts) != {"q4", "scale", "zero"}:
-        return None
-    if cols is None:
-        return dict.fromkeys(entry.parts)
-    if len(entry.shape) != 2:
-        return None  # int4 groups run over the flattened columns: dim 1 alone is not a group boundary
-    size = stages[0]["group_size"]
-    first, last = cols[0] // size, -(-cols[1] // size)
-    return {"q4": (first * size // 2, last * size // 2), "scale": (first, last), "zero": (first, last)}
-
-
-def _pieces(
-    path: Path, entry: Entry, role: str, spans: list[tuple[int, memoryview]], part_bytes: int
-) -> list[Piece]:
-    """The bytes ``spans`` read from part ``role``, hashed one :class:`Piece` per stored chunk they touch."""
-    crcs = recorded_crcs(path, entry, role, part_bytes, CHECKSUM_CHUNK)
-    pieces, key = [], entry.parts[role]
-    for start, view in spans:
-        at, stop = start, start + len(view)
-        while at < stop:
-            index = at // CHECKSUM_CHUNK
-            end = min(stop, (index + 1) * CHECKSUM_CHUNK)
-            size = min(CHECKSUM_CHUNK, part_bytes - index * CHECKSUM_CHUNK)
-            crc = crc32(view[at - start : end - start])
-            pieces.append(
-                Piece(entry.name, key, index * CHECKSUM_CHUNK, size, crcs[index], at, end - at, crc)
-            )
-            at = end
-    return pieces
 
 
 def _check_crc(
@@ -445,69 +308,3 @@ def _logical_info(entry: Entry, physical: dict[str, TensorInfo]) -> TensorInfo:
         codec=entry.chain,
         stored_nbytes=stored,
     )
-
-
-def merge_shards(
-    folder: Path, shards: list[SlimSource], files: list[Path], objects: list[ObjectInfo]
-) -> SlimSource:
-    """One source over the shards of a sharded slim checkpoint, checked to come from one save."""
-    first = shards[0].layout
-    _check_complete(folder, shards)
-    layout = Layout(
-        provenance=first.provenance,
-        delta=first.delta,
-        checkpoint=first.checkpoint,
-        objects=first.objects,
-        shards=first.shards,
-    )
-    physical: dict[str, TensorInfo] = {}
-    locations: dict[str, StorageLocation] = {}
-    for shard in shards:
-        for name, entry in shard.layout.tensors.items():
-            if name in layout.tensors:
-                raise FormatError(shard.path, f"tensor {name!r} is stored in two shards")
-            layout.tensors[name] = entry
-        layout.ties.update(shard.layout.ties)
-        layout.copies.update(shard.layout.copies)
-        prefix = f"{shard.path.name}:"
-        physical.update({k: replace(i, storage=prefix + i.storage) for k, i in shard.physical.items()})
-        locations.update({prefix + k: loc for k, loc in shard.locations.items()})
-    return slim_source(
-        folder,
-        layout,
-        physical,
-        locations,
-        objects=objects,
-        files=files,
-        structure_bytes=sum(s.structure_bytes for s in shards),
-        format=f"slim ({len(shards)} shards)" if len(shards) > 1 else "slim",
-    )
-
-
-def _check_complete(folder: Path, shards: list[SlimSource]) -> None:
-    """Refuse a sharded checkpoint with a shard missing, twice, or from another save.
-
-    The index names every shard, but a folder without its index (or with a damaged one) is read from the
-    ``model*.safetensors`` files alone: there, a missing shard would silently load as a checkpoint without
-    its tensors. Every shard records its number, the save's shard count and the save's id; files from before
-    the shard count are judged by the writer's file names (``model-00002-of-00005``).
-    """
-    ids = {shard.layout.checkpoint for shard in shards}
-    if len(ids) > 1:
-        odd = next(s for s in shards if s.layout.checkpoint != shards[0].layout.checkpoint)
-        raise FormatError(odd.path, "this shard comes from a different save than the others")
-    counts = {shard.layout.shards for shard in shards}
-    if len(counts) > 1:
-        raise FormatError(folder, f"the shards disagree on how many there are ({sorted(counts)})")
-    numbers = Counter(shard.layout.shard for shard in shards)
-    twice = [number for number, seen in numbers.items() if seen > 1]
-    if twice:
-        raise FormatError(folder, f"shard {twice[0]} is there twice (a copied file?)")
-    totals = {int(m[1]) for s in shards if (m := SHARD_NAME.fullmatch(s.path.name))}
-    recorded = counts.pop()
-    total = recorded or max([len(shards), *numbers, *totals])
-    missing = sorted(set(range(1, total + 1)) - set(numbers))
-    if missing:
-        raise FormatError(
-            folder, f"shard {missing[0]} of {total} is missing (an interrupted copy or download?)"
-        )
