@@ -156,12 +156,7 @@ class SlimSource(TensorSource):
             if self.verify:
                 _check_crc(self.path, entry, role, whole, (start * row_bytes, stop * row_bytes))
             parts[role] = whole[start:stop]
-        shape = [stop - start, *entry.shape[1:]]
-        stages = [{**stage, "shape": shape} for stage in entry.stages]
-        try:
-            return decode(parts, stages, entry.dtype, shape) if stages else parts[""]
-        except CodecError as exc:
-            raise FormatError(self.path, f"tensor {entry.name!r} does not decode: {exc}") from None
+        return slim_regions.decode_block(self.path, entry, parts, [stop - start, *entry.shape[1:]])
 
     def read_into(
         self, name: str, out: torch.Tensor, *, rows: Span | None = None, cols: Span | None = None

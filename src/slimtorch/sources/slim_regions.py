@@ -104,15 +104,20 @@ def _decode_block(
     rows: Span,
     plan: dict[str, Span | None],
 ) -> torch.Tensor:
-    """Decode a block of parts read by rows (and columns): the stages told the block's own shape."""
+    """Decode a block of parts read by rows (and columns ``plan``)."""
     span = plan[_primary(entry)]
     width = entry.shape[1:] if span is None else (_decoded_width(entry, span), *entry.shape[2:])
-    shape = [rows[1] - rows[0], *width]
+    return decode_block(source.path, entry, parts, [rows[1] - rows[0], *width])
+
+
+def decode_block(path: Path, entry: Entry, parts: dict[str, torch.Tensor], shape: list[int]) -> torch.Tensor:
+    """Tensor ``entry``'s ``parts`` as read for a block of its rows, decoded to ``shape`` (the stages are
+    told the block's own shape); a failure names the file and the tensor."""
     stages = [{**stage, "shape": shape} for stage in entry.stages]
     try:
         return decode(parts, stages, entry.dtype, shape) if stages else parts[""]
     except CodecError as exc:
-        raise FormatError(source.path, f"tensor {entry.name!r} does not decode: {exc}") from None
+        raise FormatError(path, f"tensor {entry.name!r} does not decode: {exc}") from None
 
 
 def _read_whole(
