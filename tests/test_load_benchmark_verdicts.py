@@ -68,11 +68,12 @@ def test_the_second_reads_cost_is_two_floors_without_a_loader_and_the_rest_is_th
     """The second read's cost is the two-pass floor over the same mapping summed alone: neither builds a
     model, so neither hides the construction the anchor and slimtorch pay (over ``verify=False``, which
     builds one, the cost read 0.98x in a run where the CRC slowed the sum by a tenth). What the verified
-    load takes over the anchor beyond that cost is the loader's own."""
+    load takes over the anchor beyond that cost is the loader's own. Only for the large file: BERT-base's
+    checks are mostly done while its model is built, and its two-pass floor times a CRC, not a use."""
     rows = {
         bench.ANCHOR: _row(0.2, 0.2, 0.2),
         bench.SAME_FILE: _row(0.08, 0.08, 0.08),
-        bench.ONCE: _row(0.05, 0.05, 0.05),
+        bench.ONCE: _row(0.055, 0.055, 0.055),  # builds a model: not the second read's denominator
         bench.SUM_FLOOR: _row(0.05, 0.05, 0.05),
         bench.TWO_PASS_FLOOR: _row(0.06, 0.06, 0.06),
         bench.OURS: _row(0.12, 0.12, 0.12),
@@ -81,6 +82,7 @@ def test_the_second_reads_cost_is_two_floors_without_a_loader_and_the_rest_is_th
     second = next(v for k, v in found.items() if "second read" in k)
     own = next(v for k, v in found.items() if "loader's own" in k)
     assert second == pytest.approx(1.2) and own == pytest.approx(1.5 / 1.2)
+    assert not [k for k, _ in bench.measures("bert", rows) if "second read" in k or "loader's own" in k]
     rows.pop(bench.SUM_FLOOR)  # no floor to divide by: neither line
     assert not [k for k, _ in bench.measures("mlp", rows) if "second read" in k or "loader's own" in k]
 
