@@ -387,13 +387,18 @@ def sum_beside_crc(path: Path, threads: int, crc: bool = True, piece: int = 64 *
     size = path.stat().st_size
     data = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage.from_file(str(path), False, size))
     view = memoryview(data.numpy())
-    checker = threading.Thread(target=lambda: [crc32(view[i : i + piece]) for i in range(0, size, piece)])
-    if crc:
+
+    def hashes() -> None:
+        for offset in range(0, size, piece):
+            crc32(view[offset : offset + piece])
+
+    checker = threading.Thread(target=hashes) if crc else None
+    if checker is not None:
         checker.start()
     start = -(-(8 + int.from_bytes(view[:8], "little")) // 4) * 4
     values = data[start : start + (size - start) // 4 * 4].view(torch.float32)
     touch(list(values.split(piece // 4)), threads)
-    if crc:
+    if checker is not None:
         checker.join()
 
 
@@ -619,7 +624,7 @@ def verdict(check: dict[str, Any]) -> str:
     return "PASS" if check["ok"] else "FAIL"
 
 
-def measures(model: str, rows: dict[str, dict[str, Any]]) -> list[tuple[str, float]]:
+def measures(model: str, rows: dict[str, dict[str, Any]], model_bytes: int) -> list[tuple[str, float]]:
     """Ratios shown beside the targets, not targets: the stricter cold floor (reads in parallel, which no
     single reader of a file gets), the eager default, and the model's construction (which the anchor
     pays too: it builds the same model on meta)."""
@@ -634,10 +639,14 @@ def measures(model: str, rows: dict[str, dict[str, Any]]) -> list[tuple[str, flo
     if "slimtorch verified (eager)" in rows:
         eager = rows["slimtorch verified (eager)"]["median_s"] / rows[anchor]["median_s"]
         found.append((f"{title}: verified (eager, the default) / {anchor}, warm", eager))
-    # The large file only, whose checks run beside its use. BERT-base's are mostly done while its model is
-    # built: its two-pass floor times one thread's CRC of the file (1.57x its sum alone), which its
-    # verified load never waits for, so neither line would mean what it says.
-    if model == "mlp" and OURS in rows and TWO_PASS_FLOOR in rows and SUM_FLOOR in rows:
+    # A large file only (the loader's own threshold), whose checks run beside its use. A smaller one's are
+    # mostly done while its model is built: BERT-base's two-pass floor times one thread's CRC of the file
+    # (1.57x its sum alone), which its verified load never waits for, so neither line would mean what it
+    # says.
+    from slimtorch.loading.verification import LARGE_FILE_BYTES
+
+    large = model_bytes >= LARGE_FILE_BYTES
+    if large and OURS in rows and TWO_PASS_FLOOR in rows and SUM_FLOOR in rows:
         second = rows[TWO_PASS_FLOOR]["median_s"] / rows[SUM_FLOOR]["median_s"]
         found.append((f"{title}: {TWO_PASS_FLOOR} / {SUM_FLOOR}, warm (the second read's cost)", second))
         found.append(
@@ -776,7 +785,7 @@ def main() -> None:
             print_table(model, rows, model_bytes, args.runs, load)
             record["models"][model] = {"model_bytes": model_bytes, "rows": rows, "load": load}
             record["checks"] += checks(model, rows)
-            record.setdefault("measures", []).extend(measures(model, rows))
+            record.setdefault("measures", []).extend(measures(model, rows, model_bytes))
             for path in files(Path(tmp), model).values():
                 path.unlink()
     print("\nTargets:")

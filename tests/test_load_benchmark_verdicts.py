@@ -68,8 +68,9 @@ def test_the_second_reads_cost_is_two_floors_without_a_loader_and_the_rest_is_th
     """The second read's cost is the two-pass floor over the same mapping summed alone: neither builds a
     model, so neither hides the construction the anchor and slimtorch pay (over ``verify=False``, which
     builds one, the cost read 0.98x in a run where the CRC slowed the sum by a tenth). What the verified
-    load takes over the anchor beyond that cost is the loader's own. Only for the large file: BERT-base's
-    checks are mostly done while its model is built, and its two-pass floor times a CRC, not a use."""
+    load takes over the anchor beyond that cost is the loader's own. Only for a large file (the loader's
+    threshold): BERT-base's checks are mostly done while its model is built, and its two-pass floor times
+    a CRC, not a use."""
     rows = {
         bench.ANCHOR: _row(0.2, 0.2, 0.2),
         bench.SAME_FILE: _row(0.08, 0.08, 0.08),
@@ -78,13 +79,18 @@ def test_the_second_reads_cost_is_two_floors_without_a_loader_and_the_rest_is_th
         bench.TWO_PASS_FLOOR: _row(0.06, 0.06, 0.06),
         bench.OURS: _row(0.12, 0.12, 0.12),
     }
-    found = dict(bench.measures("mlp", rows))
+    found = dict(bench.measures("mlp", rows, 2 << 30))
     second = next(v for k, v in found.items() if "second read" in k)
     own = next(v for k, v in found.items() if "loader's own" in k)
     assert second == pytest.approx(1.2) and own == pytest.approx(1.5 / 1.2)
-    assert not [k for k, _ in bench.measures("bert", rows) if "second read" in k or "loader's own" in k]
+    for name, size in (("bert", 418 << 20), ("mlp", 256 << 20)):  # --size-mib 256: not a large file either
+        assert not [
+            k for k, _ in bench.measures(name, rows, size) if "second read" in k or "loader's own" in k
+        ]
     rows.pop(bench.SUM_FLOOR)  # no floor to divide by: neither line
-    assert not [k for k, _ in bench.measures("mlp", rows) if "second read" in k or "loader's own" in k]
+    assert not [
+        k for k, _ in bench.measures("mlp", rows, 2 << 30) if "second read" in k or "loader's own" in k
+    ]
 
 
 def test_the_warm_target_is_judged_against_the_anchor_on_the_same_file_and_its_own_is_printed(bench) -> None:
@@ -97,7 +103,7 @@ def test_the_warm_target_is_judged_against_the_anchor_on_the_same_file_and_its_o
     }
     warm = next(c for c in bench.checks("mlp", rows) if c["name"].endswith(", warm"))
     assert bench.SAME_FILE in warm["name"] and warm["measured"] == pytest.approx(1.2) and not warm["ok"]
-    own = next(v for k, v in bench.measures("mlp", rows) if "its own file" in k)
+    own = next(v for k, v in bench.measures("mlp", rows, 2 << 30) if "its own file" in k)
     assert own == pytest.approx(0.6)
     del rows[bench.SAME_FILE]  # an --only run without it: the anchor's own file, as before
     warm = next(c for c in bench.checks("mlp", rows) if c["name"].endswith(", warm"))
