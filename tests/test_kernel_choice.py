@@ -79,15 +79,15 @@ def test_a_clear_lead_on_quiet_timings_is_decided_in_the_first_rounds() -> None:
 def test_a_close_call_on_noisy_timings_takes_rounds_up_to_the_cap_and_keeps_the_best_of_each() -> None:
     noisy_a = [0.0010, 0.0030, 0.0030] * kernels.MAX_TRIALS  # its median is far above its best
     noisy_b = [0.0011, 0.0030, 0.0030] * kernels.MAX_TRIALS
-    decision = decide({"onednn": noisy_a, "int_mm": noisy_b, "reference": [1.0]}, reference="reference")
+    decision = decide({"onednn": noisy_a, "int_mm": noisy_b, "checker": [1.0]}, reference="checker")
     assert decision.rounds == kernels.MAX_TRIALS
     assert decision.kernel == "onednn"
-    assert "reference" not in decision.seconds  # a checking reference is never timed against the others
+    assert "checker" not in decision.seconds  # a checking reference is never timed against the others
 
 
 def test_no_round_starts_past_the_time_budget() -> None:
     per_round = [0.1, 0.2, 0.2] * kernels.MAX_TRIALS  # two candidates, noisy and tied
-    decision = decide({"onednn": per_round, "int_mm": per_round, "reference": [1.0]}, "reference")
+    decision = decide({"onednn": per_round, "int_mm": per_round, "checker": [1.0]}, "checker")
     spent = [2 * sum(per_round[:n]) for n in range(kernels.MAX_TRIALS + 1)]
     assert kernels.TRIALS < decision.rounds < kernels.MAX_TRIALS
     assert spent[decision.rounds - 1] < kernels.ROUNDS_BUDGET_S <= spent[decision.rounds] + 1e-9
@@ -111,7 +111,10 @@ def test_one_agreeing_candidate_is_chosen_without_timing() -> None:
     }
     decision = kernels._fastest(candidates, "dequantize", {}, clock)
     assert (decision.kernel, decision.rounds, decision.ratio, calls) == ("dequantize", 0, 1.0, [0])
-    assert decision.describe() == "dequantize (the only candidate that agreed)"
+    assert decision.describe() == (
+        "dequantize (the only candidate that agreed); quantized_rnn refused: 1 relative error against the "
+        "reference"
+    )
 
 
 def test_kernel_choice_keeps_each_decision_with_its_ratio_and_times_a_key_once() -> None:

@@ -68,12 +68,13 @@ _real_quantize = onnx_model.quantize_int8
 
 
 def _scrambled(source, target) -> None:
-    """The real int8 pass, then every int8 weight's rows shuffled: a file quantized wrongly."""
+    """The real int8 pass, then every int8 weight's rows shuffled (stored as int8 or as uint8 with zero
+    point 128): a file quantized wrongly."""
     _real_quantize(source, target)
     model = onnx.load(str(target))
     rng = np.random.default_rng(0)
     for tensor in model.graph.initializer:
-        if tensor.data_type == TensorProto.INT8 and len(tensor.dims) == 2:
+        if tensor.data_type in (TensorProto.INT8, TensorProto.UINT8) and len(tensor.dims) == 2:
             codes = numpy_helper.to_array(tensor)
             tensor.CopyFrom(numpy_helper.from_array(codes[rng.permutation(codes.shape[0])], tensor.name))
     onnx.save(model, str(target))

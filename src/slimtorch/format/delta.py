@@ -7,12 +7,13 @@ builds the original class on the meta device, :func:`apply_delta` reshapes it, a
 
 Quantization swaps layers for :mod:`slimtorch.quant` ones; the delta names them and their scheme, and
 :func:`apply_delta` swaps them again, from slimtorch's own layer classes only. The format does not know
-those classes: a step that swaps layers registers how its section is checked and restored
-(:func:`register_swaps`), so the format core never imports the steps above it.
+those classes: :data:`SECTIONS` names, by dotted path, where each section's reader lives, and it is
+imported when a file holds that section, so the format core never imports the steps above it.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -60,19 +61,20 @@ class Swaps:
     """Swap the recorded layers into a freshly built model."""
 
 
-_SWAPS: dict[str, Swaps] = {}
+SECTIONS: dict[str, str] = {"quantized": "slimtorch.quant.recorded:SWAPS"}
+"""Each section a delta may hold beyond shapes and attributes -> where its :class:`Swaps` lives, as
+``module:attribute``. Found from the file alone and imported on first use: a reader that existed only once
+its step had been imported left a fresh process that imported ``slimtorch`` alone unable to load what
+another process had saved. The format names the module by its dotted path and never imports it itself."""
 
 
-def register_swaps(section: str, swaps: Swaps) -> None:
-    """Say how the delta's ``section`` (``"quantized"``) is checked and restored; the step that writes it
-    registers this when it is imported."""
-    _SWAPS[section] = swaps
-
-
-def _swaps(section: str) -> Swaps:
-    swaps = _SWAPS.get(section)
-    if swaps is None:
-        raise SlimtorchError(f"the structural delta's {section!r} section has no reader (import slimtorch)")
+def swaps_of(section: str) -> Swaps:
+    """The :class:`Swaps` that read the delta's ``section``, its module imported if it was not yet (a key of
+    :data:`SECTIONS`: :meth:`StructuralDelta.from_json` refuses any other)."""
+    module, _, attribute = SECTIONS[section].partition(":")
+    swaps = getattr(importlib.import_module(module), attribute)
+    if not isinstance(swaps, Swaps):
+        raise TypeError(f"{SECTIONS[section]} is not a Swaps")  # a broken table: our bug, not the file's
     return swaps
 
 
@@ -107,6 +109,12 @@ class StructuralDelta:
         """A delta from a file's metadata, checked: shapes are lists of sizes, attributes are sizes."""
         if not isinstance(value, Mapping):
             raise SlimtorchError("the structural delta is not a JSON object")
+        unknown = sorted(set(value) - {"shapes", "attributes"} - set(SECTIONS))
+        if unknown:  # a later slimtorch's section: loading without it would build another model
+            raise SlimtorchError(
+                f"the structural delta has a {str(unknown[0])[:40]!r} section, which this slimtorch does not "
+                "know (a newer version wrote it?)"
+            )
         shapes, attributes = value.get("shapes", {}), value.get("attributes", {})
         if not isinstance(shapes, Mapping) or not all(_is_shape(s) for s in shapes.values()):
             raise SlimtorchError(
@@ -126,7 +134,7 @@ class StructuralDelta:
         return cls(
             {k: list(v) for k, v in shapes.items()},
             {k: dict(v) for k, v in attributes.items()},
-            _swaps("quantized").check(value["quantized"]) if "quantized" in value else {},
+            swaps_of("quantized").check(value["quantized"]) if "quantized" in value else {},
         )
 
 
@@ -163,7 +171,7 @@ def apply_delta(model: nn.Module, delta: StructuralDelta) -> None:
             continue
         replace(slot, torch.empty(shape, dtype=slot.tensor.dtype, device="meta"))
     if delta.quantized:
-        _swaps("quantized").restore(model, delta.quantized)
+        swaps_of("quantized").restore(model, delta.quantized)
     record(model, delta)
 
 

@@ -92,9 +92,10 @@ def _probe(func: Callable[..., Any], index: int, args: tuple, kwargs: tuple, gra
     with _disable_current_modes(), torch.set_grad_enabled(grad):
         try:
             out = func(*_real(args), **{key: _real(value) for key, value in kwargs})
-        except RuntimeError as exc:  # oneDNN has no LSTM kernel for fp16 with a backward to come
+        except RuntimeError as exc:  # oneDNN has no LSTM kernel for fp16, nor for bf16 without AVX512-BF16
             raise SlimtorchError(
                 f"the real step would fail: {func} cannot run on this CPU for these shapes and dtypes "
-                f"({str(exc).split('.')[0]}); nn.LSTM trains in fp32 or bf16-mixed here, not fp16"
+                f"({str(exc).split('.')[0]}); oneDNN's LSTM runs fp32 on every CPU, bf16 only on some "
+                "(AVX512-BF16 or AMX), fp16 on none"
             ) from None
     return 0 if out[index] is None else out[index].untyped_storage().nbytes()

@@ -40,10 +40,10 @@ from slimtorch.format.source import dtype_name
 from slimtorch.format.verbs import NOT_JSON, Report, resolve
 from slimtorch.graph.capture import as_args
 from slimtorch.graph.layers import is_hf_conv1d
-from slimtorch.quant import rowcodes
+from slimtorch.quant import kernels, rowcodes
 from slimtorch.quant.build import quantized_from
 from slimtorch.quant.gptq import InputMoments
-from slimtorch.quant.modules import QuantizedWeight
+from slimtorch.quant.modules import Int8DynamicLinear, QuantizedWeight
 from slimtorch.quant.options import QuantizeOptions
 from slimtorch.quant.recorded import put_module
 from slimtorch.quant.recurrent import QuantizedRecurrent
@@ -222,11 +222,23 @@ def quantize(
 
 
 def _kernel_notes(scheme: str, layers: list[LayerResult]) -> list[str]:
-    """How int8-dynamic layers quantize their activations in this process (the fused kernel or torch's
-    operations, and why): a speed that depends on an optional package is said, not left to guess."""
+    """How int8-dynamic layers run in this process: how their activations are quantized (the fused kernel
+    or torch's operations, and why), whether this CPU's oneDNN product saturates, and the kernel each
+    layer shape got at each batch size the calibration ran, with the timing and refusals behind it. A
+    speed that depends on the CPU or an optional package is said, not left to guess."""
     if scheme != "int8-dynamic" or not layers:
         return []
-    return [f"activation rows quantized with {rowcodes.describe()}"]
+    notes = [f"activation rows quantized with {rowcodes.describe()}"]
+    if kernels.onednn_available() and not kernels.onednn_exact("uint8"):
+        notes.append(
+            "oneDNN's 8-bit product saturates on this CPU (no VNNI): its kernel here takes 7-bit "
+            "asymmetric activation codes per row (onednn-u7)"
+        )
+    for key, decision in kernels.CHOICES.decisions().items():
+        if isinstance(key, tuple) and key and key[0] == Int8DynamicLinear.__name__:
+            out_features, in_features = key[1]
+            notes.append(f"{in_features}->{out_features} at {key[3]} rows: {decision.describe()}")
+    return notes
 
 
 def _options(options: QuantizeOptions | str | None, overrides: dict[str, Any]) -> QuantizeOptions:

@@ -36,52 +36,91 @@ import math
 import statistics
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from slimtorch.quant import rowcodes
 
-FALLBACKS = ("dequantize",)
-"""References that are real contenders; others (float64 ``reference``) only check the rest and run when
-nothing else does."""
+FALLBACKS = ("dequantize", "reference")
+"""References that are real contenders: a quantized kernel is chosen only if it beats them (by
+:data:`FALLBACK_MARGIN`). On an AVX2 EPYC ``torch._int_mm`` took 73 ms on 128 rows of a 384x1536 layer,
+the float64 reference 5.3: a kernel is there to be faster, and is timed against the path it replaces."""
 TRIALS = 3
 AGREEMENT = 1e-3  # relative L2 error a candidate may have against the reference kernel
 BF16_AGREEMENT = 1e-2  # for candidates that compute a float32 product in bfloat16
+ACCURACY_FACTOR = 3.0
+"""Where a choice knows the float product (an int8-dynamic layer: the input times the dequantized
+weight), a kernel is admitted if its error against it is at most this many times the reference's: the
+reference computes the scheme exactly (8-bit codes per row), a kernel with coarser activation codes errs
+more. Measured on a 384x1536 MiniLM-shaped layer, 128 rows, relative to the reference's error: 7-bit codes
+per row 1.9x, torch.ao's 7-bit codes per tensor 2.6x, oneDNN's 8-bit product saturating on an AVX2 CPU
+without VNNI 19x."""
+SLOW = 4.0  # a candidate this many times slower than the fastest in the first round is timed no more
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def quantize_rows(x: torch.Tensor, signed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of a float matrix as uint8 codes ``round(x / scale) + 128`` (int8 ``round(x / scale)`` if
-    ``signed``: the same bits but the top one, as ``torch._int_mm`` takes them) and their float32 scales
-    (M, 1).
+def quantize_rows(x: torch.Tensor, codes: str = "uint8") -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of a float matrix as activation codes of the kind a kernel takes (:data:`rowcodes.CODES`:
+    ``uint8``, ``round(x / scale) + 128``; ``int8``, the same bits but the top one, as ``torch._int_mm``
+    takes them; ``uint7``, ``round(x / scale) + 64`` with half the levels) and their float32 scales (M, 1).
 
-    Symmetric per row: ``scale = max|row| / 127``, rounded half to even. With numba installed one fused
+    Symmetric per row: ``scale = max|row| / levels``, rounded half to even. With numba installed one fused
     pass computes them (:mod:`slimtorch.quant.rowcodes`, the same bits, several times faster); otherwise,
     or where it does not apply, :func:`quantize_rows_torch`.
     """
     x = x.float()
-    fused = rowcodes.quantize_rows_fused(x, signed)
-    return fused if fused is not None else quantize_rows_torch(x, signed)
+    fused = rowcodes.quantize_rows_fused(x, codes)
+    return fused if fused is not None else quantize_rows_torch(x, codes)
 
 
-def quantize_rows_torch(x: torch.Tensor, signed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_torch(x: torch.Tensor, codes: str = "uint8") -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`quantize_rows` in torch operations, for any input.
 
-    The codes are rounded in float, cast to int8 and moved up by 128 with a bitwise xor on their bytes:
-    torch casts float to int8 with vector instructions but float to uint8 element by element, 3 to 4 times
-    slower (as slow as the rest of this together). The rows are multiplied by the scales' reciprocals: a
-    division runs at half the speed.
+    The codes are rounded in float, cast to int8 and moved up by their offset on their bytes: torch casts
+    float to int8 with vector instructions but float to uint8 element by element, 3 to 4 times slower (as
+    slow as the rest of this together). The rows are multiplied by the scales' reciprocals: a division runs
+    at half the speed.
     """
+    offset, levels = rowcodes.CODES[codes]
     x = x.float()
+    if codes in rowcodes.ASYMMETRIC:
+        return _asymmetric_rows(x, levels)
     # max and min in two reads beat abs().amax(), which writes a temporary as large as x
     largest = torch.maximum(x.amax(dim=1, keepdim=True), x.amin(dim=1, keepdim=True).neg_())
-    scale = largest.div_(127).clamp_(min=_TINY)
-    codes = torch.mul(x, scale.reciprocal()).round_().to(torch.int8)  # within [-127, 127]: cast exactly
-    return (codes if signed else codes.view(torch.uint8).bitwise_xor_(128)), scale
+    scale = largest.div_(levels).clamp_(min=_TINY)
+    values = torch.mul(x, scale.reciprocal()).round_().to(torch.int8)  # within [-levels, levels]: exact
+    if offset:
+        return values.view(torch.uint8).bitwise_xor_(128), scale  # +128 is the top bit flipped
+    return values, scale
+
+
+def _asymmetric_rows(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``uint7`` codes (:data:`rowcodes.CODES`) and each row's ``(scale, scale * zero)``, (M, 2)."""
+    low = x.amin(dim=1, keepdim=True).clamp_(max=0) if x.shape[1] else x.new_zeros(x.shape[0], 1)
+    high = x.amax(dim=1, keepdim=True).clamp_(min=0) if x.shape[1] else x.new_zeros(x.shape[0], 1)
+    scale = (high - low).div_(levels).clamp_(min=_TINY)
+    inverse = scale.reciprocal()
+    zero = torch.mul(low, inverse).neg_().round_()
+    values = torch.mul(x, inverse).round_().add_(zero).clamp_(0, levels).to(torch.uint8)
+    return values, torch.cat((scale, scale * zero), dim=1)
+
+
+def shift_back(
+    product: torch.Tensor, params: torch.Tensor, weight_sums: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The product of ``uint7`` codes (zero point 0, scaled per output channel) back to the layer's output:
+    ``product * scale - shift * weight_sums + bias`` per row, where ``weight_sums`` are the weight's scaled
+    row sums, so that the rows' zero points come off in one rank-one term. In place."""
+    fused = rowcodes.shift_product_fused(product, params, weight_sums, bias)
+    if fused is not None:
+        return fused
+    product.mul_(params[:, :1]).sub_(params[:, 1:] * weight_sums)
+    return product if bias is None else product.add_(bias)
 
 
 class SharedInputCodes:
@@ -92,15 +131,15 @@ class SharedInputCodes:
     its version counter, so an in-place change is seen. Inference-mode tensors have no version counter:
     their codes are shared only inside a scope (:meth:`open`), one call of a module known to change no
     tensor in place while its layers run (:func:`slimtorch.quant.sharing.share_input_codes` sets those
-    scopes up), and forgotten when it closes. Signed and unsigned codes (see :func:`quantize_rows`) are
-    entries of their own.
+    scopes up), and forgotten when it closes. Each kind of codes (see :func:`quantize_rows`) is an entry
+    of its own.
     """
 
     def __init__(self) -> None:
         self._local = threading.local()
 
     def codes(
-        self, x: torch.Tensor, x2d: torch.Tensor, signed: bool = False
+        self, x: torch.Tensor, x2d: torch.Tensor, codes: str = "uint8"
     ) -> tuple[torch.Tensor, torch.Tensor]:
         local = self._local
         if not x.is_inference():
@@ -108,19 +147,19 @@ class SharedInputCodes:
         elif getattr(local, "depth", 0):
             version = -1  # no counter; the open scope vouches that nothing changes x in place
         else:
-            return quantize_rows(x2d, signed)
+            return quantize_rows(x2d, codes)
         last = getattr(local, "last", None)
         if (
             last is not None
             and last[0] is x
             and last[1] == version
-            and last[2] == signed
+            and last[2] == codes
             and last[3].shape[1] == x2d.shape[1]
         ):
             return last[3], last[4]
-        codes, scale = quantize_rows(x2d, signed)
-        local.last = (x, version, signed, codes, scale)
-        return codes, scale
+        values, scale = quantize_rows(x2d, codes)
+        local.last = (x, version, codes, values, scale)
+        return values, scale
 
     def open(self) -> None:
         """Enter a scope in which inference-mode inputs share codes too (scopes nest)."""
@@ -155,15 +194,40 @@ def onednn_pack(qweight: torch.Tensor) -> torch.Tensor:
     return torch.ops.onednn.qlinear_prepack(qweight, None)
 
 
-def onednn_product(codes: torch.Tensor, packed: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
-    """The product of +128 ``codes`` and the packed weight, scaled per output channel, not yet per row
-    (:func:`scale_back` does that, and adds the bias)."""
+def onednn_product(
+    codes: torch.Tensor, packed: torch.Tensor, weight_scale: torch.Tensor, zero_point: int = 128
+) -> torch.Tensor:
+    """The product of ``codes`` and the packed weight, scaled per output channel, not yet per row
+    (:func:`scale_back` does that, and adds the bias; for ``uint7`` codes, zero point 0,
+    :func:`shift_back`)."""
     # oneDNN takes unsigned activations with one zero point: the +128 codes with zero point 128 are the
     # signed values exactly. Its per-channel weight scale is applied inside; the per-row scale after.
     zero_points = _zero_points(weight_scale.shape[0])
     return torch.ops.onednn.qlinear_pointwise(
-        codes, 1.0, 128, packed, weight_scale, zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+        codes, 1.0, zero_point, packed, weight_scale, zero_points, None, 1.0, 0, torch.float32, "none", [], ""
     )
+
+
+@functools.cache
+def onednn_exact(codes: str) -> bool:
+    """Whether oneDNN's int8 product is exact on this CPU for activation codes of that kind (``uint8``:
+    up to 255, zero point 128; ``uint7``: up to 127, zero point 0), probed once a process on the worst
+    case: every code at its top, every weight 127.
+
+    Without VNNI, oneDNN (like fbgemm) multiplies bytes with ``vpmaddubsw``, which adds each pair of
+    products into a saturating int16: codes up to 255 overflow it (on an AVX2 EPYC the product of a real
+    MiniLM layer came out at cosine 0.990 against the float layer), codes up to 127 cannot."""
+    if not onednn_available():
+        return False
+    top, zero_point = {"uint8": (255, 128), "uint7": (127, 0)}[codes]
+    width = 256
+    try:
+        weight = torch.full((8, width), 127, dtype=torch.int8)
+        values = torch.full((4, width), top, dtype=torch.uint8)
+        product = onednn_product(values, onednn_pack(weight), torch.ones(8), zero_point)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return bool(torch.all(product == float((top - zero_point) * 127 * width)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -196,6 +260,30 @@ def reference_int8_linear(
     """The same product in float64, exact for any size: what the other kernels are checked against."""
     product = (codes.double() - 128) @ qweight.double().t()
     return scale_back(product.float().mul_(weight_scale), row_scale, bias)
+
+
+def fbgemm_available() -> bool:
+    """Whether torch.ao's dynamic int8 Linear (fbgemm, x86) is in this build of torch."""
+    return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(
+        torch.ops.quantized, "linear_dynamic"
+    )
+
+
+def fbgemm_pack(qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """The int8 weight, its per-channel scales and the bias packed once for :func:`fbgemm_linear`."""
+    zeros = torch.zeros(qweight.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # torch marks its quantized tensors deprecated; the kernel is current
+        warnings.simplefilter("ignore")
+        weight = torch._make_per_channel_quantized_tensor(qweight, weight_scale.double(), zeros, 0)
+    return torch.ops.quantized.linear_prepack(weight, None if bias is None else bias.detach().float())
+
+
+def fbgemm_linear(x2d: torch.Tensor, packed: Any) -> torch.Tensor:
+    """torch.ao's ``quantize_dynamic`` kernel: the float rows quantized on the fly, per tensor, to 7 bits
+    (``reduce_range``: the 8-bit ones saturate without VNNI), the int8 product, scaled back, bias added, in
+    one call. Its activation codes are coarser than the scheme's per-row ones, so it is admitted for a layer
+    only by its error against the float product (:data:`ACCURACY_FACTOR`)."""
+    return torch.ops.quantized.linear_dynamic(x2d.float().contiguous(), packed, True)
 
 
 # -- weight-only ----------------------------------------------------------------------------------------
@@ -248,6 +336,8 @@ class KernelDecision:
     kernel: str
     seconds: dict[str, float]
     rounds: int
+    refused: dict[str, str] = field(default_factory=dict)
+    """The candidates not admitted on this machine, and why (``"error 19.3x the reference's"``)."""
 
     @property
     def ratio(self) -> float:
@@ -260,9 +350,12 @@ class KernelDecision:
         """``quantized_rnn, 4.81x dequantize (3 rounds)``: the choice and the measurement behind it."""
         others = [n for n in self.seconds if n != self.kernel]
         if not others:
-            return f"{self.kernel} (the only candidate that agreed)"
-        runner_up = min(others, key=self.seconds.__getitem__)
-        return f"{self.kernel}, {self.ratio:.2f}x {runner_up} ({self.rounds} rounds)"
+            said = f"{self.kernel} (the only candidate that agreed)"
+        else:
+            runner_up = min(others, key=self.seconds.__getitem__)
+            said = f"{self.kernel}, {self.ratio:.2f}x {runner_up} ({self.rounds} rounds)"
+        refused = "; ".join(f"{name} refused: {why}" for name, why in self.refused.items())
+        return f"{said}; {refused}" if refused else said
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -270,6 +363,7 @@ class KernelDecision:
             "seconds": dict(self.seconds),
             "rounds": self.rounds,
             "ratio": self.ratio,
+            "refused": dict(self.refused),
         }
 
 
@@ -294,16 +388,18 @@ class KernelChoice:
         candidates: Mapping[str, Callable[[], torch.Tensor]],
         reference: str,
         tolerance: Mapping[str, float] | None = None,
+        truth: Callable[[], torch.Tensor] | None = None,
     ) -> str:
         """The name of the fastest candidate that agrees with ``reference`` (timed once per key): within
-        ``tolerance[name]`` (default :data:`AGREEMENT`) relative L2 error of its output."""
+        ``tolerance[name]`` (default :data:`AGREEMENT`) relative L2 error of its output; or, given the
+        float product ``truth``, within :data:`ACCURACY_FACTOR` times the reference's error of it."""
         name = self._best.get(key)
         if name is not None:
             return name
         with self._lock:
             name = self._best.get(key)
             if name is None:
-                decision = _fastest(candidates, reference, tolerance or {}, self._clock)
+                decision = _fastest(candidates, reference, tolerance or {}, self._clock, truth)
                 self._decisions[key], name = decision, decision.kernel
                 self._best[key] = name
         return name
@@ -338,50 +434,80 @@ def _fastest(
     reference: str,
     tolerance: Mapping[str, float],
     clock: Callable[[], float] = time.perf_counter,
+    truth: Callable[[], torch.Tensor] | None = None,
 ) -> KernelDecision:
     """The fastest candidate among those that agree with the reference, by each one's best round.
 
     The runs are taken in turns, one of each candidate per round, so that a busy moment of the machine
     slows them alike instead of the one that happened to be timed then. :data:`TRIALS` rounds decide a
     clear lead on quiet timings; a close call on noisy ones, or a fallback ahead, takes more (see
-    :func:`_settled`), up to :data:`MAX_TRIALS` rounds or :data:`ROUNDS_BUDGET_S`."""
-    agreeing = _agreeing(candidates, reference, tolerance)
+    :func:`_settled`), up to :data:`MAX_TRIALS` rounds or :data:`ROUNDS_BUDGET_S`. A candidate
+    :data:`SLOW` times slower than the fastest in the first round is timed no more."""
+    agreeing, refused = _agreeing(candidates, reference, tolerance, truth)
     if len(agreeing) == 1:
-        return KernelDecision(agreeing[0], {}, 0)
+        return KernelDecision(agreeing[0], {}, 0, refused)
     times: dict[str, list[float]] = {name: [] for name in agreeing}
     spent = 0.0
     for done in range(1, MAX_TRIALS + 1):
-        for name in agreeing:
+        for name in times:
             times[name].append(_timed(candidates[name], clock))
         spent += sum(t[-1] for t in times.values())
+        if done == 1:
+            fastest = min(t[0] for t in times.values())
+            lagging = [name for name, t in times.items() if t[0] > SLOW * fastest]
+            finished = {name: times.pop(name) for name in lagging}
         if done >= TRIALS and (_settled(times, done) or spent >= ROUNDS_BUDGET_S):
             break
-    best = {name: min(t) for name, t in times.items()}
-    return KernelDecision(_leader(best)[0], best, done)
+    best = {name: min(t) for name, t in {**finished, **times}.items()}
+    return KernelDecision(_leader({name: min(t) for name, t in times.items()})[0], best, done, refused)
 
 
 def _agreeing(
-    candidates: Mapping[str, Callable[[], torch.Tensor]], reference: str, tolerance: Mapping[str, float]
-) -> list[str]:
-    """The candidates whose output is within tolerance of the reference's on this input (the reference
-    too when it is a real contender, or when nothing else agrees)."""
+    candidates: Mapping[str, Callable[[], torch.Tensor]],
+    reference: str,
+    tolerance: Mapping[str, float],
+    truth: Callable[[], torch.Tensor] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The candidates admitted on this input (the reference too when it is a real contender, or when
+    nothing else agrees), and why each other one was not. Without ``truth``, a candidate must be within
+    tolerance of the reference's output; with it (the float product), its error against that must be at
+    most :data:`ACCURACY_FACTOR` times the reference's."""
     expected = candidates[reference]().float()
-    norm = float(torch.linalg.vector_norm(expected))
+    if truth is None:
+        target, allowed = expected, None
+    else:
+        target = truth().float()
+        allowed = ACCURACY_FACTOR * float(torch.linalg.vector_norm(expected - target))
+    norm = max(float(torch.linalg.vector_norm(target)), 1e-12)
     agreeing: list[str] = []
+    refused: dict[str, str] = {}
     for name, run in candidates.items():
         if name == reference:
             continue
         try:
             out = run()
-            limit = tolerance.get(name, AGREEMENT) * max(norm, 1e-12)
-            if out.shape != expected.shape or float(torch.linalg.vector_norm(out.float() - expected)) > limit:
-                continue  # a kernel that disagrees on this machine is never chosen
-            agreeing.append(name)
-        except (RuntimeError, NotImplementedError):
-            continue  # not available for this shape, dtype or build
+        except (RuntimeError, NotImplementedError) as error:
+            refused[name] = f"cannot run here ({str(error).splitlines()[0][:80] if str(error) else 'error'})"
+            continue
+        if out.shape != expected.shape:
+            refused[name] = f"gave shape {tuple(out.shape)}, not {tuple(expected.shape)}"
+            continue
+        error = float(torch.linalg.vector_norm(out.float() - target))
+        limit = tolerance.get(name, AGREEMENT) * norm if allowed is None else allowed + AGREEMENT * norm
+        if not error <= limit:  # nan too: a kernel that is wrong on this machine is never chosen
+            refused[name] = _why_refused(error, norm, allowed)
+            continue
+        agreeing.append(name)
     if reference in FALLBACKS or not agreeing:
         agreeing.append(reference)
-    return agreeing
+    return agreeing, refused
+
+
+def _why_refused(error: float, norm: float, allowed: float | None) -> str:
+    if allowed is None:
+        return f"{error / norm:.2g} relative error against the reference"
+    times = f"{error / allowed * ACCURACY_FACTOR:.1f}x" if allowed > 0 else "above"
+    return f"error {error / norm:.2g} against the float product, {times} the reference's"
 
 
 def _leader(best: Mapping[str, float]) -> tuple[str, float]:
@@ -479,35 +605,35 @@ def _quantized_layer_shape(x: torch.Tensor, layer: int) -> torch.Tensor:
     return _LAYERS[layer].fake_forward(x).contiguous()
 
 
-def _quantize_rows_op(x: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_rows_op(x: torch.Tensor, codes: str) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`quantize_rows` as one operator of a compiled graph: numba's one pass, where inductor's own
     would fuse it into the op before and compute that op twice (a GELU's ``erf`` for the row maxima, then
     again for the codes: 253 us on MiniLM's 128 x 1536 rows, against 53 for the GELU alone).
 
     Declared with :class:`torch.library.Library`, not ``custom_op``: it is called per layer per forward,
     and ``custom_op``'s Python wrapper costs 3-6 us a call more (MiniLM: 24 calls a forward)."""
-    return quantize_rows(x, signed)
+    return quantize_rows(x, codes)
 
 
-def _quantize_rows_shapes(x: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    codes = x.new_empty(x.shape, dtype=torch.int8 if signed else torch.uint8)
-    return codes, x.new_empty((x.shape[0], 1), dtype=torch.float32)
+def _quantize_rows_shapes(x: torch.Tensor, codes: str) -> tuple[torch.Tensor, torch.Tensor]:
+    values = x.new_empty(x.shape, dtype=torch.int8 if codes == "int8" else torch.uint8)
+    return values, x.new_empty((x.shape[0], 1), dtype=torch.float32)
 
 
-def _onednn_product_op(codes: torch.Tensor, layer: int) -> torch.Tensor:
+def _onednn_product_op(codes: torch.Tensor, layer: int, zero_point: int) -> torch.Tensor:
     """:func:`onednn_product` of an int8-dynamic layer, as one operator of a compiled graph."""
-    return _LAYERS[layer].onednn_product(codes)
+    return _LAYERS[layer].onednn_product(codes, zero_point)
 
 
-def _onednn_product_shape(codes: torch.Tensor, layer: int) -> torch.Tensor:
+def _onednn_product_shape(codes: torch.Tensor, layer: int, zero_point: int) -> torch.Tensor:
     return codes.new_empty((codes.shape[0], _LAYERS[layer].out_features), dtype=torch.float32)
 
 
 _LIBRARY = torch.library.Library("slimtorch", "FRAGMENT")
-_LIBRARY.define("quantize_rows(Tensor x, bool signed) -> (Tensor, Tensor)")
+_LIBRARY.define("quantize_rows(Tensor x, str codes) -> (Tensor, Tensor)")
 _LIBRARY.impl("quantize_rows", _quantize_rows_op, "CompositeExplicitAutograd")
 torch.library.register_fake("slimtorch::quantize_rows", _quantize_rows_shapes, lib=_LIBRARY)
-_LIBRARY.define("onednn_product(Tensor codes, int layer) -> Tensor")
+_LIBRARY.define("onednn_product(Tensor codes, int layer, int zero_point) -> Tensor")
 _LIBRARY.impl("onednn_product", _onednn_product_op, "CompositeExplicitAutograd")
 torch.library.register_fake("slimtorch::onednn_product", _onednn_product_shape, lib=_LIBRARY)
 quantize_rows_op = torch.ops.slimtorch.quantize_rows.default

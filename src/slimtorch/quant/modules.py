@@ -21,6 +21,7 @@ dequantization fused.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any, ClassVar
@@ -147,14 +148,22 @@ class QuantizedWeight(nn.Module):
         rows: int,
         candidates: dict[str, Callable[[], torch.Tensor]],
         tolerance: dict[str, float] | None = None,
+        truth: Callable[[], torch.Tensor] | None = None,
     ) -> str:
         """The forced kernel, or the one measured fastest for this shape and ``rows`` batch rows of ``x``
-        (among those within ``tolerance``, relative L2, of the reference). A forced kernel that cannot
-        run this input (a ``-bf16`` one on bfloat16 inputs, a fused one on a shape it does not take)
-        gives way to its plain twin, else to the reference."""
+        (among those within ``tolerance``, relative L2, of the reference, or given the float product
+        ``truth``, those :meth:`kernels.KernelChoice.best` admits by their error against it). A forced
+        kernel that cannot run this input (a ``-bf16`` one on bfloat16 inputs, a fused one on a shape it
+        does not take) gives way to its plain twin, else to the reference."""
         name = self.kernel
         if name is not None and name not in candidates:
-            name = name.removesuffix("-bf16") if name.removesuffix("-bf16") in candidates else self.REFERENCE
+            plain = name.removesuffix("-bf16")
+            if plain not in candidates:
+                _warn_once(
+                    f"kernel {plain!r} does not run right here (on {x.device.type}, {x.dtype}); "
+                    f"{type(self).__name__} layers run {self.REFERENCE!r} instead"
+                )
+            name = plain if plain in candidates else self.REFERENCE
         if name is None:
             key = (
                 type(self).__name__,
@@ -164,7 +173,7 @@ class QuantizedWeight(nn.Module):
                 x.device.type,
                 torch.get_num_threads(),
             )
-            name = CHOICES.best(key, candidates, self.REFERENCE, tolerance or {})
+            name = CHOICES.best(key, candidates, self.REFERENCE, tolerance or {}, truth)
             # A kernel's state is keyed by its plain name: ``int4pack`` and ``int4pack-bf16`` share one
             # packed weight.
             # Timing a new batch size builds every candidate's state again, the losers' too (an LSTM's
@@ -220,8 +229,15 @@ class QuantizedWeight(nn.Module):
         raise NotImplementedError
 
 
-SIGNED_CODES = frozenset({"int_mm"})
-"""The int8-dynamic kernels that take signed activation codes (see :func:`kernels.quantize_rows`)."""
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+CODES_OF = {"onednn": "uint8", "onednn-u7": "uint7", "int_mm": "int8", "reference": "uint8", "fbgemm": ""}
+"""The activation codes each int8-dynamic kernel takes (see :func:`kernels.quantize_rows`); ``""``: the
+float rows themselves (fbgemm quantizes them inside)."""
+ZERO_POINTS = {"onednn": 128, "onednn-u7": 0}
 ROTATION_BYTES = 8 << 20
 """Weight bytes an int8-dynamic kernel choice turns over (:meth:`Int8DynamicLinear._chosen_run`). In a
 model the other layers' weights pass through a core's caches between two calls of one layer, and the
@@ -288,7 +304,7 @@ class Int8DynamicLinear(_QuantizedLinear):
 
     SCHEME = "int8-dynamic"
     SLIM_PARTS = INT8_PARTS
-    KERNELS = ("onednn", "int_mm", "reference")  # int_mm takes signed codes, the others +128 ones
+    KERNELS = ("onednn", "onednn-u7", "fbgemm", "int_mm", "reference")  # their codes: CODES_OF
     REFERENCE = "reference"
     SHARES_INPUT_CODES = True
     """Its input's codes can serve a sibling reading the same input (:mod:`slimtorch.quant.sharing`)."""
@@ -331,20 +347,21 @@ class Int8DynamicLinear(_QuantizedLinear):
             return super().compiled_forward(x)
         with torch.no_grad():
             x2d = x.reshape(-1, self.in_features)
-            codes, row_scale = sharing.traced_codes(x, x2d, signed=kernel == "int_mm")
+            codes, row_scale = sharing.traced_codes(x, x2d, CODES_OF[kernel])
             if kernel == "int_mm":
                 product = torch._int_mm(codes, self._buffers["qweight"].t()) * self._buffers["weight_scale"]
             else:
-                product = kernels.onednn_product_op(codes, self._compile_handle)
+                product = kernels.onednn_product_op(codes, self._compile_handle, ZERO_POINTS[kernel])
             out = product * row_scale
             if self.bias is not None:
                 out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
-    def onednn_product(self, codes: torch.Tensor) -> torch.Tensor:
-        """oneDNN's product of +128 codes and the weight, scaled per output channel (not yet per row)."""
+    def onednn_product(self, codes: torch.Tensor, zero_point: int = 128) -> torch.Tensor:
+        """oneDNN's product of +128 (or +64: ``zero_point``) codes and the weight, scaled per output
+        channel (not yet per row)."""
         packed = self.prepared("onednn", self._onednn_pack)
-        return kernels.onednn_product(codes, packed, self._buffers["weight_scale"])
+        return kernels.onednn_product(codes, packed, self._buffers["weight_scale"], zero_point)
 
     def _matmul(self, x: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
         rows = x2d.shape[0]
@@ -352,9 +369,11 @@ class Int8DynamicLinear(_QuantizedLinear):
         chosen = self._run_of.get(known)
         if chosen is None:
             chosen = self._run_of[known] = self._chosen_run(x2d, rows)
-        run, signed, _ = chosen
-        codes, row_scale = kernels.SHARED_INPUTS.codes(x, x2d, signed)
-        return run(codes, row_scale)
+        run, codes, _ = chosen
+        if not codes:
+            return run(x2d, None)
+        values, row_scale = kernels.SHARED_INPUTS.codes(x, x2d, codes)
+        return run(values, row_scale)
 
     def _known(self, rows: int, dtype: torch.dtype, device: torch.device) -> tuple:
         """The kernel choice's own key, less what never changes for this layer (its shape)."""
@@ -370,23 +389,27 @@ class Int8DynamicLinear(_QuantizedLinear):
             self._run_of[known] = self._chosen_run(x2d, rows)
         return self._run_of[known][2]
 
-    def _chosen_run(self, x2d: torch.Tensor, rows: int) -> tuple[Callable, bool, str]:
-        """The kernel to run for this batch size, whether it takes signed codes, and its name; each
+    def _chosen_run(self, x2d: torch.Tensor, rows: int) -> tuple[Callable, str, str]:
+        """The kernel to run for this batch size, the codes it takes (:data:`CODES_OF`) and its name; each
         candidate is timed on the codes it takes, as its calls will get them, and on weights out of the
-        caches, as a model's layers find them: in turns over this layer and copies of it (:meth:`_twins`)."""
-        codes, row_scale = kernels.quantize_rows(x2d)
-        signed = codes.bitwise_xor(128).view(torch.int8)  # bit for bit quantize_rows(x2d, signed=True)
+        caches, as a model's layers find them: in turns over this layer and copies of it (:meth:`_twins`).
+        A kernel is admitted by its error against the float product of these rows (the dequantized
+        weight's), at most :data:`kernels.ACCURACY_FACTOR` times the reference's."""
         runs = self._runs(x2d.device)
-        inputs = {name: (signed if name in SIGNED_CODES else codes, row_scale) for name in runs}
+        made = {codes: kernels.quantize_rows(x2d, codes) for codes in {CODES_OF[n] for n in runs} if codes}
+        inputs = {name: made.get(CODES_OF[name], (x2d, None)) for name in runs}
         twins = functools.cache(lambda: self._twins(x2d.device, inputs))
 
         def calls(name: str) -> list[Callable[[], torch.Tensor]]:
             layers = [self] if name == self.REFERENCE else [self, *twins()]
             return [partial(layer._runs(x2d.device)[name], *inputs[name]) for layer in layers]
 
+        def truth() -> torch.Tensor:
+            return F.linear(x2d.float(), self.dequantized(torch.float32), self.bias)
+
         candidates = {name: kernels.in_turn(partial(calls, name)) for name in runs}
-        name = self.choose(x2d, rows, candidates)
-        return runs[name], name in SIGNED_CODES, name
+        name = self.choose(x2d, rows, candidates, truth=truth)
+        return runs[name], CODES_OF[name], name
 
     def _twins(
         self, device: torch.device, inputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -406,12 +429,17 @@ class Int8DynamicLinear(_QuantizedLinear):
             twins.append(twin)
         return twins
 
-    def _runs(self, device: torch.device) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
-        """The kernels that can run on ``device``, each from the codes and row scales to the output."""
-        runs = {"reference": self._reference, "int_mm": self._int_mm}
-        if device.type == "cpu" and kernels.onednn_available():
-            runs["onednn"] = self._onednn
-        return runs
+    def _runs(self, device: torch.device) -> dict[str, Callable[[torch.Tensor, Any], torch.Tensor]]:
+        """The kernels that run on ``device`` (:func:`int8_dynamic_kernels`), each from its input
+        (:data:`CODES_OF`: codes and row scales, or the float rows) to the output."""
+        every = {
+            "reference": self._reference,
+            "int_mm": self._int_mm,
+            "onednn": self._onednn,
+            "onednn-u7": self._onednn_u7,
+            "fbgemm": self._fbgemm,
+        }
+        return {name: every[name] for name in int8_dynamic_kernels(device)}
 
     def _reference(self, codes: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
         q, scale = self._buffers["qweight"], self._buffers["weight_scale"]
@@ -424,14 +452,41 @@ class Int8DynamicLinear(_QuantizedLinear):
     def _onednn(self, codes: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
         return kernels.scale_back(self.onednn_product(codes), row_scale, self.bias)
 
+    def _onednn_u7(self, codes: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        sums = self.prepared("weight_sums", self._weight_sums)
+        return kernels.shift_back(self.onednn_product(codes, 0), params, sums, self.bias)
+
+    def _weight_sums(self) -> torch.Tensor:
+        """Each output channel's codes summed and scaled: what the ``uint7`` rows' zero points take off."""
+        return (
+            self._buffers["qweight"].sum(dim=1, dtype=torch.int32).float().mul_(self._buffers["weight_scale"])
+        )
+
+    def _fbgemm(self, x2d: torch.Tensor, _: None) -> torch.Tensor:
+        q, scale = self._buffers["qweight"], self._buffers["weight_scale"]
+        packed = self.prepared("fbgemm", lambda: kernels.fbgemm_pack(q, scale, self.bias))
+        return kernels.fbgemm_linear(x2d, packed)
+
     def _onednn_pack(self) -> torch.Tensor:
         return kernels.onednn_pack(self._buffers["qweight"])
 
     def _prepared_from(self) -> list[torch.Tensor]:
-        return [self._buffers["qweight"]]  # the one packed weight; its scales are read on each call
+        # the packed weights; oneDNN reads the scales on each call, fbgemm packs them and the bias
+        return [self._buffers["qweight"], self._buffers["weight_scale"], *self._parameters.values()]
 
 
-TRACED_KERNELS = ("int_mm", "onednn")
+def int8_dynamic_kernels(device: torch.device) -> tuple[str, ...]:
+    """The int8-dynamic kernels that run, and run right, on ``device`` in this process. oneDNN's 8-bit
+    product is left out where it saturates (:func:`kernels.onednn_exact`: CPUs without VNNI), its 7-bit
+    one where even that is not exact; fbgemm where torch was built without it."""
+    names = ["reference", "int_mm"]
+    if device.type == "cpu":
+        names += [name for name in ZERO_POINTS if kernels.onednn_exact(CODES_OF[name])]
+        names += ["fbgemm"] if kernels.fbgemm_available() else []
+    return tuple(names)
+
+
+TRACED_KERNELS = ("int_mm", "onednn")  # onednn-u7's rows carry zero points: one operator, eager
 """The int8-dynamic kernels a compiled graph calls itself (:meth:`Int8DynamicLinear.compiled_forward`)."""
 
 

@@ -9,7 +9,7 @@ from torch import nn
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.codecs.chain import parse_dtype
 from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, is_int4_group_size
-from slimtorch.format.delta import Swaps, register_swaps
+from slimtorch.format.delta import Swaps
 from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.quant.build import CONV, SCHEMES, quantized_on_meta
 from slimtorch.quant.conv import quantizable_conv
@@ -82,4 +82,5 @@ def put_module(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent), attr, module)
 
 
-register_swaps("quantized", Swaps(check_recorded, restore))
+SWAPS = Swaps(check_recorded, restore)
+"""How a delta's ``quantized`` section is read: :data:`slimtorch.format.delta.SECTIONS` names this."""

@@ -69,21 +69,21 @@ def _close_sharing(module: nn.Module, args: tuple, output: Any) -> None:
         kernels.SHARED_INPUTS.close()
 
 
-TRACED_SCOPES: list[dict[bool, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
+TRACED_SCOPES: list[dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
 """The sharing scopes open while dynamo traces (:data:`kernels.SHARED_INPUTS`' scopes in a compiled graph),
-innermost last: per scope, the last input quantized (signed codes or +128 ones), its codes and row scales,
-all values of the graph. Dynamo replays what a graph did to this list after the graph runs: each scope
-opens and closes within one call, so the list is empty between calls."""
+innermost last: per scope and kind of codes (``uint8``, ``int8``, ``uint7``), the last input quantized, its
+codes and row scales, all values of the graph. Dynamo replays what a graph did to this list after the graph
+runs: each scope opens and closes within one call, so the list is empty between calls."""
 
 
-def traced_codes(x: torch.Tensor, x2d: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def traced_codes(x: torch.Tensor, x2d: torch.Tensor, codes: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``x``'s row codes in a compiled graph: one ``slimtorch::quantize_rows`` per input, shared by the
     layers of one sharing scope (query, key and value read the same input: 2 operators fewer)."""
     scope = TRACED_SCOPES[-1] if TRACED_SCOPES else None
-    hit = None if scope is None else scope.get(signed)
+    hit = None if scope is None else scope.get(codes)
     if hit is not None and hit[0] is x:
         return hit[1], hit[2]
-    codes, row_scale = kernels.quantize_rows_op(x2d, signed)
+    values, row_scale = kernels.quantize_rows_op(x2d, codes)
     if scope is not None:
-        scope[signed] = (x, codes, row_scale)
-    return codes, row_scale
+        scope[codes] = (x, values, row_scale)
+    return values, row_scale
