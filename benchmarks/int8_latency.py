@@ -214,22 +214,19 @@ def kernels_in_turn(rounds: int, layers: int = 12) -> None:
     """``--turns``: each int8 kernel on one layer called again and again (its weight hot in the caches,
     as the kernel choice once timed it) and on ``layers`` distinct layers of the same shape called in turn
     (as a model calls them), 128 rows, one thread; microseconds a call, median [min..max] of ``rounds``."""
-    from slimtorch.quant.modules import SIGNED_CODES, Int8DynamicLinear
+    from slimtorch.quant.modules import CODES_OF, Int8DynamicLinear, int8_dynamic_kernels
 
-    names = [k for k in ("onednn", "int_mm") if k != "onednn" or kernels.onednn_available()]
+    names = [k for k in int8_dynamic_kernels(torch.device("cpu")) if k != "reference"]
     print(f"\nkernels a call, 128 rows, 1 thread, {rounds} rounds, us ({load()})")
     for inputs, outputs in [(384, 384), (384, 1536), (1536, 384), (768, 768), (768, 3072), (3072, 768)]:
         model = nn.Sequential(*(nn.Linear(inputs, outputs) for _ in range(layers)))
         quantized = [
             m for m in slimtorch.quantize(model, "int8-dynamic").model if isinstance(m, Int8DynamicLinear)
         ]
-        codes, row_scale = kernels.quantize_rows(torch.randn(128, inputs))
-        signed = codes.bitwise_xor(128).view(torch.int8)
+        x = torch.randn(128, inputs)
+        made = {codes: kernels.quantize_rows(x, codes) for codes in {CODES_OF[n] for n in names} if codes}
         runs = {
-            name: [
-                partial(q._runs(codes.device)[name], signed if name in SIGNED_CODES else codes, row_scale)
-                for q in quantized
-            ]
+            name: [partial(q._runs(x.device)[name], *made.get(CODES_OF[name], (x, None))) for q in quantized]
             for name in names
         }
         times: dict[str, list[float]] = {f"{n} {w}": [] for n in names for w in ("one", "turns")}

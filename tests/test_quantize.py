@@ -399,19 +399,32 @@ def test_gptq_falls_back_to_rounding_where_groups_do_not_tile_the_inputs() -> No
 
 
 def test_int8_dynamic_outputs_are_bit_identical_after_loading_in_another_process(tmp_path) -> None:
-    # Its kernels are exact integer products, so whichever one a new process measures fastest agrees.
+    # The same kernel on the same codes gives the same bits in any process; a kernel a new process measures
+    # fastest may take other activation codes (7-bit ones where oneDNN's 8-bit product saturates), so
+    # left to choose, it agrees within the kernels' accuracy.
     import subprocess
     import sys
 
     model = slimtorch.quantize(TokenMLP().eval(), "int8-dynamic").model
     slimtorch.save_model(model, tmp_path / "q.safetensors")
-    torch.save({"ids": _ids(), "out": model(_ids())}, tmp_path / "expected.pt")
+    out = model(_ids())
+    chosen = {
+        name: m.kernel_at(_ids().numel(), torch.float32, torch.device("cpu"))
+        for name, m in model.named_modules()
+        if isinstance(m, Int8DynamicLinear)
+    }
+    torch.save({"ids": _ids(), "out": out, "chosen": chosen}, tmp_path / "expected.pt")
     script = (
         "import sys, torch, slimtorch\n"
         "from tests.test_quantize import TokenMLP\n"
         f"expected = torch.load({str(tmp_path / 'expected.pt')!r})\n"
         f"model = slimtorch.load_model({str(tmp_path / 'q.safetensors')!r}, TokenMLP).model\n"
-        "sys.exit(0 if torch.equal(model(expected['ids']), expected['out']) else 1)\n"
+        "free = model(expected['ids'])\n"
+        "cosine = torch.nn.functional.cosine_similarity(free.flatten(), expected['out'].flatten(), dim=0)\n"
+        "for name, kernel in expected['chosen'].items():\n"
+        "    model.get_submodule(name).kernel = kernel\n"
+        "same = torch.equal(model(expected['ids']), expected['out'])\n"
+        "sys.exit(0 if same and cosine > 0.999 else 1)\n"
     )
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run(

@@ -123,6 +123,23 @@ def shift_back(
     return product if bias is None else product.add_(bias)
 
 
+def shift_epilogue(
+    weight_sums: torch.Tensor, bias: torch.Tensor | None
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """:func:`shift_back` for one layer, prepared once (its weight sums and bias held as numba reads
+    them): a call ``(product, params) -> output``, in place."""
+    fused = rowcodes.shift_epilogue(weight_sums, bias)
+
+    def shift(product: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        done = None if fused is None else fused(product, params)
+        if done is not None:
+            return done
+        product.mul_(params[:, :1]).sub_(params[:, 1:] * weight_sums)
+        return product if bias is None else product.add_(bias)
+
+    return shift
+
+
 class SharedInputCodes:
     """The last input's row codes, per thread: attention's query, key and value layers read the same
     tensor, which is then quantized once instead of three times.

@@ -238,6 +238,10 @@ CODES_OF = {"onednn": "uint8", "onednn-u7": "uint7", "int_mm": "int8", "referenc
 """The activation codes each int8-dynamic kernel takes (see :func:`kernels.quantize_rows`); ``""``: the
 float rows themselves (fbgemm quantizes them inside)."""
 ZERO_POINTS = {"onednn": 128, "onednn-u7": 0}
+PACKED = frozenset({"onednn", "onednn-u7", "fbgemm"})
+"""The int8-dynamic kernels that pack the weight on their first call. The others are not run before they
+are timed: ``torch._int_mm`` took 1 s a call on 2048 rows of a 384x1536 layer on an AVX2 EPYC, and running
+it once on each copy of the layer made MiniLM's first batch of 16 take 46 s."""
 ROTATION_BYTES = 8 << 20
 """Weight bytes an int8-dynamic kernel choice turns over (:meth:`Int8DynamicLinear._chosen_run`). In a
 model the other layers' weights pass through a core's caches between two calls of one layer, and the
@@ -415,8 +419,8 @@ class Int8DynamicLinear(_QuantizedLinear):
         self, device: torch.device, inputs: dict[str, tuple[torch.Tensor, torch.Tensor]]
     ) -> list[Int8DynamicLinear]:
         """Copies of this layer, each with a weight of its own, enough that the weights of one turn over
-        them and this layer come to :data:`ROTATION_BYTES`; every kernel has run once on each (oneDNN
-        packs its weight then, not in a timed call)."""
+        them and this layer come to :data:`ROTATION_BYTES`; each kernel that packs its weight (:data:`PACKED`)
+        has run once on each, so that it packs then, not in a timed call."""
         count = min(MAX_TWINS, -(-ROTATION_BYTES // max(self._buffers["qweight"].nbytes, 1)) - 1)
         encoded = self.encoded()
         twins = []
@@ -424,7 +428,7 @@ class Int8DynamicLinear(_QuantizedLinear):
             parts = {role: part.clone() for role, part in encoded.parts.items()}
             twin = type(self)(self.in_features, self.out_features, self.bias, Encoded(parts, encoded.stages))
             for name, run in twin._runs(device).items():
-                if name != self.REFERENCE:
+                if name in PACKED:  # packs its weight now, not in a timed call; the others have none
                     run(*inputs[name])
             twins.append(twin)
         return twins
@@ -453,14 +457,15 @@ class Int8DynamicLinear(_QuantizedLinear):
         return kernels.scale_back(self.onednn_product(codes), row_scale, self.bias)
 
     def _onednn_u7(self, codes: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-        sums = self.prepared("weight_sums", self._weight_sums)
-        return kernels.shift_back(self.onednn_product(codes, 0), params, sums, self.bias)
+        packed, shift = self.prepared("onednn-u7", self._onednn_u7_state)
+        return shift(kernels.onednn_product(codes, packed, self._buffers["weight_scale"], 0), params)
 
-    def _weight_sums(self) -> torch.Tensor:
-        """Each output channel's codes summed and scaled: what the ``uint7`` rows' zero points take off."""
-        return (
-            self._buffers["qweight"].sum(dim=1, dtype=torch.int32).float().mul_(self._buffers["weight_scale"])
-        )
+    def _onednn_u7_state(self) -> tuple[torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+        """The packed weight and the epilogue that takes each ``uint7`` row's zero point off, with the
+        weight's scaled row sums (one state, one freshness check a call)."""
+        q, scale = self._buffers["qweight"], self._buffers["weight_scale"]
+        sums = q.sum(dim=1, dtype=torch.int32).float().mul_(scale)
+        return kernels.onednn_pack(q), kernels.shift_epilogue(sums, self.bias)
 
     def _fbgemm(self, x2d: torch.Tensor, _: None) -> torch.Tensor:
         q, scale = self._buffers["qweight"], self._buffers["weight_scale"]

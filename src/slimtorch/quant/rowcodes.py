@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,33 @@ def shift_product_fused(
     except (TypeError, RuntimeError):
         return None
     return product
+
+
+def shift_epilogue(
+    weight_sums: torch.Tensor, bias: torch.Tensor | None
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """:func:`shift_product_fused` for one layer, its weight sums and bias made numpy arrays once: a call
+    converts only the product and the row parameters (converting all four took 40 of the 55 microseconds
+    a call cost, at 128 rows of a 384-wide layer). ``None`` without numba; the returned call gives
+    ``None`` where torch's operations have to run."""
+    jit = _loaded()[0]
+    if jit is None:
+        return None
+    sums = weight_sums.detach().float().contiguous()
+    extra = _NO_BIAS if bias is None else bias.detach().float().contiguous()
+    sums_array, bias_array, cols = sums.numpy(), extra.numpy(), sums.shape[0]
+
+    def shift(product: torch.Tensor, params: torch.Tensor) -> torch.Tensor | None:
+        rows = product.shape[0]
+        if product.shape != (rows, cols) or params.shape != (rows, 2):
+            return None
+        if min(torch.get_num_threads(), product.numel() // PARALLEL_GRAIN) >= FUSED_LEAD:
+            return None
+        try:
+            jit.shift_product(product.numpy(), params.numpy(), sums_array, bias_array)
+        except (TypeError, RuntimeError):
+            return None
+        return product
+
+    shift.keep = (sums, extra)  # type: ignore[attr-defined]  # the arrays' memory lives as long as the call
+    return shift
