@@ -40,6 +40,26 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
+class PReLUAttentionCNN(nn.Module):
+    """A CNN with per-channel PReLU slopes and a self-attention over its pixels, as audio and vision code
+    builds them: pruning its channels resizes ``nn.PReLU(16).num_parameters``."""
+
+    def __init__(self, channels: int = 16, classes: int = 10) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, channels, 3, padding=1)
+        self.a1 = nn.PReLU(channels)
+        self.c2 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.a2 = nn.PReLU()  # one shared slope: nothing to resize
+        self.attention = nn.MultiheadAttention(channels, 2, batch_first=True)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a2(self.c2(self.a1(self.c1(x))))
+        tokens = x.flatten(2).transpose(1, 2)
+        attended, _ = self.attention(tokens, tokens, tokens, need_weights=False)
+        return self.head((tokens + attended).mean(dim=1))
+
+
 class TinyGPT(nn.Module):
     """A two-block decoder whose output head shares its weight with the token embedding (a tie)."""
 

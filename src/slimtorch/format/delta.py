@@ -23,32 +23,10 @@ from torch import nn
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.source import MAX_DIMS, shape_problem
+from slimtorch.graph.resizing import SIZE_ATTRIBUTES
 from slimtorch.graph.slots import model_slots, replace
 
 ATTRIBUTE = "_slimtorch_delta"  # where a pruned module keeps its delta until it is saved
-# The attributes a delta may set: sizes only, never code or arbitrary state from a file.
-SIZE_ATTRIBUTES = frozenset(
-    {
-        "in_channels",
-        "out_channels",
-        "groups",
-        "in_features",
-        "out_features",
-        "num_features",
-        "normalized_shape",
-        "num_embeddings",
-        "embedding_dim",
-        "num_channels",
-        "nf",
-        "nx",
-        "num_attention_heads",
-        "num_heads",
-        "n_head",
-        "n_heads",
-        "all_head_size",
-        "split_size",
-    }
-)
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,12 @@ from slimtorch.format.progress import Progress, task
 from slimtorch.format.verbs import NOT_JSON, Report, resolve
 from slimtorch.graph.capture import as_args, capture
 from slimtorch.graph.channels import channel_groups
-from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.graph.macs import count_macs
+from slimtorch.graph.resizing import resizable
 from slimtorch.graph.spaces import ChannelGroup
 from slimtorch.prune.budget import TRIALS, ratio_for_budget
 from slimtorch.prune.importance import Importance, scorer
-from slimtorch.prune.surgery import RESIZABLE, cut, model_tensors
+from slimtorch.prune.surgery import cut, model_tensors
 
 BUDGETS = ("ratio", "target_params", "target_macs")
 
@@ -304,7 +304,7 @@ def _fence_fixed_sizes(
         for piece in group.slices:
             owner_name = piece.key.rpartition(".")[0]
             owner = modules.get(owner_name)
-            if owner is None or isinstance(owner, RESIZABLE) or is_hf_conv1d(owner):
+            if owner is None or resizable(owner):
                 continue
             size = tensors[piece.key].shape[piece.dim]
             fixed = [
