@@ -45,6 +45,7 @@ from slimtorch.quant.build import quantized_from
 from slimtorch.quant.gptq import InputMoments
 from slimtorch.quant.modules import Int8DynamicLinear, QuantizedWeight
 from slimtorch.quant.options import QuantizeOptions
+from slimtorch.quant.readers import watching_weight_reads
 from slimtorch.quant.recorded import put_module
 from slimtorch.quant.recurrent import QuantizedRecurrent
 from slimtorch.quant.sensitivity import (
@@ -174,10 +175,14 @@ def quantize(
                 if type(t.module) is nn.Linear or is_hf_conv1d(t.module)
             }
             moments = InputMoments(linear if scheme == "int4-weight" else {})
-            with moments.recording():
+            candidates = {t.name: t.module for t in choice.targets}
+            with moments.recording(), watching_weight_reads(candidates) as readers:
                 references = each_sample(
                     inputs, lambda s: _outputs(_call(model, s)), progress, "running the float model"
                 )
+            for name, where in readers.items():  # the swap would take away a weight their model reads
+                skipped[name] = f"its weight is read outside its forward ({where}): kept float"
+            choice.targets = [t for t in choice.targets if t.name not in readers]
             targets, twins = _twins(choice.targets, chosen, moments, skipped, progress)
             sensitive: dict[str, str] = {}
             if chosen.keep_sensitive:
@@ -203,7 +208,9 @@ def quantize(
         model.train(was_training)
     if output_errors:
         layers = [LayerResult(**{**asdict(r), "output_error": output_errors.get(r.name)}) for r in layers]
-    listed = {name for name, why in skipped.items() if name in sensitive or "skip pattern" in why}
+    listed = {
+        name for name, why in skipped.items() if name in sensitive or "skip pattern" in why or name in readers
+    }
     float_layers, summary = kept_float(model, skipped, listed, weights_before)
     return QuantizeReport(
         scheme,

@@ -75,6 +75,18 @@ class QuantizedWeight(nn.Module):
         self._run_of: dict[tuple, Any] = {}
         self._compile_handle = kernels.compile_handle(self)
 
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if "weight" not in name or name.startswith("_"):
+                raise
+            raise AttributeError(
+                f"'{type(self).__name__}' object has no attribute {name!r}: a quantized layer keeps its "
+                "weight as codes (dequantized() gives the float tensor). Code outside the layer reads it: "
+                "quantize with calibration inputs, which finds such layers and keeps them float, or skip it"
+            ) from None
+
     @property
     def kind(self) -> str:
         """What the report calls this layer."""
