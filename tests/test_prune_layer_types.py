@@ -1,11 +1,16 @@
 """One record per layer type pruning resizes (graph/resizing.py): surgery and the structural delta's
-allow-list come from the same records, so what pruning saves, the loader accepts, in a fresh process."""
+allow-list come from the same records, so what pruning saves, the loader accepts, in a fresh process.
+
+The catalogue below is torch's layers as their own constructors build them, not the records: a layer cut
+from 8 channels to 4 must end up as the layer built for 4, and the delta that says so must load. A record
+that went missing (PReLU's, once) or an allow-list written out by hand again fails here."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,18 +19,23 @@ from torch import nn
 
 import slimtorch
 from slimtorch.errors import SlimtorchError
-from slimtorch.format.delta import StructuralDelta
+from slimtorch.format.delta import StructuralDelta, apply_delta
 from slimtorch.graph import resizing
-from slimtorch.graph.channels import _HANDLERS
-from tests.zoo import PReLUAttentionCNN
+from slimtorch.graph.capture import capture
+from slimtorch.graph.channels import _HANDLERS, channel_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
 
 
-def test_a_cnn_with_prelu_and_attention_pruned_loads_back_in_a_fresh_process(tmp_path) -> None:
+@pytest.mark.parametrize("model_class", ["PReLUAttentionCNN", "NormsCNN"])
+def test_a_pruned_cnn_loads_back_in_a_fresh_process_that_imports_only_slimtorch(
+    model_class, tmp_path
+) -> None:
+    from tests.zoo import models
+
     torch.manual_seed(0)
-    model = PReLUAttentionCNN().eval()
+    model = getattr(models, model_class)().eval()
     report = slimtorch.prune.channels(model, IMAGES, ratio=0.5)
     assert report.params_after < report.params_before
     assert model.a1.num_parameters == model.a1.weight.numel() < 16  # cut, and its size kept true
@@ -34,10 +44,10 @@ def test_a_cnn_with_prelu_and_attention_pruned_loads_back_in_a_fresh_process(tmp
     torch.save({"images": IMAGES, "out": model(IMAGES)}, tmp_path / "expected.pt")
     script = (
         "import sys, torch, slimtorch\n"
-        "from tests.zoo.models import PReLUAttentionCNN\n"
+        f"from tests.zoo.models import {model_class}\n"
         "assert 'slimtorch.prune' not in sys.modules and 'slimtorch.quant' not in sys.modules\n"
         f"expected = torch.load({str(tmp_path / 'expected.pt')!r})\n"
-        f"model = slimtorch.load_model({str(path)!r}, PReLUAttentionCNN).model.eval()\n"
+        f"model = slimtorch.load_model({str(path)!r}, {model_class}).model.eval()\n"
         "sys.exit(0 if torch.equal(model(expected['images']), expected['out']) else 1)\n"
     )
     run = subprocess.run(
@@ -46,49 +56,93 @@ def test_a_cnn_with_prelu_and_attention_pruned_loads_back_in_a_fresh_process(tmp
     assert run.returncode == 0, run.stderr[-3000:]
 
 
-def _pruned_instance(record: resizing.LayerRecord) -> nn.Module:
-    """A module of the record's type with every tensor cut to half its size along each dimension that
-    pruning can cut."""
-    modules = {
-        "convolution": nn.Conv2d(8, 8, 3),
-        "linear": nn.Linear(8, 8),
-        "batch or instance norm": nn.BatchNorm2d(8),
-        "layer norm": nn.LayerNorm(8),
-        "embedding": nn.Embedding(8, 8),
-        "PReLU": nn.PReLU(8),
-        "Hugging Face Conv1D": _hf_conv1d(),
-    }
-    module = modules[record.name]
-    for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
-        if tensor.dim():
-            cut = tensor.detach()[tuple(slice(0, max(1, s // 2)) for s in tensor.shape)].clone()
-            setattr(module, name, nn.Parameter(cut) if isinstance(tensor, nn.Parameter) else cut)
-    return module
+def test_norms_cnn_prunes_through_its_group_and_instance_norms_and_keeps_groups_of_four_whole() -> None:
+    from tests.zoo import NormsCNN
+
+    model = NormsCNN().eval()
+    report = slimtorch.prune.channels(model, IMAGES, ratio=0.5)
+    assert (model.n1.num_groups, model.n1.num_channels) == (1, 8)  # one group: channels go one by one
+    assert model.n2.num_groups == model.n2.num_channels == 8  # one channel per group
+    assert model.n3.num_features == model.up.out_channels == 8
+    assert (model.n4.num_groups, model.n4.num_channels) == (4, 16)  # groups of four channels stay
+    assert any("group norm over groups of several channels (from n4)" in reason for reason in report.frozen)
 
 
-def _hf_conv1d() -> nn.Module:
+def _hf_conv1d(n: int) -> nn.Module:
     from transformers.pytorch_utils import Conv1D
 
-    return Conv1D(8, 8)
+    return Conv1D(n, n)
+
+
+CATALOGUE: dict[str, Callable[[int], nn.Module]] = {
+    "Conv2d": lambda n: nn.Conv2d(n, n, 3),
+    "Conv1d": lambda n: nn.Conv1d(n, 2 * n, 1),
+    "depthwise Conv2d": lambda n: nn.Conv2d(n, n, 3, groups=n),
+    "ConvTranspose2d": lambda n: nn.ConvTranspose2d(n, n, 2, stride=2),
+    "Linear": lambda n: nn.Linear(n, n),
+    "BatchNorm2d": lambda n: nn.BatchNorm2d(n),
+    "InstanceNorm2d with weights": lambda n: nn.InstanceNorm2d(n, affine=True),
+    "InstanceNorm1d with statistics": lambda n: nn.InstanceNorm1d(n, track_running_stats=True),
+    "LayerNorm": lambda n: nn.LayerNorm(n),
+    "RMSNorm": lambda n: nn.RMSNorm(n),
+    "GroupNorm, one group": lambda n: nn.GroupNorm(1, n),
+    "GroupNorm, one channel per group": lambda n: nn.GroupNorm(n, n),
+    "GroupNorm, groups of four": lambda n: nn.GroupNorm(n // 4, n),
+    "Embedding": lambda n: nn.Embedding(n, n),
+    "PReLU, a slope per channel": lambda n: nn.PReLU(n),
+    "PReLU, one shared slope": lambda n: nn.PReLU(),
+    "Hugging Face Conv1D": _hf_conv1d,
+}
+"""Layers as torch builds them for ``n`` channels (every dimension pruning can cut is ``n``)."""
+
+
+def _public(module: nn.Module) -> dict:
+    return {
+        k: v for k, v in vars(module).items() if not k.startswith("_") and not isinstance(v, torch.Tensor)
+    }
+
+
+def _cut(module: nn.Module, like: nn.Module) -> None:
+    """Cut each of ``module``'s tensors to the shape of ``like``'s (the first entries of each dimension)."""
+    targets = like.state_dict()
+    for store in (module._parameters, module._buffers):
+        for name, tensor in store.items():
+            if tensor is not None:
+                cut = tensor.detach()[tuple(slice(0, s) for s in targets[name].shape)].clone()
+                store[name] = (
+                    nn.Parameter(cut, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else cut
+                )
+
+
+@pytest.mark.parametrize("layer", list(CATALOGUE))
+def test_a_layer_cut_to_4_channels_is_the_layer_built_for_4_and_its_delta_loads(layer: str) -> None:
+    torch.manual_seed(0)
+    make = CATALOGUE[layer]
+    module, built = make(8), make(4)
+    _cut(module, built)
+    changed = resizing.resize(module)  # what surgery does to every module after a cut
+    assert _public(module) == _public(built)
+    saved = {
+        "shapes": {k: list(v.shape) for k, v in module.state_dict().items()},
+        "attributes": {"": changed},
+    }
+    delta = StructuralDelta.from_json(json.loads(json.dumps(saved)))  # raises if the loader would refuse
+    fresh = make(8)
+    apply_delta(fresh, delta)  # what load_model does to the class it builds
+    assert _public(fresh) == _public(built)
 
 
 @pytest.mark.parametrize("record", resizing.RECORDS, ids=lambda r: r.name)
-def test_every_attribute_a_record_sets_is_one_the_loader_accepts(record: resizing.LayerRecord) -> None:
-    module = _pruned_instance(record)
-    assert record.matches(module) and resizing.record_of(module) is record
-    changed = resizing.resize(module)
-    assert changed and set(changed) <= set(record.sizes)
-    delta = StructuralDelta.from_json(json.loads(json.dumps({"attributes": {"m": changed}})))
-    assert delta.attributes == {"m": changed}
+def test_every_record_has_a_layer_in_the_catalogue(record: resizing.LayerRecord) -> None:
+    assert any(resizing.record_of(make(8)) is record for make in CATALOGUE.values()), record.name
 
 
 def test_the_allow_list_is_the_records_and_nothing_else() -> None:
     from slimtorch.format import delta
 
     assert delta.SIZE_ATTRIBUTES is resizing.SIZE_ATTRIBUTES
-    assert "num_parameters" in delta.SIZE_ATTRIBUTES  # PReLU's: the attribute the loader once refused
+    assert delta.SHAPE_ATTRIBUTES is resizing.SHAPE_ATTRIBUTES
     for record in (*resizing.RECORDS, resizing.ATTENTION):
-        assert set(record.sizes) <= delta.SIZE_ATTRIBUTES
         assert set(record.ops) <= set(_HANDLERS), (record.name, set(record.ops) - set(_HANDLERS))
 
 
@@ -101,15 +155,46 @@ def test_attention_heads_follow_the_query_rows() -> None:
     assert resizing.resize(attention) == {"num_attention_heads": 2, "all_head_size": 32}
 
 
+def test_a_record_that_sets_what_it_does_not_name_fails_at_pruning_not_at_loading(monkeypatch) -> None:
+    linear = resizing.record_of(nn.Linear(2, 2))
+
+    def sets_more(module: nn.Module) -> None:
+        linear.resize(module)
+        module.extra_size = 3
+
+    sloppy = resizing.LayerRecord("linear", linear.matches, linear.sizes, sets_more, linear.ops)
+    monkeypatch.setattr(resizing, "RECORDS", (sloppy,))
+    with pytest.raises(SlimtorchError, match=r"extra_size.*no record"):
+        resizing.resize(nn.Linear(2, 2))
+
+
 @pytest.mark.parametrize(
     "attributes",
     [
         {"m": {"forward": 3}},
         {"m": {"training": 1}},
+        {"m": {"padding_idx": 0}},  # an int, but no record sets it
         {"m": {"num_parameters": "8"}},
         {"m": {"in_features": -1}},
+        {"m": {"in_features": [3]}},  # a size given as a shape
+        {"m": {"normalized_shape": 8}},  # a shape given as a size
     ],
 )
 def test_the_delta_still_refuses_what_no_record_sets(attributes: dict) -> None:
     with pytest.raises(SlimtorchError, match="not a size"):
         StructuralDelta.from_json({"attributes": attributes})
+
+
+@pytest.mark.parametrize(
+    ("norm", "reason"),
+    [
+        (nn.GroupNorm(4, 16), "group norm over groups of several channels"),
+        (nn.GroupNorm(16, 16, affine=False), "group norm without weights"),
+        (nn.InstanceNorm2d(16), "instance norm without weights or statistics"),
+    ],
+)
+def test_a_norm_whose_size_could_not_follow_its_channels_keeps_them(norm: nn.Module, reason: str) -> None:
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), norm, nn.Conv2d(16, 4, 3)).eval()
+    groups = channel_groups(capture(model, (IMAGES,)))
+    conv = next(g for g in groups if "0.weight" in g.keys("out"))
+    assert conv.reason is not None and reason in conv.reason

@@ -41,3 +41,51 @@ class TiedHead(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.mix(self.embed(ids))) @ self.embed.weight.t()
+
+
+class RowLookup(nn.Module):
+    """Rows taken from the embedding's table by indexing it, ``self.emb.weight[ids]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.mix = nn.Embedding(100, 32), nn.Linear(32, 32)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.mix(self.emb.weight[ids])
+
+
+class RecurrentCast(nn.Module):
+    """Casts its input to the LSTM's dtype by reading ``self.lstm.weight_ih_l0.dtype``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(32, 32, batch_first=True), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x.to(self.lstm.weight_ih_l0.dtype))
+        return self.head(out)
+
+
+class FusedEncoder(nn.Module):
+    """torch's own encoder layers: in eval mode their forward checks (and runs) a fused path that reads
+    ``linear1.weight`` and ``linear2.weight`` itself, unless some module in the layer has a hook."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+class ForwardCaller(nn.Module):
+    """Calls its layer's ``forward`` by name, not the layer: its weight is read inside its own forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.proj = nn.Linear(32, 64), nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj.forward(torch.relu(self.up(x)))

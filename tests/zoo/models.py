@@ -60,6 +60,33 @@ class PReLUAttentionCNN(nn.Module):
         return self.head((tokens + attended).mean(dim=1))
 
 
+class NormsCNN(nn.Module):
+    """Per-channel PReLU slopes and the norms of image and audio code: group norms with one group and with
+    one channel per group (their channels can go), one with groups of four channels (kept whole), an
+    instance norm with weights, and a transposed convolution that upsamples."""
+
+    def __init__(self, channels: int = 16, classes: int = 10) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, channels, 3, padding=1)
+        self.n1 = nn.GroupNorm(1, channels)
+        self.a1 = nn.PReLU(channels)
+        self.c2 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.n2 = nn.GroupNorm(channels, channels)
+        self.a2 = nn.PReLU(channels)
+        self.up = nn.ConvTranspose2d(channels, channels, 2, stride=2)
+        self.n3 = nn.InstanceNorm2d(channels, affine=True)
+        self.c3 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.n4 = nn.GroupNorm(4, channels)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a1(self.n1(self.c1(x)))
+        x = self.a2(self.n2(self.c2(x)))
+        x = torch.relu(self.n3(self.up(x)))
+        x = torch.relu(self.n4(self.c3(x)))
+        return self.head(x.mean(dim=(2, 3)))
+
+
 class TinyGPT(nn.Module):
     """A two-block decoder whose output head shares its weight with the token embedding (a tie)."""
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.source import MAX_DIMS, shape_problem
-from slimtorch.graph.resizing import SIZE_ATTRIBUTES
+from slimtorch.graph.resizing import SHAPE_ATTRIBUTES, SIZE_ATTRIBUTES
 from slimtorch.graph.slots import model_slots, replace
 
 ATTRIBUTE = "_slimtorch_delta"  # where a pruned module keeps its delta until it is saved
@@ -105,7 +105,9 @@ class StructuralDelta:
             raise SlimtorchError("the structural delta's attributes are not objects")
         for module, values in attributes.items():
             for name, setting in values.items():
-                if name not in SIZE_ATTRIBUTES or not (_is_size(setting) or _is_shape(setting)):
+                if not (name in SIZE_ATTRIBUTES and _is_size(setting)) and not (
+                    name in SHAPE_ATTRIBUTES and _is_shape(setting)
+                ):
                     raise SlimtorchError(
                         f"the structural delta sets {module}.{name} = {str(setting)[:60]}, not a size"
                     )

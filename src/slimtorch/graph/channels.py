@@ -36,7 +36,9 @@ constant_pad_nd reflection_pad2d replication_pad2d abs neg exp log sqrt rsqrt sq
 SAME_CHANNELS = frozenset(_SAME_CHANNEL_OPS.split())
 _ELEMENTWISE_OPS = "add add_ sub sub_ mul mul_ div div_ maximum minimum where"
 ELEMENTWISE = frozenset(_ELEMENTWISE_OPS.split())
-NORMS = frozenset(["batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit"])
+NORMS = frozenset(
+    ["batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "instance_norm"]
+)
 CONVS = frozenset(["conv1d", "conv2d", "conv3d", "convolution"])
 CONV_TRANSPOSES = frozenset(["conv_transpose1d", "conv_transpose2d", "conv_transpose3d"])
 
@@ -205,10 +207,29 @@ class _Walk:
         if source is None:
             return
         if source.axis != 1:
-            self.freeze(source, f"batch norm over a non-channel axis (from {_where(node)})")
+            self.freeze(source, f"{_op_name(node)} over a non-channel axis (from {_where(node)})")
+            return
+        if _op_name(node) == "instance_norm" and not any(isinstance(v, Node) for v in node.args[1:5]):
+            # nothing to cut that would tell nn.InstanceNorm's num_features how many channels are left
+            self.freeze(source, f"instance norm without weights or statistics (from {_where(node)})")
             return
         self.layouts[node] = source
         for value in node.args[1:5]:
+            self.attach(source, value, 0, "norm")
+
+    def group_norm(self, node: Node) -> None:
+        """``nn.GroupNorm(G, C)`` normalises each group of ``C/G`` channels together. With one group (a norm
+        over C, H, W, as a layer norm) or one channel per group, a channel can go alone, its weight and bias
+        with it; groups of several channels would have to go whole, so their channels stay."""
+        source, groups, weight = self.layout(node.args[0]), node.args[1], node.args[2]
+        if source is None:
+            return
+        if source.axis != 1 or weight is None or groups not in (1, source.size):
+            kind = "without weights" if weight is None else "over groups of several channels"
+            self.freeze(source, f"group norm {kind} (from {_where(node)})")
+            return
+        self.layouts[node] = source
+        for value in node.args[2:4]:
             self.attach(source, value, 0, "norm")
 
     def prelu(self, node: Node) -> None:
@@ -462,6 +483,8 @@ _HANDLERS.update(
         "linear": _Walk.linear,
         "embedding": _Walk.embedding,
         "layer_norm": _Walk.layer_norm,
+        "rms_norm": _Walk.layer_norm,  # (x, normalized_shape, weight, eps): a layer norm's arguments
+        "group_norm": _Walk.group_norm,
         "prelu": _Walk.prelu,
         "_prelu_kernel": _Walk.prelu,
         "cat": _Walk.cat,

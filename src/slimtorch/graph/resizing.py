@@ -2,8 +2,8 @@
 line with its (cut) tensors, with the operators that carry its channels.
 
 Channel surgery (:func:`slimtorch.prune.surgery.cut`) resizes a module through its record, and the
-structural delta's allow-list (:data:`slimtorch.format.delta.SIZE_ATTRIBUTES`: what a file may set on a
-module) is every record's size attributes, so no layer can be pruned into a file the loader refuses. They
+structural delta's allow-list (:data:`SIZE_ATTRIBUTES` and :data:`SHAPE_ATTRIBUTES`: what a file may set
+on a module) is every record's attributes, so no layer can be pruned into a file the loader refuses. They
 once lived apart: surgery set ``nn.PReLU(16).num_parameters`` to 8 and the loader refused the file it
 had just saved ("sets a1.num_parameters = 8, not a size"). A new layer type is one record here; its
 operators' channel handlers are in :mod:`slimtorch.graph.channels` (a test checks each named one exists).
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from slimtorch.errors import SlimtorchError
 from slimtorch.graph.layers import head_size, is_hf_conv1d, query_width
 
 
@@ -29,15 +30,22 @@ class LayerRecord:
     matches: Callable[[nn.Module], bool]
     """whether a module is of this type (the first record that matches a module is its record)"""
     sizes: tuple[str, ...]
-    """the attributes that hold a size or a shape, all that a saved delta may set on such a module"""
-    resize: Callable[[nn.Module], None]
-    """set :attr:`sizes` from the module's tensors, after channels were cut from them"""
+    """the attributes that hold a size (an int): with :attr:`shapes`, all a saved delta may set on the type"""
+    resize: Callable[[Any], None]
+    """set :attr:`sizes` and :attr:`shapes` from the module's tensors, after channels were cut from them"""
     ops: tuple[str, ...] = ()
     """the operators (``aten`` names) through which the type's channels pass, each with a handler in
     :mod:`slimtorch.graph.channels`"""
+    shapes: tuple[str, ...] = ()
+    """the attributes that hold a shape (a tuple of sizes, a list in JSON: ``normalized_shape``)"""
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        """Every attribute :attr:`resize` may set."""
+        return (*self.sizes, *self.shapes)
 
 
-def _conv(module: nn.Module) -> None:
+def _conv(module: nn.modules.conv._ConvNd) -> None:
     weight = module.weight
     transposed = module.transposed
     if module.groups > 1 and module.groups == module.in_channels == module.out_channels:  # depthwise
@@ -48,30 +56,41 @@ def _conv(module: nn.Module) -> None:
     module.in_channels = weight.shape[in_dim] * (1 if transposed else module.groups)
 
 
-def _linear(module: nn.Module) -> None:
+def _linear(module: nn.Linear) -> None:
     module.out_features, module.in_features = module.weight.shape
 
 
-def _batch_norm(module: nn.Module) -> None:
+def _batch_norm(module: nn.modules.batchnorm._NormBase) -> None:
     reference = module.weight if module.weight is not None else module.running_mean
     if reference is not None:
         module.num_features = reference.shape[0]
 
 
-def _layer_norm(module: nn.Module) -> None:
+def _layer_norm(module: nn.LayerNorm | nn.RMSNorm) -> None:
+    """``nn.LayerNorm`` and ``nn.RMSNorm``: the normalised shape is the weight's."""
     if module.weight is not None:
         module.normalized_shape = tuple(module.weight.shape)
 
 
-def _embedding(module: nn.Module) -> None:
+def _group_norm(module: nn.GroupNorm) -> None:
+    """The channel walk lets a channel go alone only with one group, or one channel per group: the group
+    count stays 1, or keeps its channels per group (one)."""
+    channels = module.weight.shape[0]
+    if module.num_groups > 1:
+        module.num_groups = channels // (module.num_channels // module.num_groups)
+    module.num_channels = channels
+
+
+def _embedding(module: nn.Embedding) -> None:
     module.num_embeddings, module.embedding_dim = module.weight.shape
 
 
-def _prelu(module: nn.Module) -> None:
+def _prelu(module: nn.PReLU) -> None:
+    """One slope per channel follows the channels; one shared slope (``nn.PReLU()``) is never cut."""
     module.num_parameters = module.weight.numel()
 
 
-def _hf_conv1d(module: nn.Module) -> None:
+def _hf_conv1d(module: Any) -> None:  # transformers' Conv1D, never imported
     module.nf = module.weight.shape[1]  # Hugging Face's Conv1D (GPT-2): weight [in, out], nf = out
     if hasattr(module, "nx"):
         module.nx = module.weight.shape[0]
@@ -84,7 +103,7 @@ def _is_attention(module: nn.Module) -> bool:
     return bool(head_size(module)) and query_width(module) is not None
 
 
-def _attention(module: nn.Module) -> None:
+def _attention(module: Any) -> None:
     """An attention module's head count (and total head width) from its query projection's rows."""
     size, width = head_size(module), query_width(module)
     if not size or width is None:
@@ -125,9 +144,15 @@ RECORDS: tuple[LayerRecord, ...] = (
         lambda module: isinstance(module, nn.modules.batchnorm._NormBase),
         ("num_features",),
         _batch_norm,
-        ("batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit"),
+        ("batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "instance_norm"),
     ),
-    LayerRecord("layer norm", _has_weight(nn.LayerNorm), ("normalized_shape",), _layer_norm, ("layer_norm",)),
+    LayerRecord(
+        "layer norm", _has_weight(nn.LayerNorm), (), _layer_norm, ("layer_norm",), ("normalized_shape",)
+    ),
+    LayerRecord("RMS norm", _has_weight(nn.RMSNorm), (), _layer_norm, ("rms_norm",), ("normalized_shape",)),
+    LayerRecord(
+        "group norm", _has_weight(nn.GroupNorm), ("num_groups", "num_channels"), _group_norm, ("group_norm",)
+    ),
     LayerRecord(
         "embedding",
         _has_weight(nn.Embedding),
@@ -155,7 +180,9 @@ ATTENTION = LayerRecord(
 projection, whatever else it is."""
 
 SIZE_ATTRIBUTES = frozenset(name for record in (*RECORDS, ATTENTION) for name in record.sizes)
-"""Every attribute a record may set: what a saved delta may set, sizes only, never code or other state."""
+"""Every size attribute a record may set: what a saved delta may set to an int, never code or other state."""
+SHAPE_ATTRIBUTES = frozenset(name for record in (*RECORDS, ATTENTION) for name in record.shapes)
+"""Every shape attribute a record may set: what a saved delta may set to a list of sizes."""
 
 
 def record_of(module: nn.Module) -> LayerRecord | None:
@@ -171,14 +198,18 @@ def resizable(module: nn.Module) -> bool:
 def resize(module: nn.Module) -> dict[str, Any]:
     """Bring ``module``'s size attributes in line with its (cut) tensors, by its record and, for an
     attention module, :data:`ATTENTION`'s; returns what changed (tuples as lists, as JSON holds them)."""
+    records = [r for r in (record_of(module), ATTENTION) if r is not None and r.matches(module)]
     before = _sizes(module)
-    record = record_of(module)
-    if record is not None:
+    for record in records:
         record.resize(module)
-    if ATTENTION.matches(module):
-        ATTENTION.resize(module)
     after = _sizes(module)
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in after.items() if before.get(k) != v}
+    changed = {k: list(v) if isinstance(v, tuple) else v for k, v in after.items() if before.get(k) != v}
+    undeclared = set(changed) - {name for record in records for name in record.attributes}
+    if undeclared:  # a record that sets more than it names would save a file the loader refuses
+        raise SlimtorchError(
+            f"resizing {type(module).__name__} changed {sorted(undeclared)}, which no record of it names"
+        )
+    return changed
 
 
 def _sizes(module: nn.Module) -> dict[str, Any]:

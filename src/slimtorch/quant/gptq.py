@@ -11,8 +11,9 @@ nothing downstream (saving, loading, kernels) knows the codes were chosen this w
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,13 +21,14 @@ from torch import nn
 from slimtorch.format.codecs import Encoded
 from slimtorch.format.codecs.lossy import fits_fp16, symmetric_scale
 from slimtorch.format.source import dtype_name
+from slimtorch.quant.readers import wrapping_forward
 
 DAMPING = 0.01  # of the mean diagonal, added to H: keeps it invertible, as in the paper
 BLOCK = 128  # columns updated together before their error is pushed to the rest (lazy batch updates)
 
 
 class InputMoments:
-    """``X^T X`` and the row count of each watched layer's inputs, gathered by forward pre-hooks."""
+    """``X^T X`` and the row count of each watched layer's inputs, gathered while ``recording``."""
 
     def __init__(self, layers: dict[str, nn.Module]) -> None:
         self.layers = layers
@@ -35,22 +37,30 @@ class InputMoments:
 
     @contextmanager
     def recording(self) -> Iterator[InputMoments]:
-        handles = [layer.register_forward_pre_hook(self._hook(name)) for name, layer in self.layers.items()]
-        try:
+        """Inside, each call of a watched layer adds its input. The layers' forwards are wrapped, not
+        hooked: this pass is also the one that finds the weights a model reads itself
+        (:mod:`slimtorch.quant.readers`), and a hook would hide some (``nn.TransformerEncoderLayer`` leaves
+        its fused path when any of its modules has one)."""
+        with ExitStack() as stack:
+            for name, layer in self.layers.items():
+                stack.enter_context(wrapping_forward(layer, self._recorded(name)))
             yield self
-        finally:
-            for handle in handles:
-                handle.remove()
 
-    def _hook(self, name: str):
-        def record(_layer: nn.Module, args: tuple) -> None:
-            x = args[0].detach()
-            x = x.reshape(-1, x.shape[-1]).to(torch.float32)
+    def _recorded(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def record(x: torch.Tensor) -> None:
+            x = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
             product = x.t() @ x
             self.sums[name] = self.sums[name] + product if name in self.sums else product
             self.rows[name] = self.rows.get(name, 0) + x.shape[0]
 
-        return record
+        def wrap(forward: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                record(args[0] if args else next(iter(kwargs.values())))
+                return forward(*args, **kwargs)
+
+            return call
+
+        return wrap
 
     def hessian(self, name: str) -> torch.Tensor | None:
         """``X^T X / n`` of the layer's inputs (None: the layer never ran during calibration)."""

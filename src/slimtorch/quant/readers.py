@@ -2,14 +2,18 @@
 
 A quantized layer keeps its weight as codes: code that reads ``layer.weight`` itself (a self-attention
 doing ``x @ self.key.weight.T``, an output head tied by hand to an embedding's table, ``F.linear(x,
-self.proj.weight)``) fails on the swapped layer (``'Int8DynamicLinear' object has no attribute
-'weight'``), in the user's first forward. :func:`watching_weight_reads` records, during the calibration
-pass :func:`slimtorch.quantize` already makes over the float model, every read of a candidate's weight that
-happens outside the candidate's own ``forward``; such a layer is kept float, with the place that read it.
+self.proj.weight)``, ``nn.TransformerEncoderLayer``'s fused path) fails on the swapped layer
+(``'Int8DynamicLinear' object has no attribute 'weight'``), in the user's first forward.
+:func:`watching_weight_reads` records, during the calibration pass :func:`slimtorch.quantize` already
+makes over the float model, every read of a candidate's weight that happens outside the candidate's own
+``forward``; such a layer is kept float, with the place that read it.
 
 A module's parameters are not in its ``__dict__``: every read goes through ``nn.Module.__getattr__``. For
 the pass each candidate's class is swapped for a subclass whose ``__getattr__`` notes such reads, and its
-forward hooks say when the module's own forward runs; classes and hooks are restored after.
+``forward`` is wrapped (an instance attribute, :func:`wrapping_forward`) to say when its own forward
+runs. Not hooks: a hook changes what some models run (``nn.TransformerEncoderLayer`` leaves its fused
+path, the one that reads its layers' weights, as soon as any of its modules has a hook), so a pass with
+hooks would not see the reads the user's own calls make. Classes and forwards are restored after.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import nn
@@ -34,55 +38,67 @@ def watching_weight_reads(candidates: dict[str, nn.Module]) -> Iterator[dict[str
     noted: the dict yielded fills with ``name -> where`` (``"attention.py:42 in forward"``, the first
     such read), for the layers that must stay float."""
     found: dict[str, str] = {}
-    depth: dict[int, int] = {}
-    names = {id(module): name for name, module in candidates.items()}
-    watched: list[tuple[nn.Module, type, list[Any]]] = []
-
-    def enter(module: nn.Module, args: Any) -> None:
-        depth[id(module)] = depth.get(id(module), 0) + 1
-
-    def leave(module: nn.Module, args: Any, output: Any) -> None:
-        depth[id(module)] -= 1
-
-    try:
-        for module in candidates.values():
+    with contextlib.ExitStack() as stack:
+        seen: set[int] = set()
+        for name, module in candidates.items():
             removed = removed_by_swap(module)
-            if not removed or id(module) in depth:
-                continue
-            depth[id(module)] = 0
-            original = type(module)
-            handles = [
-                module.register_forward_pre_hook(enter),
-                module.register_forward_hook(leave, always_call=True),
-            ]
-            module.__class__ = _watching(original, removed, depth, names, found)
-            watched.append((module, original, handles))
+            if removed and id(module) not in seen:
+                seen.add(id(module))
+                stack.enter_context(_watching(module, name, removed, found))
         yield found
+
+
+@contextlib.contextmanager
+def wrapping_forward(
+    module: nn.Module, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> Iterator[None]:
+    """While the block runs, ``module(...)`` and ``module.forward(...)`` call ``wrap(forward)``; the
+    module's own ``forward`` (an instance attribute some libraries set, or its class's) is back after.
+    Unlike a hook, nothing that looks at the module's hooks can tell."""
+    previous = module.__dict__.get("forward")
+    module.__dict__["forward"] = wrap(module.forward)
+    try:
+        yield
     finally:
-        for module, original, handles in watched:
-            module.__class__ = original
-            for handle in handles:
-                handle.remove()
+        if previous is None:
+            del module.__dict__["forward"]
+        else:
+            module.__dict__["forward"] = previous
 
 
-def _watching(
-    original: type,
-    removed: frozenset[str],
-    depth: dict[int, int],
-    names: dict[int, str],
-    found: dict[str, str],
-) -> type:
-    """A subclass of ``original`` whose parameter reads are noted when they come from outside its forward."""
+@contextlib.contextmanager
+def _watching(module: nn.Module, name: str, removed: frozenset[str], found: dict[str, str]) -> Iterator[None]:
+    """``module``'s reads of ``removed`` from outside its own forward noted in ``found[name]``."""
+    original = type(module)
+    inside = [0]  # calls of its own forward under way (a layer may call itself)
 
     def __getattr__(self: nn.Module, attr: str) -> Any:
         value = original.__getattr__(self, attr)
-        if attr in removed and not depth.get(id(self)) and names[id(self)] not in found:
-            found[names[id(self)]] = _caller(sys._getframe(1))
+        if attr in removed and not inside[0] and name not in found:
+            found[name] = _caller(sys._getframe(1))
         return value
 
-    return type(
-        original.__name__, (original,), {"__getattr__": __getattr__, "__module__": original.__module__}
-    )
+    def counted(forward: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            inside[0] += 1
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+
+        return call
+
+    namespace = {
+        "__getattr__": __getattr__,
+        "__module__": original.__module__,
+        "__qualname__": original.__qualname__,
+    }
+    module.__class__ = type(original.__name__, (original,), namespace)
+    try:
+        with wrapping_forward(module, counted):
+            yield
+    finally:
+        module.__class__ = original
 
 
 def _caller(frame: Any) -> str:
