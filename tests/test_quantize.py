@@ -130,7 +130,7 @@ def test_pruned_zeros_stay_sparse_in_the_codes_and_load_back_exactly(tmp_path) -
 
 def test_each_int8_dynamic_kernel_this_cpu_runs_is_close_to_the_float_layer() -> None:
     """Every kernel this machine admits, checked against the float layer it replaced (kernels take codes of
-    their own kinds: oneDNN's 7-bit asymmetric codes on a CPU without VNNI, fbgemm's per-tensor ones), not
+    their own kinds: oneDNN's 7-bit asymmetric codes on a CPU without VNNI), not
     for bit-identity with another kernel."""
     layer = nn.Linear(256, 384)
     x = torch.randn(33, 256)

@@ -16,6 +16,7 @@ from slimtorch.loading import open_model
 from slimtorch.shrinking.saving import shrink
 from tests.wild.classes import MINILM
 from tests.wild.inputs import SENTENCES
+from tests.wild.matrix import INT8_DYNAMIC_COSINE
 
 transformers = pytest.importorskip("transformers")
 sentence_transformers = pytest.importorskip("sentence_transformers")
@@ -72,7 +73,11 @@ WRITERS = {
     "shrink-int4": (_shrink(ShrinkOptions(quantize="int4")), 0.93, 0.9999),
     # transformers decodes the weights as it loads them and leaves activations float; slimtorch rounds
     # them to int8 per row, as the quantized model computes
-    "quantize-int8-dynamic": (_cli("quantize", "--scheme", "int8-dynamic", "--samples", "1"), 0.99, 0.99),
+    "quantize-int8-dynamic": (
+        _cli("quantize", "--scheme", "int8-dynamic", "--samples", "1"),
+        INT8_DYNAMIC_COSINE,
+        INT8_DYNAMIC_COSINE,
+    ),
     # SentenceTransformer computes in the float16 the config names; load_model in float32
     "shrink-fp16": (_shrink(ShrinkOptions(dtype=torch.float16)), 0.999, 0.999),
     # symmetric int4 groups on every Linear costs MiniLM more than int8 (0.90 at worst): int8 is its scheme

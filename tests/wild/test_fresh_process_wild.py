@@ -15,6 +15,7 @@ import torch
 
 from tests.wild.classes import MINILM
 from tests.wild.inputs import SENTENCES
+from tests.wild.matrix import INT8_DYNAMIC_COSINE
 
 pytest.importorskip("sentence_transformers")
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +94,8 @@ def test_the_real_minilm_written_by_one_process_is_read_by_fresh_ones(name: str,
     assert written.returncode == 0 and "Traceback" not in written.stderr, written.stderr[-3000:]
     ours = _embeddings(OPEN_MODEL, out, workdir / f"{name}-ours.pt")
     theirs = _embeddings(SENTENCE_TRANSFORMER, out, workdir / f"{name}-st.pt")
-    assert _cosine(ours, theirs) >= 0.99  # the two readers agree (int8-dynamic: activations rounded too)
+    agree = INT8_DYNAMIC_COSINE if "dynamic" in name else 0.99  # int8-dynamic: our activations rounded too
+    assert _cosine(ours, theirs) >= agree
     if bound is not None:
         original = _embeddings(SENTENCE_TRANSFORMER, MINILM, workdir / "original.pt")
         assert _cosine(theirs, original) >= bound

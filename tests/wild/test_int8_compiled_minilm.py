@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import slimtorch
+from slimtorch.quant import kernels
 from slimtorch.quant.modules import Int8DynamicLinear
 from tests.wild import classes, inputs
+from tests.wild.matrix import INT8_DYNAMIC_COSINE
 
 
 @pytest.mark.slow
@@ -35,8 +37,10 @@ def test_minilm_int8_compiled_is_traced_and_keeps_sentence_embeddings_at_cosine_
         got = classes.sentence_embeddings(compiled(input_ids=ids, attention_mask=mask), (ids, mask))
     (ops,) = graphs
     linears = sum(isinstance(m, Int8DynamicLinear) for m in model.modules())
-    assert linears >= 36 and torch.ops.slimtorch.quantized_layer.default not in ops
-    layers = model.config.num_hidden_layers
-    assert ops.count(torch.ops.slimtorch.quantize_rows.default) <= linears - 2 * layers
+    assert linears >= 36
+    if kernels.onednn_exact("uint8"):  # its kernels are traced; onednn-u7 (no VNNI) runs as one operator
+        assert torch.ops.slimtorch.quantized_layer.default not in ops
+        layers = model.config.num_hidden_layers
+        assert ops.count(torch.ops.slimtorch.quantize_rows.default) <= linears - 2 * layers
     cosine = F.cosine_similarity(got, want)
-    assert cosine.min() >= 0.99, cosine
+    assert cosine.min() >= INT8_DYNAMIC_COSINE, cosine

@@ -36,7 +36,6 @@ import math
 import statistics
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -49,7 +48,8 @@ from slimtorch.quant import rowcodes
 FALLBACKS = ("dequantize", "reference")
 """References that are real contenders: a quantized kernel is chosen only if it beats them (by
 :data:`FALLBACK_MARGIN`). On an AVX2 EPYC ``torch._int_mm`` took 73 ms on 128 rows of a 384x1536 layer,
-the float64 reference 5.3: a kernel is there to be faster, and is timed against the path it replaces."""
+the float64 reference 5.3: a kernel is there to be faster, and is timed against the path it replaces
+(torch.ao's, the other peer, in ``benchmarks/int8_latency.py``)."""
 TRIALS = 3
 AGREEMENT = 1e-3  # relative L2 error a candidate may have against the reference kernel
 BF16_AGREEMENT = 1e-2  # for candidates that compute a float32 product in bfloat16
@@ -58,8 +58,8 @@ ACCURACY_FACTOR = 3.0
 weight), a kernel is admitted if its error against it is at most this many times the reference's: the
 reference computes the scheme exactly (8-bit codes per row), a kernel with coarser activation codes errs
 more. Measured on a 384x1536 MiniLM-shaped layer, 128 rows, relative to the reference's error: 7-bit codes
-per row 1.9x, torch.ao's 7-bit codes per tensor 2.6x, oneDNN's 8-bit product saturating on an AVX2 CPU
-without VNNI 19x."""
+per row 1.9x, torch.ao's 7-bit codes per tensor 2.6x (4-7x on MiniLM's real activations), oneDNN's 8-bit
+product saturating on an AVX2 CPU without VNNI 19x."""
 SLOW = 4.0  # a candidate this many times slower than the fastest in the first round is timed no more
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -277,30 +277,6 @@ def reference_int8_linear(
     """The same product in float64, exact for any size: what the other kernels are checked against."""
     product = (codes.double() - 128) @ qweight.double().t()
     return scale_back(product.float().mul_(weight_scale), row_scale, bias)
-
-
-def fbgemm_available() -> bool:
-    """Whether torch.ao's dynamic int8 Linear (fbgemm, x86) is in this build of torch."""
-    return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(
-        torch.ops.quantized, "linear_dynamic"
-    )
-
-
-def fbgemm_pack(qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> Any:
-    """The int8 weight, its per-channel scales and the bias packed once for :func:`fbgemm_linear`."""
-    zeros = torch.zeros(qweight.shape[0], dtype=torch.long)
-    with warnings.catch_warnings():  # torch marks its quantized tensors deprecated; the kernel is current
-        warnings.simplefilter("ignore")
-        weight = torch._make_per_channel_quantized_tensor(qweight, weight_scale.double(), zeros, 0)
-    return torch.ops.quantized.linear_prepack(weight, None if bias is None else bias.detach().float())
-
-
-def fbgemm_linear(x2d: torch.Tensor, packed: Any) -> torch.Tensor:
-    """torch.ao's ``quantize_dynamic`` kernel: the float rows quantized on the fly, per tensor, to 7 bits
-    (``reduce_range``: the 8-bit ones saturate without VNNI), the int8 product, scaled back, bias added, in
-    one call. Its activation codes are coarser than the scheme's per-row ones, so it is admitted for a layer
-    only by its error against the float product (:data:`ACCURACY_FACTOR`)."""
-    return torch.ops.quantized.linear_dynamic(x2d.float().contiguous(), packed, True)
 
 
 # -- weight-only ----------------------------------------------------------------------------------------

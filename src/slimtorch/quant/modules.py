@@ -246,11 +246,10 @@ def _warn_once(message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
-CODES_OF = {"onednn": "uint8", "onednn-u7": "uint7", "int_mm": "int8", "reference": "uint8", "fbgemm": ""}
-"""The activation codes each int8-dynamic kernel takes (see :func:`kernels.quantize_rows`); ``""``: the
-float rows themselves (fbgemm quantizes them inside)."""
+CODES_OF = {"onednn": "uint8", "onednn-u7": "uint7", "int_mm": "int8", "reference": "uint8"}
+"""The activation codes each int8-dynamic kernel takes (see :func:`kernels.quantize_rows`)."""
 ZERO_POINTS = {"onednn": 128, "onednn-u7": 0}
-PACKED = frozenset({"onednn", "onednn-u7", "fbgemm"})
+PACKED = frozenset({"onednn", "onednn-u7"})
 """The int8-dynamic kernels that pack the weight on their first call. The others are not run before they
 are timed: ``torch._int_mm`` took 1 s a call on 2048 rows of a 384x1536 layer on an AVX2 EPYC, and running
 it once on each copy of the layer made MiniLM's first batch of 16 take 46 s."""
@@ -320,7 +319,7 @@ class Int8DynamicLinear(_QuantizedLinear):
 
     SCHEME = "int8-dynamic"
     SLIM_PARTS = INT8_PARTS
-    KERNELS = ("onednn", "onednn-u7", "fbgemm", "int_mm", "reference")  # their codes: CODES_OF
+    KERNELS = ("onednn", "onednn-u7", "int_mm", "reference")  # their codes: CODES_OF
     REFERENCE = "reference"
     SHARES_INPUT_CODES = True
     """Its input's codes can serve a sibling reading the same input (:mod:`slimtorch.quant.sharing`)."""
@@ -386,8 +385,6 @@ class Int8DynamicLinear(_QuantizedLinear):
         if chosen is None:
             chosen = self._run_of[known] = self._chosen_run(x2d, rows)
         run, codes, _ = chosen
-        if not codes:
-            return run(x2d, None)
         values, row_scale = kernels.SHARED_INPUTS.codes(x, x2d, codes)
         return run(values, row_scale)
 
@@ -412,8 +409,8 @@ class Int8DynamicLinear(_QuantizedLinear):
         A kernel is admitted by its error against the float product of these rows (the dequantized
         weight's), at most :data:`kernels.ACCURACY_FACTOR` times the reference's."""
         runs = self._runs(x2d.device)
-        made = {codes: kernels.quantize_rows(x2d, codes) for codes in {CODES_OF[n] for n in runs} if codes}
-        inputs = {name: made.get(CODES_OF[name], (x2d, None)) for name in runs}
+        made = {codes: kernels.quantize_rows(x2d, codes) for codes in {CODES_OF[n] for n in runs}}
+        inputs = {name: made[CODES_OF[name]] for name in runs}
         twins = functools.cache(lambda: self._twins(x2d.device, inputs))
 
         def calls(name: str) -> list[Callable[[], torch.Tensor]]:
@@ -453,7 +450,6 @@ class Int8DynamicLinear(_QuantizedLinear):
             "int_mm": self._int_mm,
             "onednn": self._onednn,
             "onednn-u7": self._onednn_u7,
-            "fbgemm": self._fbgemm,
         }
         return {name: every[name] for name in int8_dynamic_kernels(device)}
 
@@ -479,27 +475,25 @@ class Int8DynamicLinear(_QuantizedLinear):
         sums = q.sum(dim=1, dtype=torch.int32).float().mul_(scale)
         return kernels.onednn_pack(q), kernels.shift_epilogue(sums, self.bias)
 
-    def _fbgemm(self, x2d: torch.Tensor, _: None) -> torch.Tensor:
-        q, scale = self._buffers["qweight"], self._buffers["weight_scale"]
-        packed = self.prepared("fbgemm", lambda: kernels.fbgemm_pack(q, scale, self.bias))
-        return kernels.fbgemm_linear(x2d, packed)
-
     def _onednn_pack(self) -> torch.Tensor:
         return kernels.onednn_pack(self._buffers["qweight"])
 
     def _prepared_from(self) -> list[torch.Tensor]:
-        # the packed weights; oneDNN reads the scales on each call, fbgemm packs them and the bias
+        # the packed weights, and onednn-u7's epilogue (the weight's scaled row sums, the bias); oneDNN reads
+        # the scales on each call
         return [self._buffers["qweight"], self._buffers["weight_scale"], *self._parameters.values()]
 
 
 def int8_dynamic_kernels(device: torch.device) -> tuple[str, ...]:
     """The int8-dynamic kernels that run, and run right, on ``device`` in this process. oneDNN's 8-bit
     product is left out where it saturates (:func:`kernels.onednn_exact`: CPUs without VNNI), its 7-bit
-    one where even that is not exact; fbgemm where torch was built without it."""
+    one where even that is not exact. torch.ao's fbgemm kernel is not a candidate: its codes are per
+    tensor, so a batch it was admitted on says little of the next (on all-MiniLM-L6-v2 it won the 384-wide
+    layers on the first batch and took the worst sentence cosine from 0.989 to 0.982); it is the
+    benchmark's peer instead (``benchmarks/int8_latency.py``)."""
     names = ["reference", "int_mm"]
     if device.type == "cpu":
         names += [name for name in ZERO_POINTS if kernels.onednn_exact(CODES_OF[name])]
-        names += ["fbgemm"] if kernels.fbgemm_available() else []
     return tuple(names)
 
 
