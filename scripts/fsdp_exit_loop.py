@@ -48,8 +48,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         for name, code in scripts.items():
             (Path(folder) / name).write_text(code)
-            module = name.removesuffix(".py")
-            make = f"import slimtorch\nfrom {module} import build\n{CHECKPOINTS[name]}\n"
+            build = re.search(r"def build\(\):\n(?:    .*\n)+", code)  # fill.py runs its ranks on import
+            if build is None:
+                print(f"{name}: no build() in README.md's script")
+                return 1
+            make = f"import torch\nimport slimtorch\n{build.group(0)}{CHECKPOINTS[name]}\n"
             subprocess.run([sys.executable, "-c", make], cwd=folder, check=True, timeout=300)
             clean = 0
             for _ in range(args.runs):
