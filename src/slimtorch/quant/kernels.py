@@ -1,20 +1,24 @@
 """The matrix kernels behind quantized layers, and which one runs fastest on this machine, found by timing.
 
-Every kernel of a scheme computes the same thing, so the choice changes speed, not results:
+The kernels of a scheme compute the same product up to the activation codes they take:
 
 - ``int8-dynamic``: each row of the input is quantized to int8 on the fly (symmetric, its own scale), the
   product is accumulated exactly in int32, and the result is scaled back per row and per output channel.
   ``onednn`` runs it through oneDNN's int8 matmul (VNNI / AMX where the CPU has them) on a weight packed
-  once; ``int_mm`` through ``torch._int_mm``. Both give bit-identical outputs.
+  once; ``int_mm`` through ``torch._int_mm``; ``reference`` in float64. The three give the same outputs.
+  Where oneDNN's 8-bit product saturates (CPUs without VNNI: :func:`onednn_exact`), ``onednn-u7`` takes
+  7-bit asymmetric codes per row instead (:data:`slimtorch.quant.rowcodes.CODES`), exact there, its
+  outputs within the accuracy rule (:data:`ACCURACY_FACTOR`) of the 8-bit ones.
 - ``int8-weight`` and ``int4-weight``: the weight is dequantized in the input's dtype and multiplied.
   ``dequantize`` does that in two steps (any device, any dtype); ``int8pack`` / ``int4pack`` are torch's
   fused weight-only kernels (``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``), fast for bfloat16
   inputs and small batches, slow for float32.
 
 :class:`KernelChoice` times each candidate on the real input the first time a layer shape meets a batch
-size (rounded up to a power of two), checks that it agrees with the reference kernel, and remembers the
-fastest; later calls look it up. Nothing is assumed about the CPU: a kernel that fails or disagrees here
-is simply never chosen.
+size (rounded up to a power of two), checks that it agrees with the reference kernel (for int8-dynamic: its
+error against the float product, at most :data:`ACCURACY_FACTOR` times the reference's), and remembers
+the fastest; later calls look it up. Nothing is assumed about the CPU: a kernel that fails or disagrees
+here is never chosen, and the decision says why (:attr:`KernelDecision.refused`).
 
 Under ``torch.compile`` a layer is one opaque operator, ``slimtorch::quantized_layer`` (``quantized_rnn``
 for an LSTM / GRU): its real kernel runs this eager path, timing and cached packed weights included, and a

@@ -310,11 +310,12 @@ class _QuantizedLinear(QuantizedWeight):
 
 class Int8DynamicLinear(_QuantizedLinear):
     """``nn.Linear`` with int8 weights (one scale per output channel) and int8 activations quantized per
-    row on each call; the product is exact in int32. The fastest kernel on this machine is chosen.
+    row on each call; the product is exact in int32. The fastest kernel that is right on this machine is
+    chosen (7-bit asymmetric row codes where oneDNN's 8-bit product saturates: CPUs without VNNI).
 
     Each call costs a dozen small tensor operations around the int8 product, so at small batches the
     Python around them counts too: once a batch size has its kernel, a call goes straight to it. (The
-    layer keeps that kernel after ``CHOICES.clear()``; every kernel computes the same outputs.)
+    layer keeps that kernel after ``CHOICES.clear()``.)
     """
 
     SCHEME = "int8-dynamic"
