@@ -144,6 +144,32 @@ def shift_epilogue(
     return shift
 
 
+def split_epilogue(
+    codes: str, weight_sums: torch.Tensor | None, bias: torch.Tensor | None, widths: list[int]
+) -> Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]:
+    """The epilogue of several layers whose products were made as one, their columns side by side
+    (``widths`` each): a call ``(product, row parameters) -> [each layer's output]``, the same floats
+    each layer's own epilogue gives (:func:`scale_back`; :func:`shift_epilogue` for ``uint7`` codes,
+    with the layers' scaled weight sums side by side), in place, each output a view of its columns
+    (rows ``sum(widths)`` apart: what attention's reshapes and Llama's MLP take as they are).
+    ``bias``: the layers' biases side by side."""
+    bounds = list(itertools.accumulate(widths, initial=0))
+    slices = [slice(start, end) for start, end in itertools.pairwise(bounds)]
+    if codes in rowcodes.ASYMMETRIC:
+        assert weight_sums is not None
+        epilogue = shift_epilogue(weight_sums, bias)
+    else:
+
+        def epilogue(product: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+            return scale_back(product, row_scale, bias)
+
+    def split(product: torch.Tensor, params: torch.Tensor) -> list[torch.Tensor]:
+        out = epilogue(product, params)
+        return [out[:, columns] for columns in slices]
+
+    return split
+
+
 class SharedInputCodes:
     """The last input's row codes, per thread: attention's query, key and value layers read the same
     tensor, which is then quantized once instead of three times.

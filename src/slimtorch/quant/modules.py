@@ -385,9 +385,47 @@ class Int8DynamicLinear(_QuantizedLinear):
         chosen = self._run_of.get(known)
         if chosen is None:
             chosen = self._run_of[known] = self._chosen_run(x2d, rows)
-        run, codes, _ = chosen
+        run, codes, name = chosen
+        call = sharing.current_call()
+        if call is not None:  # inside a sharing parent: this layer's part of its group's joint product
+            joint = call.output(self, x, x2d, known, name)
+            if joint is not None:
+                return joint
         values, row_scale = kernels.SHARED_INPUTS.codes(x, x2d, codes)
         return run(values, row_scale)
+
+    @staticmethod
+    def joint_run(
+        layers: tuple[Int8DynamicLinear, ...], kernel: str
+    ) -> Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]] | None:
+        """One run for several layers reading one input (:class:`sharing.Siblings`), on ``kernel``:
+        their weights packed side by side, one product, each layer's output split off in the epilogue;
+        ``None`` for a kernel that does not run jointly (those that do not pack: :data:`PACKED`). The
+        layers' own packed weights are let go (made again if one runs alone)."""
+        if kernel not in PACKED:
+            return None
+        qweight = torch.cat([layer._buffers["qweight"] for layer in layers])
+        scale = torch.cat([layer._buffers["weight_scale"] for layer in layers])
+        widths = [layer.out_features for layer in layers]
+        bias = None
+        if any(layer.bias is not None for layer in layers):
+            bias = torch.cat(
+                [
+                    torch.zeros(layer.out_features) if layer.bias is None else layer.bias.detach().float()
+                    for layer in layers
+                ]
+            )
+        codes, zero_point = CODES_OF[kernel], ZERO_POINTS[kernel]
+        sums = _scaled_weight_sums(qweight, scale) if codes in rowcodes.ASYMMETRIC else None
+        packed, split = kernels.onednn_pack(qweight), kernels.split_epilogue(codes, sums, bias, widths)
+        for layer in layers:
+            layer._prepared.pop((kernel, ""), None)
+
+        def run(x: torch.Tensor, x2d: torch.Tensor) -> list[torch.Tensor]:
+            values, params = kernels.SHARED_INPUTS.codes(x, x2d, codes)
+            return split(kernels.onednn_product(values, packed, scale, zero_point), params)
+
+        return run
 
     def _known(self, rows: int, dtype: torch.dtype, device: torch.device) -> tuple:
         """The kernel choice's own key, less what never changes for this layer (its shape)."""
@@ -473,8 +511,7 @@ class Int8DynamicLinear(_QuantizedLinear):
         """The packed weight and the epilogue that takes each ``uint7`` row's zero point off, with the
         weight's scaled row sums (one state, one freshness check a call)."""
         q, scale = self._buffers["qweight"], self._buffers["weight_scale"]
-        sums = q.sum(dim=1, dtype=torch.int32).float().mul_(scale)
-        return kernels.onednn_pack(q), kernels.shift_epilogue(sums, self.bias)
+        return kernels.onednn_pack(q), kernels.shift_epilogue(_scaled_weight_sums(q, scale), self.bias)
 
     def _onednn_pack(self) -> torch.Tensor:
         return kernels.onednn_pack(self._buffers["qweight"])
@@ -483,6 +520,12 @@ class Int8DynamicLinear(_QuantizedLinear):
         # the packed weights, and onednn-u7's epilogue (the weight's scaled row sums, the bias); oneDNN reads
         # the scales on each call
         return [self._buffers["qweight"], self._buffers["weight_scale"], *self._parameters.values()]
+
+
+def _scaled_weight_sums(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Each output channel's weight codes summed, times its scale: what ``uint7`` rows' zero points
+    take off the product (:func:`kernels.shift_back`)."""
+    return qweight.sum(dim=1, dtype=torch.int32).float().mul_(scale)
 
 
 def int8_dynamic_kernels(device: torch.device) -> tuple[str, ...]:

@@ -1,14 +1,23 @@
-"""Several int8-dynamic layers reading one input quantize it once.
+"""Several int8-dynamic layers reading one input quantize it once, and multiply it once.
 
 Attention's query, key and value (and Llama's gate and up projections) read the same tensor. In the modules
 known to change no tensor in place while those layers run (:data:`SHARING_PARENTS`), hooks open a scope
 around each call: eagerly, :data:`slimtorch.quant.kernels.SHARED_INPUTS` keeps the last input's codes for
 the scope; in a compiled graph, :data:`TRACED_SCOPES` keeps them as values of the graph while dynamo
 traces (:func:`traced_codes`), so the graph holds one quantization per input.
+
+Eagerly, layers seen reading one input (:class:`Siblings` learns which, from the parent's calls) then run
+as one product: their weights side by side in one packed matrix, one oneDNN call, one epilogue that writes
+each layer's output as a matrix of its own. The int32 product is exact and each output column is scaled as
+its layer alone would scale it, so the outputs are the same floats; at 128 rows of MiniLM's 384-wide
+attention one call of 1152 columns takes the time of 2.6 calls of 384 (``benchmarks/int8_latency.py``).
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -59,6 +68,10 @@ def _open_sharing(module: nn.Module, args: tuple) -> None:
         TRACED_SCOPES.append({})
     else:
         kernels.SHARED_INPUTS.open()
+        siblings = _SIBLINGS.get(module)
+        if siblings is None:
+            siblings = _SIBLINGS[module] = Siblings()
+        _calls().append(_Call(siblings))
 
 
 def _close_sharing(module: nn.Module, args: tuple, output: Any) -> None:
@@ -67,6 +80,123 @@ def _close_sharing(module: nn.Module, args: tuple, output: Any) -> None:
             TRACED_SCOPES.pop()
     else:
         kernels.SHARED_INPUTS.close()
+        calls = _calls()
+        if calls:
+            calls.pop().close()
+
+
+class Siblings:
+    """Which int8-dynamic children of one sharing parent read one input, learned from its calls: once two
+    calls in a row have grouped them alike (by the identity of the tensor each layer got), each group of
+    two or more runs as one product (:meth:`_Call.output`). A group whose members stop reading one input
+    (one is not called, or gets another tensor) is parted for good: its layers run alone again, as right
+    as before, never given another's output."""
+
+    SETTLE = 2  # calls grouping the layers alike before the groups are adopted
+
+    def __init__(self) -> None:
+        self.adopted = False
+        self.group_of: dict[nn.Module, tuple[nn.Module, ...]] = {}
+        self._last: frozenset[tuple[nn.Module, ...]] | None = None
+        self._seen = 0
+        # (group, kernel) -> (what the joint state was made from, the joint run)
+        self._runs: dict[tuple[tuple[nn.Module, ...], str], tuple[tuple, Callable]] = {}
+
+    def learn(self, inputs: dict[nn.Module, torch.Tensor]) -> None:
+        """One call's layers grouped by the tensor each got; adopted after :data:`SETTLE` alike."""
+        by_input: dict[int, list[nn.Module]] = {}
+        for layer, x in inputs.items():
+            by_input.setdefault(id(x), []).append(layer)
+        groups = frozenset(tuple(layers) for layers in by_input.values() if len(layers) > 1)
+        self._seen = self._seen + 1 if groups == self._last else 1
+        self._last = groups
+        if self._seen >= self.SETTLE:
+            self.adopted = True
+            self.group_of = {layer: group for group in groups for layer in group}
+
+    def part(self, group: tuple[nn.Module, ...]) -> None:
+        for layer in group:
+            self.group_of.pop(layer, None)
+        for key in [key for key in self._runs if key[0] == group]:
+            del self._runs[key]
+
+    def run_for(self, group: tuple[nn.Module, ...], known: tuple, kernel: str) -> Callable | None:
+        """The joint run of ``group`` where every member chose ``kernel`` for this key and the kernel can
+        run jointly (``joint_run``); else ``None`` (each runs alone this call)."""
+        for layer in group:
+            chosen = layer._run_of.get(known)
+            if chosen is None or chosen[2] != kernel:
+                return None
+        source = tuple(
+            (t.data_ptr(), 0 if t.is_inference() else t._version)
+            for layer in group
+            for t in layer._prepared_from()
+        )
+        made = self._runs.get((group, kernel))
+        if made is None or made[0] != source:  # a kernel that cannot run jointly is remembered too
+            made = self._runs[group, kernel] = (source, type(group[0]).joint_run(group, kernel))
+        return made[1]
+
+
+class _Call:
+    """One call of a sharing parent, eagerly: what its layers got (while :class:`Siblings` learns) and the
+    joint outputs not yet handed out."""
+
+    __slots__ = ("inputs", "pending", "siblings")
+
+    def __init__(self, siblings: Siblings) -> None:
+        self.siblings = siblings
+        self.inputs: dict[nn.Module, torch.Tensor] = {}
+        self.pending: dict[tuple[nn.Module, ...], tuple[torch.Tensor, dict[nn.Module, torch.Tensor]]] = {}
+
+    def output(
+        self, layer: nn.Module, x: torch.Tensor, x2d: torch.Tensor, known: tuple, kernel: str
+    ) -> torch.Tensor | None:
+        """``layer``'s output (rows x out_features) from its group's joint product of ``x``, made by the
+        first member called; ``None`` where the layer runs alone."""
+        siblings = self.siblings
+        group = siblings.group_of.get(layer)
+        if group is None:
+            if not siblings.adopted:
+                self.inputs.setdefault(layer, x)
+            return None
+        pending = self.pending.get(group)
+        if pending is None or pending[0] is not x:
+            if pending is not None and pending[1]:  # outputs for another input left: not one input
+                siblings.part(group)
+                return None
+            run = siblings.run_for(group, known, kernel)
+            if run is None:
+                return None
+            pending = self.pending[group] = (x, dict(zip(group, run(x, x2d), strict=True)))
+        return pending[1].pop(layer, None)  # None the second time: a layer called twice runs alone
+
+    def close(self) -> None:
+        siblings = self.siblings
+        for group, (_, left) in self.pending.items():
+            if left:  # a member was not called with the group's input
+                siblings.part(group)
+        if not siblings.adopted and self.inputs:
+            siblings.learn(self.inputs)
+
+
+_SIBLINGS: weakref.WeakKeyDictionary[nn.Module, Siblings] = weakref.WeakKeyDictionary()
+"""Each sharing parent's :class:`Siblings`, kept beside it (not in it: a copy or a pickle of the model
+starts learning anew, and no state of ours lands in a user's pickle)."""
+_LOCAL = threading.local()
+
+
+def _calls() -> list[_Call]:
+    calls = getattr(_LOCAL, "calls", None)
+    if calls is None:
+        calls = _LOCAL.calls = []
+    return calls
+
+
+def current_call() -> _Call | None:
+    """The innermost sharing parent's call on this thread, eagerly; ``None`` outside any."""
+    calls = getattr(_LOCAL, "calls", None)
+    return calls[-1] if calls else None
 
 
 TRACED_SCOPES: list[dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
