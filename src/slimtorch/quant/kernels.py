@@ -255,6 +255,39 @@ def onednn_product(
     )
 
 
+def onednn_runner(
+    packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    zero_point: int,
+    epilogue: Callable[[torch.Tensor, torch.Tensor], Any],
+) -> Callable[[torch.Tensor, torch.Tensor], Any]:
+    """:func:`onednn_product` then ``epilogue(product, row parameters)`` for one packed weight, as one
+    call bound once: at batch 1 a layer's call is a few dozen microseconds of Python around the product,
+    and the operator's lookup and arguments are a part of that."""
+    operator = torch.ops.onednn.qlinear_pointwise.default
+    zero_points = _zero_points(weight_scale.shape[0])
+
+    def run(codes: torch.Tensor, params: torch.Tensor) -> Any:
+        product = operator(
+            codes,
+            1.0,
+            zero_point,
+            packed,
+            weight_scale,
+            zero_points,
+            None,
+            1.0,
+            0,
+            torch.float32,
+            "none",
+            [],
+            "",
+        )
+        return epilogue(product, params)
+
+    return run
+
+
 @functools.cache
 def onednn_exact(codes: str) -> bool:
     """Whether oneDNN's int8 product is exact on this CPU for activation codes of that kind (``uint8``:

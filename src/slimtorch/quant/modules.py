@@ -417,13 +417,13 @@ class Int8DynamicLinear(_QuantizedLinear):
             )
         codes, zero_point = CODES_OF[kernel], ZERO_POINTS[kernel]
         sums = _scaled_weight_sums(qweight, scale) if codes in rowcodes.ASYMMETRIC else None
-        packed, split = kernels.onednn_pack(qweight), kernels.split_epilogue(codes, sums, bias, widths)
+        split = kernels.split_epilogue(codes, sums, bias, widths)
+        product = kernels.onednn_runner(kernels.onednn_pack(qweight), scale, zero_point, split)
         for layer in layers:
             layer._prepared.pop((kernel, ""), None)
 
         def run(x: torch.Tensor, x2d: torch.Tensor) -> list[torch.Tensor]:
-            values, params = kernels.SHARED_INPUTS.codes(x, x2d, codes)
-            return split(kernels.onednn_product(values, packed, scale, zero_point), params)
+            return product(*kernels.SHARED_INPUTS.codes(x, x2d, codes))
 
         return run
 
@@ -504,14 +504,14 @@ class Int8DynamicLinear(_QuantizedLinear):
         return kernels.scale_back(self.onednn_product(codes), row_scale, self.bias)
 
     def _onednn_u7(self, codes: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-        packed, shift = self.prepared("onednn-u7", self._onednn_u7_state)
-        return shift(kernels.onednn_product(codes, packed, self._buffers["weight_scale"], 0), params)
+        return self.prepared("onednn-u7", self._onednn_u7_state)(codes, params)
 
-    def _onednn_u7_state(self) -> tuple[torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
-        """The packed weight and the epilogue that takes each ``uint7`` row's zero point off, with the
-        weight's scaled row sums (one state, one freshness check a call)."""
+    def _onednn_u7_state(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The product on the packed weight and the epilogue that takes each ``uint7`` row's zero point
+        off, with the weight's scaled row sums, as one call (one state, one freshness check a call)."""
         q, scale = self._buffers["qweight"], self._buffers["weight_scale"]
-        return kernels.onednn_pack(q), kernels.shift_epilogue(_scaled_weight_sums(q, scale), self.bias)
+        shift = kernels.shift_epilogue(_scaled_weight_sums(q, scale), self.bias)
+        return kernels.onednn_runner(kernels.onednn_pack(q), scale, ZERO_POINTS["onednn-u7"], shift)
 
     def _onednn_pack(self) -> torch.Tensor:
         return kernels.onednn_pack(self._buffers["qweight"])
