@@ -1,4 +1,4 @@
-"""Benchmark: the hostile-file corpus of issue 17, counted per family.
+"""Benchmark: the hostile-input corpora of issues 17 and 44, counted per family.
 
 Run it with ``.venv/bin/python benchmarks/hostile.py`` (a minute or two on 2 cores once every reader
 enforces its budget; each case that still hangs costs its 60 s wall limit). ``--help`` lists the flags.
@@ -7,12 +7,21 @@ It prints one row per family: cases, refused cleanly, accepted cleanly, and the 
 build: the case's own builder failed), then the worst peak RSS and time of the family, and one line per
 failing case. ``--json PATH`` writes every outcome; the exit code is 1 when any case fails.
 
-Method: the cases of ``tests/test_hostile_corpus.py`` build their files (seeded, a few MB at most) in a
-temporary folder; each runs ``slimtorch.cli.main.main(argv)`` in a child forked from this process after
-torch and slimtorch are imported (``tests.hostile.run_cases``), ``--jobs`` at a time. Peak RSS is the
+Families: issue 17's checkpoints (``tests/test_hostile_corpus.py``) and, beside them, issue 44's other
+surfaces: ``terminal`` (escape sequences and markup in names, ``tests/test_hostile_terminal.py``),
+``bundles`` (tampered deployment bundles given to ``footprint``; ``predict`` the same bundles and hostile
+input files given to the bundle's own ``predict.py``, ``tests/test_hostile_bundles.py``), ``data`` and
+``numbers`` (arrays, examples and command-line numbers, ``tests/test_hostile_inputs.py``) and
+``workfolder`` (``slimtorch slim`` resuming a tampered work folder or a hostile recipe,
+``tests/test_hostile_workfolder.py``). ``--issue 17`` or ``--issue 44`` runs one set.
+
+Method: each case builds its files (seeded, a few MB at most) in a temporary folder; a CLI case runs
+``slimtorch.cli.main.main(argv)`` in a child forked from this process after torch and slimtorch are
+imported (``tests.hostile.run_cases``), ``--jobs`` at a time. Peak RSS is the
 child's ``ru_maxrss`` beyond what it inherited at the fork, plus the peak RSS of a fresh process that
 imported the CLI (what a real ``slimtorch`` run starts from). A case is killed past 60 s, or past its
-memory limit (1.5 GB or twice its files' size), and counted as a failure of that kind.
+memory limit (1.5 GB or twice its files' size), and counted as a failure of that kind. A ``predict`` case
+runs the bundle's ``python predict.py`` in a fresh process, one at a time, under the same limits.
 """
 
 from __future__ import annotations
@@ -27,8 +36,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.hostile import WALL_LIMIT, Outcome, fresh_cli_rss, run_cases
-from tests.test_hostile_corpus import CASES
+from tests import test_hostile_bundles, test_hostile_inputs, test_hostile_terminal, test_hostile_workfolder
+from tests.hostile import WALL_LIMIT, Case, Outcome, fresh_cli_rss, run_cases
+from tests.test_hostile_corpus import CASES as CHECKPOINT_CASES
+
+CLI_CASES = {
+    "17": CHECKPOINT_CASES,
+    "44": [
+        *test_hostile_terminal.CASES,
+        *test_hostile_bundles.CASES,
+        *test_hostile_inputs.CASES,
+        *test_hostile_workfolder.CASES,
+    ],
+}
+"""The cases run through ``slimtorch``'s CLI in forked children, by issue."""
+PREDICT_CASES = {"17": [], "44": test_hostile_bundles.PREDICT_CASES}
+"""The cases run through a bundle's own ``predict.py``, in fresh processes (it runs without slimtorch)."""
 
 FAILURES = ("traceback", "signal", "timeout", "memory", "wrong", "build")
 COLUMNS = ("cases", "refused", "accepted", *FAILURES)
@@ -40,15 +63,22 @@ def main() -> int:
     parser.add_argument("--only", default="", metavar="TEXT", help="run the cases whose id contains TEXT")
     parser.add_argument("--wall", type=float, default=WALL_LIMIT, help="seconds before a case is killed")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every outcome as JSON")
+    parser.add_argument(
+        "--issue", choices=("17", "44", "all"), default="all", help="which corpora (default all)"
+    )
     args = parser.parse_args()
 
-    chosen = [case for case in CASES if args.only in case.id]
+    issues = ("17", "44") if args.issue == "all" else (args.issue,)
+    chosen: list[Case] = [case for issue in issues for case in CLI_CASES[issue] if args.only in case.id]
+    predicted = [case for issue in issues for case in PREDICT_CASES[issue] if args.only in case.id]
     print(
-        f"{len(chosen)} cases; a fresh CLI process holds {fresh_cli_rss() / 2**20:.0f} MiB after its imports"
+        f"{len(chosen) + len(predicted)} cases; a fresh CLI process holds {fresh_cli_rss() / 2**20:.0f} MiB "
+        "after its imports"
     )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="slimtorch-hostile-") as root:
-        outcomes = list(run_cases(chosen, Path(root), jobs=args.jobs, wall=args.wall))
+        outcomes = list(run_cases(chosen, Path(root) / "cli", jobs=args.jobs, wall=args.wall))
+        outcomes += test_hostile_bundles.run_predict_cases(predicted, Path(root) / "predict", wall=args.wall)
     print(f"ran in {time.monotonic() - started:.0f} s with {args.jobs} jobs\n")
     print_table(outcomes)
     failed = [o for o in outcomes if not o.passed]

@@ -435,6 +435,24 @@ class _Running:
     peak_seen: int = 0
 
 
+def selected_outcomes(
+    request, tmp_path_factory, cases: Sequence[Case], before_fork: Callable[[], object] | None = None
+) -> dict[str, Outcome]:
+    """Run the cases of ``cases`` this pytest session selected in the calling module (a module-scoped
+    fixture's ``request``), ``SLIMTORCH_HOSTILE_JOBS`` (default 2, the machine's cores) at a time, before
+    the first test reads them; ``before_fork`` imports what every child would otherwise import itself."""
+    selected = {
+        item.callspec.params["case"].id
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec") and "case" in item.callspec.params
+    }
+    chosen = [case for case in cases if case.id in selected]
+    if chosen and before_fork is not None:
+        before_fork()
+    jobs = int(os.environ.get("SLIMTORCH_HOSTILE_JOBS", "2"))
+    return {o.case.id: o for o in run_cases(chosen, tmp_path_factory.mktemp("hostile"), jobs=jobs)}
+
+
 def run_cases(
     cases: Sequence[Case], root: Path, jobs: int = 2, wall: float = WALL_LIMIT
 ) -> Iterator[Outcome]:

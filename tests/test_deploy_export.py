@@ -231,14 +231,15 @@ def test_check_fails_when_a_file_no_longer_matches_its_checksum(tmp_path) -> Non
 
 
 def test_read_inputs_takes_npz_json_objects_and_lists(tmp_path) -> None:
+    ids, mask = ({"name": name, "dtype": "int64", "shape": ["batch"]} for name in ("ids", "mask"))
     np.savez(tmp_path / "a.npz", ids=np.arange(3))
     (tmp_path / "a.json").write_text(json.dumps({"ids": [1, 2], "mask": [1, 1]}))
     (tmp_path / "b.json").write_text(json.dumps([[1, 2], [1, 0]]))
-    assert read_inputs([str(tmp_path / "a.npz")], ["ids"])["ids"].tolist() == [0, 1, 2]
-    assert set(read_inputs([str(tmp_path / "a.json")], ["ids", "mask"])) == {"ids", "mask"}
-    assert read_inputs([str(tmp_path / "b.json")], ["ids", "mask"])["mask"].tolist() == [1, 0]
+    assert read_inputs([str(tmp_path / "a.npz")], [ids])["ids"].tolist() == [0, 1, 2]
+    assert set(read_inputs([str(tmp_path / "a.json")], [ids, mask])) == {"ids", "mask"}
+    assert read_inputs([str(tmp_path / "b.json")], [ids, mask])["mask"].tolist() == [1, 0]
     with pytest.raises(BundleError, match="takes 2 input"):
-        read_inputs([str(tmp_path / "x.npy")], ["ids", "mask"])
+        read_inputs([str(tmp_path / "x.npy")], [ids, mask])
 
 
 def test_onnx_bundle_runs_in_its_own_venv_without_torch_within_150_mb(tmp_path) -> None:

@@ -3,12 +3,17 @@ nothing else (no torch), its packages add up to the total with pip and setuptool
 there, and torch's footprint comes from a cache keyed by torch version, Python and platform.
 
 The bundles here need only numpy, which pip installs from its cache or local index in seconds; torch is
-never installed (the baseline is read from a cache file the tests write, or measured by a stand-in)."""
+never installed (the baseline is read from a cache file the tests write, or measured by a stand-in). Their
+runner is a stand-in too (it needs numpy only, where slimtorch's needs onnxruntime), taken for the one
+slimtorch ships (:func:`_stand_in`); the rest of the bundle's verification holds for them as for an
+exported bundle (``tests/test_hostile_bundles.py`` tests the verification itself)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import hashlib
 import importlib
 import json
 import os
@@ -19,9 +24,11 @@ import sysconfig
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from slimtorch.cli import footprint_cmd
+from slimtorch.deploy import bundle as bundle_module
 from slimtorch.deploy.footprint import (
     FootprintOptions,
     FootprintReport,
@@ -30,7 +37,7 @@ from slimtorch.deploy.footprint import (
     footprint,
     torch_baseline,
 )
-from slimtorch.errors import CheckpointNotFoundError, OptionError, SlimtorchError
+from slimtorch.errors import CheckpointError, CheckpointNotFoundError, OptionError, SlimtorchError
 from slimtorch.format.progress import Recorder
 
 # The module, even where slimtorch.deploy re-exports the function under the same name.
@@ -64,15 +71,55 @@ CACHED = {
 }
 
 
-def _bundle(folder: Path, predict: str, requirements: str = "numpy\n", manifest: dict | None = None) -> Path:
+NUMPY = [f"numpy=={metadata.version('numpy')}"]
+
+
+def _bundle(
+    folder: Path,
+    predict: str,
+    requirements: list[str] = NUMPY,
+    model: tuple[str, ...] = ("model.onnx", "model.onnx.data"),
+) -> Path:
+    """A bundle as the exporter lays one out (files, samples, a manifest with every sha256) around a
+    stand-in runner and a model of filler bytes; ``model``: the files the manifest says are the model's."""
     folder.mkdir(parents=True)
-    (folder / "requirements.txt").write_text(requirements)
+    (folder / "requirements.txt").write_text("# pinned\n" + "".join(f"{line}\n" for line in requirements))
     (folder / "predict.py").write_text(predict)
     (folder / "model.onnx").write_bytes(b"\1" * 1234)
     (folder / "model.onnx.data").write_bytes(b"\2" * 5000)
-    if manifest is not None:
-        (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "model.extra.bin").write_bytes(b"\3" * 777)
+    np.savez(folder / "sample_inputs.npz", x=np.zeros((1, 2), np.float32))
+    np.savez(folder / "expected_outputs.npz", y=np.zeros((1, 2), np.float32))
+    files = {
+        p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in sorted(folder.iterdir())
+    }
+    manifest = {
+        "format": "slimtorch-bundle",
+        "version": 1,
+        "model": {"file": model[0], "files": list(model), "format": "onnx"},
+        "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 2]}],
+        "outputs": [{"name": "y", "dtype": "float32", "shape": [1, 2]}],
+        "tolerance": {"atol": 0.0, "rtol": 0.0},
+        "sample": {"inputs": "sample_inputs.npz", "outputs": "expected_outputs.npz"},
+        "requirements": requirements,
+        "files": files,
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
+
+
+@contextlib.contextmanager
+def _stand_in(runner: str):
+    """``runner`` taken for the runner slimtorch ships: a stand-in that needs only numpy."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bundle_module, "shipped_runner", lambda: runner.encode())
+        yield
+
+
+def _measure(bundle: Path, runner: str, *options, **overrides) -> FootprintReport:
+    with _stand_in(runner):
+        return footprint(bundle, *options, **overrides)
 
 
 def _must_not_install(*args, **kwargs):
@@ -83,10 +130,7 @@ def _must_not_install(*args, **kwargs):
 def measured(tmp_path_factory) -> tuple[FootprintReport, Path, list[str]]:
     """The passing bundle measured once, its venv kept, torch's footprint read from a cache file."""
     root = tmp_path_factory.mktemp("footprint")
-    manifest = {"model": {"files": ["model.onnx", "weights/extra.bin"]}}
-    bundle = _bundle(root / "bundle", PASSING, manifest=manifest)
-    (bundle / "weights").mkdir()
-    (bundle / "weights" / "extra.bin").write_bytes(b"\3" * 777)
+    bundle = _bundle(root / "bundle", PASSING, model=("model.onnx", "model.extra.bin"))
     stages = Recorder()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
@@ -94,15 +138,15 @@ def measured(tmp_path_factory) -> tuple[FootprintReport, Path, list[str]]:
         cache = baseline_cache_path()
         cache.parent.mkdir(parents=True)
         cache.write_text(json.dumps(CACHED))
-        report = footprint(bundle, keep=root / "venv", progress=stages)
+        report = _measure(bundle, PASSING, keep=root / "venv", progress=stages)
     return report, root / "venv", stages.labels
 
 
 @pytest.fixture(scope="module")
 def failed(tmp_path_factory) -> FootprintReport:
-    """A bundle whose runner exits 1, no manifest, measured without a baseline."""
+    """A bundle whose runner exits 1, measured without a baseline."""
     bundle = _bundle(tmp_path_factory.mktemp("failing") / "bundle", FAILING)
-    return footprint(bundle, baseline=False)
+    return _measure(bundle, FAILING, baseline=False)
 
 
 def test_runtime_total_is_the_sum_of_its_packages_with_numpy_in_and_pip_setuptools_aside(measured) -> None:
@@ -129,7 +173,7 @@ def test_bytecode_is_counted_apart_and_matches_the_pyc_files_on_disk(measured) -
 
 def test_compile_bytecode_installs_as_plain_pip_does(measured, tmp_path) -> None:
     bundle = _bundle(tmp_path / "bundle", PASSING)
-    compiled = footprint(bundle, baseline=False, compile_bytecode=True)
+    compiled = _measure(bundle, PASSING, baseline=False, compile_bytecode=True)
     plain = next(p for p in measured[0].packages if p.name == "numpy")
     every = next(p for p in compiled.packages if p.name == "numpy")
     assert every.bytecode > 2 * plain.bytecode  # every module, not only those the sample imported
@@ -152,11 +196,8 @@ def test_the_venv_holds_only_the_bundles_requirements_so_torch_cannot_be_importe
     assert "torch" not in {p.name for p in measured[0].packages}
 
 
-def test_model_bytes_are_the_files_the_manifest_lists(measured) -> None:
-    assert measured[0].model_bytes == 1234 + 777  # model.onnx.data is not listed, so not counted
-
-
-def test_without_a_manifest_every_model_file_counts(failed) -> None:
+def test_model_bytes_are_the_files_the_manifest_lists(measured, failed) -> None:
+    assert measured[0].model_bytes == 1234 + 777  # model.onnx.data is not the model's there, so not counted
     assert failed.model_bytes == 1234 + 5000
 
 
@@ -250,7 +291,7 @@ def test_a_cache_from_before_bytecode_was_counted_is_measured_again(tmp_path, mo
 
 def test_options_by_dataclass_and_by_override_give_the_same_report(failed, tmp_path) -> None:
     bundle = _bundle(tmp_path / "bundle", FAILING)  # as the failed fixture's, measured with an override
-    given = footprint(bundle, FootprintOptions(baseline=False)).to_dict()
+    given = _measure(bundle, FAILING, FootprintOptions(baseline=False)).to_dict()
     overridden = failed.to_dict()
     for data in (given, overridden):
         del data["bundle"], data["install_seconds"]
@@ -283,7 +324,7 @@ def test_a_file_is_not_a_bundle(tmp_path) -> None:
         footprint(tmp_path / "model.onnx", baseline=False)
 
 
-@pytest.mark.parametrize("missing", ["requirements.txt", "predict.py"])
+@pytest.mark.parametrize("missing", ["requirements.txt", "predict.py", "manifest.json"])
 def test_a_folder_without_requirements_or_runner_is_not_a_bundle(tmp_path, missing) -> None:
     bundle = _bundle(tmp_path / "bundle", PASSING)
     (bundle / missing).unlink()
@@ -292,26 +333,30 @@ def test_a_folder_without_requirements_or_runner_is_not_a_bundle(tmp_path, missi
 
 
 def test_a_manifest_naming_a_missing_model_file_is_a_clear_error(tmp_path) -> None:
-    bundle = _bundle(tmp_path / "bundle", PASSING, manifest={"model": {"files": ["model.pt2"]}})
-    with pytest.raises(CheckpointNotFoundError, match=re.escape("model.pt2: manifest.json lists it")):
-        footprint(bundle, baseline=False)
+    bundle = _bundle(tmp_path / "bundle", PASSING)
+    (bundle / "model.onnx.data").unlink()
+    with pytest.raises(
+        CheckpointError, match=re.escape("model.onnx.data: is missing (the manifest lists it)")
+    ):
+        _measure(bundle, PASSING, baseline=False)
 
 
 def test_keep_refuses_a_folder_that_is_not_empty(tmp_path) -> None:
     bundle = _bundle(tmp_path / "bundle", PASSING)
     with pytest.raises(SlimtorchError, match="new or empty folder"):
-        footprint(bundle, keep=bundle, baseline=False)
+        _measure(bundle, PASSING, keep=bundle, baseline=False)
 
 
-def test_a_requirement_pip_cannot_install_names_the_bundle_and_pips_error(tmp_path) -> None:
-    # --no-index: pip looks only at the local find-links, so the test needs no network
-    bundle = _bundle(
-        tmp_path / "bundle", PASSING, requirements="--no-index\nslimtorch-no-such-package==1.0\n"
-    )
+def test_a_requirement_pip_cannot_install_names_the_bundle_and_pips_error(tmp_path, monkeypatch) -> None:
+    # PIP_NO_INDEX: pip looks only at the local find-links, so the test needs no network (a bundle's
+    # requirements.txt may not say --no-index itself: it holds pinned names only)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    bundle = _bundle(tmp_path / "bundle", PASSING, requirements=["slimtorch-no-such-package==1.0"])
     with pytest.raises(SlimtorchError) as error:
-        footprint(bundle, baseline=False)
+        _measure(bundle, PASSING, baseline=False)
     message = str(error.value)
-    assert message.startswith(f"{bundle}: pip install --no-compile -r requirements.txt failed: ERROR:")
+    flags = "--no-compile --only-binary=:all:"
+    assert message.startswith(f"{bundle}: pip install {flags} -r requirements.txt failed: ERROR:")
     assert "slimtorch-no-such-package" in message
 
 

@@ -40,6 +40,7 @@ from tests.hostile import (
     read_safetensors,
     reseal,
     run_cases,
+    selected_outcomes,
     slim_with_encoded,
     torch_file_with_value,
     torch_zip_with_claims,
@@ -1422,15 +1423,8 @@ CASES = corpus()
 
 @pytest.fixture(scope="module")
 def outcomes(request, tmp_path_factory) -> dict:
-    """Run every selected case once, two at a time (the machine's cores), before the first test reads."""
-    selected = {
-        item.callspec.params["case"].id
-        for item in request.session.items
-        if item.module is request.module and hasattr(item, "callspec")
-    }
-    chosen = [case for case in CASES if case.id in selected]
-    jobs = int(os.environ.get("SLIMTORCH_HOSTILE_JOBS", "2"))
-    return {o.case.id: o for o in run_cases(chosen, tmp_path_factory.mktemp("hostile"), jobs=jobs)}
+    """Every selected case run once, before the first test reads (:func:`tests.hostile.selected_outcomes`)."""
+    return selected_outcomes(request, tmp_path_factory, CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])

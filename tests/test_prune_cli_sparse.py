@@ -102,7 +102,7 @@ def test_sparse_flags_combined_with_a_budget_or_malformed_are_a_usage_error(flag
     with pytest.raises(SystemExit) as usage:
         main(["prune", "m:f", "-o", "o.safetensors", *flags])
     assert usage.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("slimtorch prune: error: argument")
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("slimtorch: error: argument")
 
 
 def test_a_channel_pruning_option_with_unstructured_is_refused(spec, tmp_path, capsys) -> None:

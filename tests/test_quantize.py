@@ -340,8 +340,7 @@ def test_cli_bad_group_size_is_a_usage_error_with_exit_2(tmp_path, capsys) -> No
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert (
-        err[-1]
-        == "slimtorch quantize: error: argument --group-size: int4 group size must be even, 32 to 256, not 33"
+        err[-1] == "slimtorch: error: argument --group-size: int4 group size must be even, 32 to 256, not 33"
     )
 
 

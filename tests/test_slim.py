@@ -5,7 +5,6 @@ to seconds; the full-size digits goal is the demo's (`make demo`)."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,25 +22,8 @@ from slimtorch.slimming import SlimOptions, parse_goal, read_recipe, slim
 from slimtorch.slimming import stages as slim_stages
 from slimtorch.slimming.charts import CHARTS, unmeasured
 from slimtorch.slimming.recipe import Recipe
+from tests.tiny_cnn import TINY
 
-TINY = textwrap.dedent(
-    """
-    import torch
-    from torch import nn
-
-    class Tiny(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.features = nn.Sequential(
-                nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-                nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-            )
-            self.classifier = nn.Linear(32, 10)
-
-        def forward(self, x):
-            return self.classifier(torch.flatten(self.features(x), 1))
-    """
-)
 REPORT_KEYS = {
     "version", "command", "model", "data", "metric", "goal", "max_drop", "met", "reason", "work", "stages",
     "layers", "latency", "load", "memory", "footprint", "outputs",
@@ -119,7 +101,7 @@ def test_recipe_text_reads_back_to_the_same_recipe(tmp_path: Path) -> None:
     recipe = Recipe(
         {"model": 'a "quoted" path.py:Net', "data": "digits"},
         SlimOptions(goal="size=0.05x", ratios=(0.25, 0.5)),
-        {"ratios": [0.5], "schemes": ["int4-weight"], "chosen": 0},
+        {"ratios": [0.5], "sparsities": [0.0], "schemes": ["int4-weight"], "chosen": 0},
     )
     (tmp_path / "r.toml").write_text(recipe.text())
     assert read_recipe(tmp_path / "r.toml") == recipe

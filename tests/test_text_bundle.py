@@ -268,10 +268,10 @@ def test_a_manifest_asks_pip_for_no_deps_and_nothing_else(bert_bundle, tmp_path)
     anything else (another index, say) is refused before pip runs."""
     import shutil
 
-    from slimtorch.deploy.footprint import _pip_options
+    from slimtorch.deploy.bundle import verify_bundle
     from slimtorch.errors import FormatError
 
-    assert _pip_options(bert_bundle) == ["--no-deps"]
+    assert verify_bundle(bert_bundle)["pip_options"] == ["--no-deps"]
     pinned = (bert_bundle / "requirements.txt").read_text().splitlines()
     assert {"onnxruntime", "numpy", "tokenizers", "protobuf"} <= {
         line.split("==")[0] for line in pinned if "==" in line
@@ -282,5 +282,5 @@ def test_a_manifest_asks_pip_for_no_deps_and_nothing_else(bert_bundle, tmp_path)
     manifest = json.loads((hostile / "manifest.json").read_text())
     manifest["pip_options"] = ["--index-url", "http://example.invalid"]
     (hostile / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(FormatError, match="only --no-deps"):
-        _pip_options(hostile)
+    with pytest.raises(FormatError, match="pip is given no other option"):
+        verify_bundle(hostile)

@@ -4,16 +4,24 @@ for one release with one line on stderr.
 
 Nothing here imports torch: ``--help``, ``--version`` and a mistyped option answer at once. A value that
 only torch knows (the machine's device) is resolved when the command runs.
+
+Numbers are checked where they are parsed (:func:`integer`, :func:`real`, :func:`size`, and
+``model_input.shape``): whole where they count things, finite, within bounds a run can meet (a batch or an
+input's elements within what this machine's memory holds). A bad one is a usage error: one line naming
+the option and its bounds, exit 2, before any model is read.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from slimtorch.cli.choices import GROUP_SIZES, SCHEMES
 from slimtorch.errors import OptionError
@@ -21,6 +29,31 @@ from slimtorch.format.units import parse_size
 
 DEVICE_HELP = "cpu, cuda or cuda:N (default: cuda if this machine has one, else cpu)"
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
+MAX_COUNT = 2**31 - 1
+"""the largest count an option takes where nothing bounds it more tightly (torch's sizes are int64, but
+no count on the command line means anything past two billion)"""
+MAX_BATCH = 2**16
+"""the most samples a batch may have: far beyond any step's batch, the bound a slim recipe's batch has"""
+MAX_RANKS = 2**16
+"""the most ranks of --world-size: the largest clusters run tens of thousands of GPUs"""
+MAX_SAMPLES = 1000
+"""the most inputs a command compares models on: each is a run of both models"""
+MAX_STEPS = 1_000_000
+"""the most --steps: prune's passes toward its ratio and recover's optimizer steps share the option"""
+MAX_SIZE = 2**60
+"""the largest byte size a --budget or --shard-size takes (an exbibyte)"""
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser. A wrong value of an option (argparse's ``argument --batch: ...``) is one line,
+    ``slimtorch: error: argument --batch: ...``, and exit 2, as every other error of a command is; a
+    command called without what it needs, or with an option it does not know, keeps argparse's usage
+    above the line, which is what helps there."""
+
+    def error(self, message: str) -> NoReturn:
+        if not message.startswith("argument "):
+            super().error(message)
+        self.exit(2, f"slimtorch: error: {' '.join(message.split())}\n")
 
 
 def add_command(
@@ -30,7 +63,8 @@ def add_command(
     help: str,
     description: str,
 ) -> argparse.ArgumentParser:
-    """A sub-command whose ``--help`` keeps the description's own line breaks (examples stay readable)."""
+    """A sub-command whose ``--help`` keeps the description's own line breaks (examples stay readable); its
+    bad option values are one line where ``commands`` makes :class:`CommandParser` parsers (``main.py``)."""
     return commands.add_parser(
         name,
         help=help,
@@ -173,11 +207,110 @@ def group_size(text: str) -> int:
 
 
 def size(text: str) -> int:
-    """A size such as 24GB or 512MiB, in bytes."""
+    """A size such as 24GB or 512MiB, in bytes: positive, finite, at most :data:`MAX_SIZE`."""
     try:
-        return parse_size(text)
+        value = parse_size(text)
     except OptionError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    except (ValueError, OverflowError):  # nan, inf
+        raise argparse.ArgumentTypeError(f"not a size: {_shown(text)}") from None
+    if value > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SIZE:,} bytes (1 EiB), not {_shown(text)}")
+    return value
+
+
+def integer(low: int = 1, high: int = MAX_COUNT) -> Integer:
+    """``type=`` for a whole number from ``low`` to ``high``.
+
+    Example:
+        >>> integer(1, 64)("8")
+        8
+        >>> integer(1, 64)("0")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: must be a whole number from 1 to 64, not '0'
+    """
+    return Integer(low, high)
+
+
+def real(low: float = -math.inf, high: float = math.inf, *, above: bool = False, below: bool = False) -> Real:
+    """``type=`` for a finite number from ``low`` to ``high`` (``above``/``below``: not the bound itself);
+    nan and inf are refused whatever the bounds.
+
+    Example:
+        >>> real(0, 1, below=True)("0.5")
+        0.5
+        >>> real(0)("nan")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: must be a finite number, at least 0, not 'nan'
+    """
+    return Real(low, high, above, below)
+
+
+@dataclass(frozen=True)
+class Integer:
+    """A whole number within bounds, as a ``type=`` (a value, so two commands' options compare equal)."""
+
+    low: int
+    high: int
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = self.low - 1  # refused below, as a number out of bounds is
+        if not self.low <= value <= self.high:
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number from {self.low:,} to {self.high:,}, not {_shown(text)}"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class Real:
+    """A finite number within bounds, as a ``type=``; ``above``/``below`` leave the bound itself out."""
+
+    low: float
+    high: float
+    above: bool = False
+    below: bool = False
+
+    def __call__(self, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        low, high = self.low, self.high
+        inside = (value > low if self.above else value >= low) and (
+            value < high if self.below else value <= high
+        )
+        if not math.isfinite(value) or not inside:
+            parts = [
+                f"{'above' if self.above else 'at least'} {low:g}" if low > -math.inf else "",
+                f"{'below' if self.below else 'at most'} {high:g}" if high < math.inf else "",
+            ]
+            bounds = ", " + " and ".join(p for p in parts if p) if any(parts) else ""
+            raise argparse.ArgumentTypeError(f"must be a finite number{bounds}, not {_shown(text)}")
+        return value
+
+
+def fraction(text: str) -> float:
+    """A share: at least 0 and below 1 (a share of channels or weights to remove)."""
+    return Real(0, 1, below=True)(text)
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes: no input larger than it can be made here."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # a platform without sysconf: bound by int64 alone
+        return 2**63 - 1
+
+
+def _shown(text: str) -> str:
+    """The value as the user gave it, in quotes, cut short if it is long (a 5,000-digit number)."""
+    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 def add_allow_global(parser: argparse.ArgumentParser) -> None:
@@ -200,7 +333,7 @@ def add_runs(parser: argparse.ArgumentParser) -> None:
     """``--runs``: the rounds of the interleaved before/after latency comparison (prune, quantize)."""
     parser.add_argument(
         "--runs",
-        type=int,
+        type=integer(0, MAX_SAMPLES),
         default=10,
         help="interleaved latency rounds, about 2 s in all (default 10; 0: none)",
     )

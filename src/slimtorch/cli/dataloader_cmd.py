@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slimtorch.cli.arguments import add_command, add_deprecated, add_json, print_json
+from slimtorch.cli.arguments import MAX_BATCH, add_command, add_deprecated, add_json, integer, print_json
 from slimtorch.cli.choices import START_METHODS, TUNE_BUDGET_S
+from slimtorch.cli.untrusted_text import as_text
 from slimtorch.errors import SlimtorchError
 
 if TYPE_CHECKING:
@@ -38,8 +39,9 @@ examples:
 def register(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     parser = add_command(commands, common, "dataloader", HELP, DESCRIPTION)
     parser.add_argument("dataset", metavar="DATASET", help="pkg.module:name or file.py:name")
-    parser.add_argument("--batch", type=int, metavar="N", help="samples per batch (required)")
-    add_deprecated(parser, "--batch-size", "--batch", "batch", type=int, metavar="N")
+    batch = integer(1, MAX_BATCH)  # the bound of every --batch
+    parser.add_argument("--batch", type=batch, metavar="N", help="samples per batch (required)")
+    add_deprecated(parser, "--batch-size", "--batch", "batch", type=batch, metavar="N")
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -107,7 +109,7 @@ def _render(spec: str, report: TuneReport) -> None:
     from slimtorch.cli.views.inspect_view import output_console
 
     console = output_console()
-    title = f"{spec}: batch {report.batch_size}, {report.batches} batches a pass"
+    title = as_text(f"{spec}: batch {report.batch_size}, {report.batches} batches a pass")
     table = Table(title=title, title_justify="left", header_style="dim")
     for column in ("settings", "samples/s", "spread", "epoch start", "passes", ""):
         table.add_column(column, justify="left" if column in ("settings", "") else "right")
@@ -119,19 +121,19 @@ def _render(spec: str, report: TuneReport) -> None:
             "-" if trial.spread is None else f"{trial.spread:.0%}",
             "-" if trial.start_s is None else f"{trial.start_s * 1000:,.0f} ms",
             str(trial.passes),
-            "chosen" if chosen else (trial.error or ""),
+            "chosen" if chosen else as_text(trial.error or ""),
             style="bold" if chosen else None,
         )
     console.print(table)
     keywords = ", ".join(f"{key}={value!r}" for key, value in report.settings.items())
-    console.print(f"DataLoader(dataset, {keywords})", highlight=False)
+    console.print(as_text(f"DataLoader(dataset, {keywords})"))
     if report.speedup is not None:
         console.print(f"{report.speedup:.2f}x num_workers=0's samples/s", highlight=False)
     if report.step_samples_per_s is not None:
         console.print(f"the training step: {report.step_samples_per_s:,.0f} samples/s", highlight=False)
-    console.print(f"stopped: {report.stopped}", highlight=False)
+    console.print(as_text(f"stopped: {report.stopped}"))
     for note in report.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(as_text(f"note: {note}"))
     if report.skipped:
-        console.print(f"not tried: {', '.join(report.skipped)}", highlight=False)
+        console.print(as_text(f"not tried: {', '.join(report.skipped)}"))
     console.print(f"searched for {report.seconds:.1f} s of a {report.budget_s:g} s budget", highlight=False)

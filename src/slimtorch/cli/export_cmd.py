@@ -8,16 +8,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slimtorch.cli.arguments import (
+    MAX_SAMPLES,
     add_command,
     add_deprecated,
     add_json,
     add_output,
     add_scheme,
+    integer,
     print_json,
+    real,
 )
 from slimtorch.cli.choices import SCHEME_CODECS
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.cli.untrusted_text import as_text, printable
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.units import format_bytes
 
@@ -83,9 +87,19 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument(
         "--example", nargs="+", metavar="INPUT", help="the example input: .npy per input, or one .npz / .json"
     )
-    parser.add_argument("--samples", type=int, default=3, metavar="N", help="inputs compared (default 3)")
-    parser.add_argument("--atol", type=float, metavar="X", help="absolute tolerance (default by precision)")
-    parser.add_argument("--rtol", type=float, metavar="X", help="tolerance relative to max|eager|")
+    parser.add_argument(
+        "--samples",
+        type=integer(1, MAX_SAMPLES),
+        default=3,
+        metavar="N",
+        help="inputs compared (default 3)",
+    )
+    parser.add_argument(
+        "--atol", type=real(0), metavar="X", help="absolute tolerance, 0 or more (default by precision)"
+    )
+    parser.add_argument(
+        "--rtol", type=real(0), metavar="X", help="tolerance relative to max|eager|, 0 or more"
+    )
     add_json(parser)
     parser.set_defaults(run=run)
 
@@ -113,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         format=args.format,
         quantize_to=SCHEME_CODECS.get(args.scheme),
         dynamic_batch=args.dynamic_batch,
-        samples=max(1, args.samples),
+        samples=args.samples,
         tolerance=tolerance,
     )
     with TerminalProgress(enabled=not args.json) as status:
@@ -133,8 +147,8 @@ def _tokenizer_folder(loaded: ModelInput) -> Path | None:
         return None
     if not (folder / "tokenizer.json").is_file():
         print(
-            f"slimtorch: note: {folder} has no tokenizer.json: the bundle takes token ids of the example's "
-            "shape, not text",
+            f"slimtorch: note: {printable(folder)} has no tokenizer.json: the bundle takes token ids of the "
+            "example's shape, not text",
             file=sys.stderr,
         )
         return None
@@ -146,26 +160,52 @@ def _example(args: argparse.Namespace, model: torch.nn.Module) -> dict[str, torc
     order (.npy files, a JSON list)."""
     import torch
 
-    from slimtorch.deploy.runner import BundleError, read_inputs
+    from slimtorch.cli.example_files import read_example
     from slimtorch.models.examples import forward_names
 
     names = forward_names(model) or ["input"]
     files = args.example
-    named = len(files) == 1 and files[0].endswith((".npz", ".json"))
-    try:
-        arrays = read_inputs(files, names if named else names[: len(files)])
-    except (BundleError, OSError, ValueError, RecursionError) as exc:
-        raise SlimtorchError(f"{files[0]}: cannot read the example input ({exc})") from None
+    arrays = read_example(files, names)  # within a budget, numbers only: one line naming the file
     unknown = [name for name in arrays if name not in names]
     if unknown:
         raise SlimtorchError(
             f"{files[0]}: the model has no input {unknown[0]!r} (it takes {', '.join(names)})"
         )
     given = [name for name in names if name in arrays]
+    if not given:
+        raise SlimtorchError(f"{files[0]}: holds no input (the model takes {', '.join(names)})")
     if given != names[: len(given)]:
         missing = next(name for name in names if name not in arrays)
         raise SlimtorchError(f"{files[0]}: no value for {missing!r}, which comes before {given[-1]!r}")
-    return {name: torch.from_numpy(arrays[name]) for name in given}
+    floats = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    json_file = len(files) == 1 and files[0].endswith(".json")
+    example = {}
+    for name in given:
+        tensor = torch.from_numpy(arrays[name])
+        if json_file:  # JSON numbers have no width: floats take the model's, integers int64
+            tensor = tensor.to(floats) if tensor.is_floating_point() else tensor.to(torch.int64)
+        example[name] = tensor
+    _check_accepts(model, example, files[0])
+    return example
+
+
+def _check_accepts(model: torch.nn.Module, example: dict[str, torch.Tensor], where: str) -> None:
+    """Run the example through the model once: one that does not fit it (a width, a dtype) is one line
+    naming the file, not a traceback from the layer that choked on it."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(*example.values())
+    except Exception as exc:  # whatever the model's own code raises on an input it cannot take
+        given = ", ".join(
+            f"{name} {str(t.dtype).removeprefix('torch.')} {'x'.join(map(str, t.shape)) or 'scalar'}"
+            for name, t in example.items()
+        )
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise SlimtorchError(
+            f"{where}: the model does not accept this example ({given}) ({type(exc).__name__}: {first})"
+        ) from exc
 
 
 def _render(args: argparse.Namespace, report: ExportReport) -> None:
@@ -174,14 +214,14 @@ def _render(args: argparse.Namespace, report: ExportReport) -> None:
     from slimtorch.cli.views.inspect_view import output_console
 
     console = output_console()
-    title = f"{args.model} -> {report.bundle}/{report.model_file}"
+    title = as_text(f"{args.model} -> {report.bundle}/{report.model_file}")
     table = Table(title=title, title_justify="left", header_style="dim")
     for column in ("output", "shape", "max abs error", "max rel error", "within tolerance"):
         table.add_column(column, justify="left" if column in ("output", "shape") else "right")
     by_cosine = report.tolerance.min_cosine is not None and report.embedding is not None
     for spec, error in zip(report.outputs, report.errors, strict=True):
         table.add_row(
-            error.name,
+            as_text(error.name),
             "x".join(str(s) for s in spec.shape),
             f"{error.max_abs:.3g}",
             f"{error.max_rel:.3g}",
@@ -199,18 +239,20 @@ def _render(args: argparse.Namespace, report: ExportReport) -> None:
         f"compared on {report.samples} input(s); {report.tolerance.meaning}; {stages}", highlight=False
     )
     if report.embedding is not None:
-        console.print(report.embedding.summary(by_cosine), highlight=False)
+        console.print(as_text(report.embedding.summary(by_cosine)))
     for note in report.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(as_text(f"note: {note}"))
     if report.passed:
         console.print(
-            f"next: slimtorch footprint {report.bundle}  (or: cd {report.bundle}; python predict.py --check)",
-            highlight=False,
+            as_text(
+                f"next: slimtorch footprint {report.bundle}  "
+                f"(or: cd {report.bundle}; python predict.py --check)"
+            )
         )
     else:
         print(
             f"slimtorch: verification failed: "
             f"{'sentence embedding below the cosine' if by_cosine else 'outputs outside the tolerance'} "
-            f"({report.bundle})",
+            f"({printable(report.bundle)})",
             file=sys.stderr,
         )

@@ -7,9 +7,19 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from slimtorch.cli.arguments import add_command, add_device, add_json, print_json, size
+from slimtorch.cli.arguments import (
+    MAX_RANKS,
+    add_command,
+    add_device,
+    add_json,
+    integer,
+    print_json,
+    real,
+    size,
+)
 from slimtorch.cli.choices import FIT_MARGIN, OPTIMIZERS, PARALLEL
 from slimtorch.cli.model_input import MODEL_HELP, add_input_shape, meta_model
+from slimtorch.cli.untrusted_text import as_text, in_markup
 from slimtorch.format.units import format_bytes, format_share
 
 if TYPE_CHECKING:
@@ -60,7 +70,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("--no-offload", action="store_true", help="never offload activations (CUDA)")
     parser.add_argument(
         "--margin",
-        type=float,
+        type=real(0, 1, below=True),
         default=FIT_MARGIN,
         help=f"share of the budget kept free (default {FIT_MARGIN})",
     )
@@ -72,9 +82,11 @@ def _world_size(text: str) -> int | str:
     if text == "auto":
         return text
     try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number of ranks or auto, not {text!r}") from None
+        return integer(1, MAX_RANKS)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of ranks from 1 to {MAX_RANKS:,}, or auto, not {text[:40]!r}"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,13 +122,14 @@ def _render(model: str, plan: FitPlan) -> None:
     where = f"on {plan.world_size} ranks ({plan.strategy})" if plan.strategy else "on one device"
     verdict = "fits" if plan.fits else "may fit"  # an offloading plan: the estimate keeps the activations
     console.print(
-        f"{model}: {verdict} {format_bytes(plan.budget_bytes)} per {plan.device} device {where}, "
-        f"{plan.precision}",
-        highlight=False,
+        as_text(
+            f"{model}: {verdict} {format_bytes(plan.budget_bytes)} per {plan.device} device {where}, "
+            f"{plan.precision}"
+        )
     )
     if plan.offload:
         console.print("  activations offloaded to pinned host memory (save_on_cpu)", highlight=False)
-    at = f" at {plan.per_rank.where}" if plan.per_rank else ""
+    at = f" at {in_markup(plan.per_rank.where)}" if plan.per_rank else ""
     console.print(
         f"  predicted peak{' per rank' if plan.strategy else ''}: {format_bytes(plan.predicted_peak_bytes)}"
         f"{at} (one device, nothing pulled: {format_bytes(plan.unmodified_peak_bytes)})",
@@ -124,12 +137,13 @@ def _render(model: str, plan: FitPlan) -> None:
     )
     if plan.checkpointed:
         console.print(
-            f"  checkpointed: {len(plan.checkpointed)} blocks ({plan.checkpointed[0]} .. "
-            f"{plan.checkpointed[-1]}), {format_share(plan.recompute_share, 1)} of the parameters run "
-            "forward twice",
-            highlight=False,
+            as_text(
+                f"  checkpointed: {len(plan.checkpointed)} blocks ({plan.checkpointed[0]} .. "
+                f"{plan.checkpointed[-1]}), {format_share(plan.recompute_share, 1)} of the parameters run "
+                "forward twice"
+            )
         )
     if plan.launch:
-        console.print(f"  launch: {plan.launch}", highlight=False)
+        console.print(as_text(f"  launch: {plan.launch}"))
     for note in plan.notes:
-        console.print(f"  note: {note}", highlight=False)
+        console.print(as_text(f"  note: {note}"))

@@ -7,6 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from slimtorch.cli.arguments import add_command, add_deprecated, add_json, print_json
+from slimtorch.cli.untrusted_text import as_text, printable
 from slimtorch.format.units import format_bytes
 
 if TYPE_CHECKING:
@@ -17,15 +18,19 @@ if TYPE_CHECKING:
 
 HELP = "measure a deployment bundle's runtime on disk in a clean venv, beside torch's, and run its sample"
 DESCRIPTION = """\
-Makes a fresh virtual environment, installs only the bundle's requirements.txt with its pip (your pip
-configuration, index and proxy settings apply) as a deployment image does, `pip install --no-compile`,
-runs `predict.py --check` there (writing bytecode for what it imports, as a deployment does), and weighs
+Verifies the bundle first, before anything in it is installed or run: manifest.json schema-checked,
+every file against its sha256, nothing unlisted Python could import, predict.py byte for byte the runner
+this slimtorch writes, requirements.txt nothing but name==version lines; a bundle that fails is refused
+in one line (exit 2). Then makes a fresh virtual environment, installs only the bundle's
+requirements.txt with its pip (your pip configuration, index and proxy settings apply) as a deployment
+image does, wheels only, `pip install --no-compile --only-binary=:all:`, runs `python -I predict.py
+--check` there (writing bytecode for what it imports, as a deployment does), and weighs
 what is installed: each distribution is the sum of the files its RECORD lists and the bytecode written
 for them, each file counted once (the .pyc column). --compile installs as plain `pip install` does,
 every module compiled to bytecode whether it is ever imported or not (about 12% more). pip,
 setuptools and wheel come with every venv and are not needed to run, so they are listed aside and left
 out of the total; the size of all of site-packages is shown as a cross-check. The model's bytes are the
-files manifest.json lists under "model", else the bundle's model.* files.
+files manifest.json lists under "model".
 
 Beside it, torch's own footprint, measured the same way: torch==<this torch's version> alone in a clean
 venv (pip's configured indexes pick the build), imported once. That takes a minute and about 860 MB
@@ -33,7 +38,8 @@ once, so the result is cached in $XDG_CACHE_HOME/slimtorch/footprint/ (~/.cache/
 by default), one file per torch version, Python version, platform and --compile; --refresh-baseline
 measures again.
 
-Exit code 0 when the sample passed, 1 when it failed (the runner's last line is shown).
+Exit code 0 when the sample passed, 1 when it failed (the runner's last line is shown), 2 when the
+bundle is refused.
 
 examples:
   slimtorch footprint ./resnet-bundle
@@ -86,11 +92,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _render(console: Console, report: FootprintReport, keep: str | None) -> None:
+    """The tables and lines of a footprint; package names, versions and the sample's output come from the
+    bundle and what it ran, so each is shown as data (``untrusted_text``)."""
     from rich.console import Group
+    from rich.text import Text
 
     runtime = _table(f"{report.bundle}: runtime installed", "package", "version", "bytes", "of it .pyc")
     for package in report.packages:
-        runtime.add_row(package.name, package.version, *_sizes(package.bytes, package.bytecode))
+        runtime.add_row(
+            as_text(package.name), as_text(package.version), *_sizes(package.bytes, package.bytecode)
+        )
     runtime.add_section()
     runtime.add_row("runtime", "", *_sizes(report.runtime_bytes, report.bytecode_bytes), style="bold")
     runtime.add_row(
@@ -101,7 +112,7 @@ def _render(console: Console, report: FootprintReport, keep: str | None) -> None
     tables = [runtime] if report.baseline is None else [runtime, _baseline_table(report, report.baseline)]
     console.print(Group(*tables) if console.width < 120 else _side_by_side(tables))
     aside = ", ".join(f"{p.name} {p.version} {format_bytes(p.bytes)}" for p in report.excluded)
-    console.print(f"left out, installers not needed to run: {aside or 'none'}", highlight=False)
+    console.print(as_text(f"left out, installers not needed to run: {aside or 'none'}"))
     console.print(
         f"all of site-packages: {format_bytes(report.site_packages_bytes)} (a cross-check); "
         f"venv made and requirements installed in {report.install_seconds:.1f} s",
@@ -109,11 +120,11 @@ def _render(console: Console, report: FootprintReport, keep: str | None) -> None
     )
     if report.sample_ok:
         output = "" if report.sample_output is None else f": {_short(report.sample_output)}"
-        console.print(f"[green]sample check passed[/]{output}", highlight=False)
+        console.print(Text.assemble(("sample check passed", "green"), printable(output)))
     else:
-        console.print(f"[red]sample check FAILED[/]: {report.sample_error}", highlight=False)
+        console.print(Text.assemble(("sample check FAILED", "red"), f": {printable(report.sample_error)}"))
     if keep:
-        console.print(f"the environment is kept in {keep}", highlight=False)
+        console.print(as_text(f"the environment is kept in {keep}"))
 
 
 def _baseline_table(report: FootprintReport, baseline: Baseline) -> Table:
@@ -121,7 +132,9 @@ def _baseline_table(report: FootprintReport, baseline: Baseline) -> Table:
     title = f"{baseline.requirement} ({when} {baseline.measured_at[:10]})"
     table = _table(title, "package", "version", "bytes", "of it .pyc")
     for package in baseline.packages:
-        table.add_row(package.name, package.version, *_sizes(package.bytes, package.bytecode))
+        table.add_row(
+            as_text(package.name), as_text(package.version), *_sizes(package.bytes, package.bytecode)
+        )
     table.add_section()
     table.add_row("torch runtime", "", *_sizes(baseline.runtime_bytes, baseline.bytecode_bytes), style="bold")
     without = format_bytes(baseline.runtime_bytes - baseline.bytecode_bytes)
@@ -138,7 +151,7 @@ def _sizes(total: int, bytecode: int) -> tuple[str, str]:
 def _table(title: str, *columns: str) -> Table:
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", header_style="dim")
+    table = Table(title=as_text(title), title_justify="left", header_style="dim")
     for column in columns:
         table.add_column(column, justify="left" if column in ("package", "version") else "right")
     return table

@@ -106,6 +106,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
 
 def run(args: argparse.Namespace) -> int:
     from slimtorch.cli.progress import TerminalProgress
+    from slimtorch.cli.untrusted_text import printable
     from slimtorch.cli.views.inspect_view import output_console
     from slimtorch.cli.views.load_view import render_load
     from slimtorch.loading.loader import load, load_model
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         render_load(report, console, show_phases=args.profile)
         if report.model_class is not None:
             for line in name_lines(report, every=args.profile):
-                console.print(line, highlight=False, markup=False)
+                console.print(printable(line), highlight=False, markup=False)
     return 0
 
 

@@ -5,8 +5,10 @@ The one error boundary: readers turn what a parser raises on hostile bytes into 
 :class:`~slimtorch.errors.SlimtorchError`, an ``OSError`` (a missing or unreadable file), or a bug, which
 keeps its traceback. Two exceptions are never a traceback though: ``MemoryError`` and ``RecursionError``
 mean input too big or too deep for this machine (a reader missed a budget), and a user cannot act on
-the stack; ``--debug`` shows it. A closed stdout (``slimtorch inspect m.pt | head``) ends quietly with
-exit 0, as ``git log | head`` does; Ctrl-C is one line and exit 130 (128 + SIGINT, as a shell reports it).
+the stack; ``--debug`` shows it. The line quotes paths and names from files, so its control characters are
+shown as escapes (:mod:`slimtorch.cli.untrusted_text`): it stays one line and the terminal obeys none of
+them. A closed stdout (``slimtorch inspect m.pt | head``) ends quietly with exit 0, as ``git log | head``
+does; Ctrl-C is one line and exit 130 (128 + SIGINT, as a shell reports it).
 
 Nothing here or in a command's module imports torch: a command imports its work when it runs, so
 ``--help``, ``--version``, completion and a mistyped option answer in a tenth of a second.
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 
 from slimtorch._version import __version__
 from slimtorch.cli import (
+    arguments,
     completion_cmd,
     dataloader_cmd,
     export_cmd,
@@ -38,6 +41,7 @@ from slimtorch.cli import (
     shrink_cmd,
     slim_cmd,
 )
+from slimtorch.cli.untrusted_text import printable
 from slimtorch.errors import SlimtorchError
 
 COMMANDS = (
@@ -72,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     # A sub-parser's default would overwrite the top level's True: it sets debug only when given.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # each command's parser makes a bad option value one line (arguments.CommandParser)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=arguments.CommandParser
+    )
     for command in COMMANDS:
         command.register(commands, common)
     return parser
@@ -92,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SlimtorchError, OSError, MemoryError, RecursionError) as exc:
         if args.debug:
             traceback.print_exc()
-        print(f"slimtorch: error: {_one_line(exc, args)}", file=sys.stderr)
+        print(f"slimtorch: error: {printable(_one_line(exc, args))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         if args.debug:

@@ -6,14 +6,30 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from slimtorch.cli.arguments import add_command, add_device, add_json, print_json, size
+from slimtorch.cli.arguments import (
+    MAX_BATCH,
+    MAX_RANKS,
+    add_command,
+    add_device,
+    add_json,
+    integer,
+    machine_memory,
+    print_json,
+    size,
+)
 from slimtorch.cli.choices import OPTIMIZERS, PARALLEL, PRECISIONS
 from slimtorch.cli.model_input import MODEL_HELP, add_input_shape, meta_model
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.cli.untrusted_text import as_text
+from slimtorch.errors import SlimtorchError
 from slimtorch.format.units import format_bytes, format_share
 
 if TYPE_CHECKING:
+    from slimtorch.loading import ModelInput
     from slimtorch.memory import MemoryReport
+
+MAX_ACCUMULATION = 1024
+"""the most micro-batches of --accumulation: each is simulated, and the peak is reached by the second"""
 
 HELP = "predict a training loop's (or inference's) peak memory, and what it is made of, without running it"
 DESCRIPTION = """\
@@ -46,7 +62,11 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     add_input_shape(parser)
     parser.add_argument(
-        "--batch", type=int, nargs="+", metavar="N", help="batch sizes (default: the input's)"
+        "--batch",
+        type=integer(1, MAX_BATCH),
+        nargs="+",
+        metavar="N",
+        help="batch sizes (default: the input's)",
     )
     parser.add_argument("--mode", choices=("train", "inference"), default="train", help="default train")
     parser.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adamw", help="default adamw")
@@ -65,7 +85,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     )
     parser.add_argument(
         "--accumulation",
-        type=int,
+        type=integer(1, MAX_ACCUMULATION),
         default=1,
         metavar="K",
         help="micro-batches per optimizer step (default 1)",
@@ -75,7 +95,9 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         choices=PARALLEL,
         help="also each rank's peak under this strategy (the batch is then per rank; needs --world-size)",
     )
-    parser.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks of --parallel")
+    parser.add_argument(
+        "--world-size", type=integer(1, MAX_RANKS), default=1, metavar="N", help="ranks of --parallel"
+    )
     parser.add_argument("--budget", type=size, metavar="SIZE", help="memory to fit in, e.g. 24GB or 80GiB")
     parser.add_argument(
         "--chart", metavar="PNG", help="also draw memory over the step to this PNG (needs matplotlib)"
@@ -93,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.chart:
         check_output(args.chart, model_inputs(args.model))
     loaded = meta_model(args)
+    _check_batches(args.batch or (), loaded)
     step = StepOptions(
         mode=args.mode,
         optimizer=args.optimizer,
@@ -117,8 +140,25 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _render(args, report, fits)
     if chart is not None:
-        output_console().print(f"wrote {chart}", highlight=False)
+        output_console().print(as_text(f"wrote {chart}"))
     return 0
+
+
+def _check_batches(batches: tuple[int, ...] | list[int], loaded: ModelInput) -> None:
+    """Each --batch makes the example input that many samples for real (rows repeated, with an int64
+    index of the rows) before the step runs on fake tensors: one line where that input alone would not
+    fit in this machine's memory."""
+    import torch
+
+    inputs = [v for v in (*loaded.args, *loaded.kwargs.values()) if isinstance(v, torch.Tensor) and v.dim()]
+    per_sample = sum(v.nbytes // max(1, v.shape[0]) for v in inputs) + 8
+    memory = machine_memory()
+    for batch in batches:
+        if batch * per_sample > memory:
+            raise SlimtorchError(
+                f"--batch {batch:,}: its input would take {format_bytes(batch * per_sample)} "
+                f"({per_sample:,} bytes a sample), more than this machine's {format_bytes(memory)}"
+            )
 
 
 def _largest_batch(report: MemoryReport, budget: int) -> int | None:
@@ -134,7 +174,8 @@ def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) ->
 
     console = output_console()
     what = f"{args.mode}, {args.precision}" + (f", {args.optimizer}" if args.mode == "train" else "")
-    table = Table(title=f"{args.model}: {what}, on {report.device}", title_justify="left", header_style="dim")
+    title = as_text(f"{args.model}: {what}, on {report.device}")
+    table = Table(title=title, title_justify="left", header_style="dim")
     table.add_column("at the peak")
     for step in report.steps:
         table.add_column(f"batch {step.batch_size or args.input_shape[0]}", justify="right")
@@ -159,9 +200,10 @@ def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) ->
     if last.modules:
         top = list(last.modules.items())[:5]
         console.print(
-            "activations kept for backward, largest: "
-            + ", ".join(f"{name or '(model)'} {format_bytes(value)}" for name, value in top),
-            highlight=False,
+            as_text(
+                "activations kept for backward, largest: "
+                + ", ".join(f"{name or '(model)'} {format_bytes(value)}" for name, value in top)
+            )
         )
     if report.per_sample_bytes is not None:
         console.print(
@@ -171,9 +213,10 @@ def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) ->
     if report.per_rank is not None:
         rank = report.per_rank
         console.print(
-            f"per rank, {rank.strategy} on {rank.world_size}: peak {format_bytes(rank.peak_bytes)} "
-            f"in {rank.where}",
-            highlight=False,
+            as_text(
+                f"per rank, {rank.strategy} on {rank.world_size}: peak {format_bytes(rank.peak_bytes)} "
+                f"in {rank.where}"
+            )
         )
     if args.budget:
         verdict = "fits" if report.peak_bytes <= args.budget else "does NOT fit"

@@ -12,13 +12,15 @@ that rejects it is one line, exit 2.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slimtorch.cli.arguments import add_allow_global
+from slimtorch.cli.arguments import add_allow_global, machine_memory
 from slimtorch.cli.choices import DEFAULT_SHAPE
 from slimtorch.cli.model_spec import HUB_ID_HELP, SPEC_HELP
+from slimtorch.cli.untrusted_text import printable
 from slimtorch.errors import OptionError
 
 if TYPE_CHECKING:
@@ -28,6 +30,11 @@ MODEL_HELP = (
     SPEC_HELP + f", a Hugging Face model folder, a sentence-transformers folder, or either by {HUB_ID_HELP}"
 )
 NOTED_NAMES = 3
+MAX_DIMS = 16
+"""the most dimensions an input shape may have (images are 4, video 5; torch's own kernels stop near 25)"""
+ELEMENT_BYTES = 8
+"""the widest element an example input takes (int64 token ids): a shape's elements times this must fit
+in this machine's memory, or the example could never be made"""
 
 __all__ = ["DEFAULT_SHAPE", "add_model_arguments", "command_model", "meta_model", "shape"]
 
@@ -119,12 +126,28 @@ def meta_model(args: argparse.Namespace) -> ModelInput:
 
 
 def shape(text: str) -> tuple[int, ...]:
+    """``--input-shape``: positive sizes, at most :data:`MAX_DIMS` of them, whose elements (at
+    :data:`ELEMENT_BYTES` each) fit in this machine's memory.
+
+    Example:
+        >>> shape("1,3,224,224")
+        (1, 3, 224, 224)
+    """
+    shown = text if len(text) <= 60 else text[:57] + "..."
     try:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated shape: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a comma-separated shape: {shown!r}") from None
     if not sizes or any(size < 1 for size in sizes):
-        raise argparse.ArgumentTypeError(f"sizes must be positive: {text!r}")
+        raise argparse.ArgumentTypeError(f"sizes must be positive: {shown!r}")
+    if len(sizes) > MAX_DIMS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_DIMS} dimensions, not {len(sizes)}")
+    elements, most = math.prod(sizes), machine_memory() // ELEMENT_BYTES
+    if elements > most:
+        raise argparse.ArgumentTypeError(
+            f"{shown} is {elements:,} elements; this machine's memory holds at most {most:,} "
+            f"({ELEMENT_BYTES} bytes each)"
+        )
     return sizes
 
 
@@ -144,7 +167,7 @@ def output_companions(folder: Path | None) -> dict:
         return {}
     found = find_companions(folder)
     for line in found.left_out:
-        print(f"slimtorch: note: not copied: {line}", file=sys.stderr)
+        print(f"slimtorch: note: not copied: {printable(line)}", file=sys.stderr)
     return found.files
 
 
@@ -154,4 +177,4 @@ def _note_left_out(loaded: ModelInput) -> None:
         return
     shown = "; ".join(loaded.ignored[:NOTED_NAMES])
     more = f"; and {len(loaded.ignored) - NOTED_NAMES} more" if len(loaded.ignored) > NOTED_NAMES else ""
-    print(f"slimtorch: note: the load left out {shown}{more}", file=sys.stderr)
+    print(f"slimtorch: note: the load left out {printable(shown)}{more}", file=sys.stderr)

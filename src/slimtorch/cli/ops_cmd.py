@@ -9,6 +9,7 @@ from pathlib import Path
 from slimtorch.cli.arguments import add_command, add_json, add_output, print_json
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.cli.untrusted_text import printable
 
 HELP = "list the operators a model uses, as the YAML PyTorch's selective build reads (a minimal libtorch)"
 DESCRIPTION = """\
@@ -57,14 +58,14 @@ def run(args: argparse.Namespace) -> int:
     loaded = command_model(args)
     found = operators(loaded.model, loaded.positional(), OperatorOptions(training=args.training))
     for note in found.notes:
-        print(f"slimtorch: note: {note}", file=sys.stderr)
+        print(f"slimtorch: note: {printable(note)}", file=sys.stderr)
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic_text(out, found.to_yaml(args.model))
         total, roots = len(found.operators), found.roots
         summary = f"{total} operators ({roots} called by the model, {total - roots} inside them) -> {out}"
-        print(summary, file=sys.stderr if args.json else sys.stdout)
+        print(printable(summary), file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print_json(found.to_dict())
     elif not args.output:

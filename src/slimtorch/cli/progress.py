@@ -3,7 +3,8 @@
 :class:`TerminalProgress` is the command line's :class:`slimtorch.format.progress.Progress`: a counted task
 (bytes or steps) gets a bar once it has lasted ``delay`` seconds; a stage with no count (``total=None``)
 gets a spinner naming it at once. Off a terminal (pipes, CI, tests) it draws nothing. Python users who
-want the same bar pass ``progress=TerminalProgress()`` to any verb.
+want the same bar pass ``progress=TerminalProgress()`` to any verb. A label may name a tensor or a file:
+it is shown as data (:mod:`slimtorch.cli.untrusted_text`), never read as markup or a format string.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.status import Status
+
+from slimtorch.cli.untrusted_text import as_text, printable
 
 DELAY_S = 1.0
 
@@ -55,7 +58,7 @@ class TerminalProgress:
         self.label, self.total, self.unit, self.done = label, total, unit, 0
         self._started = time.perf_counter()
         if self.enabled and total is None:
-            self._status = self.console.status(f"{label} ...")
+            self._status = self.console.status(as_text(f"{label} ..."))
             self._status.start()
 
     def advance(self, amount: int = 1) -> None:
@@ -67,7 +70,7 @@ class TerminalProgress:
                 return
             counted = DownloadColumn(binary_units=True) if self.unit == "bytes" else MofNCompleteColumn()
             self._bar = Progress(
-                TextColumn(self.label),
+                TextColumn("{task.description}", markup=False),
                 BarColumn(),
                 counted,
                 TimeRemainingColumn(),
@@ -75,7 +78,7 @@ class TerminalProgress:
                 transient=True,
             )
             self._bar.start()
-            self._task = self._bar.add_task(self.label, total=self.total, completed=self.done)
+            self._task = self._bar.add_task(printable(self.label), total=self.total, completed=self.done)
             return
         self._bar.update(self._task, completed=self.done)  # type: ignore[arg-type]
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slimtorch.cli.arguments import (
+    MAX_STEPS,
     add_command,
     add_deprecated,
     add_json,
@@ -18,11 +20,14 @@ from slimtorch.cli.arguments import (
     add_runs,
     add_scheme,
     add_skip,
+    fraction,
+    integer,
     print_json,
 )
 from slimtorch.cli.choices import SCHEME_CODECS, STORED_AS_SCHEME, WEIGHT_SCHEMES
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.cli.untrusted_text import as_text
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.units import format_bytes
 
@@ -34,6 +39,10 @@ if TYPE_CHECKING:
     from slimtorch.prune import PruneReport, SparsityReport
 
 HELP = "remove whole channels (structured pruning), or zero weights (--unstructured, --n-m), and save"
+MAX_ROUND_TO = 2**16
+"""the largest --round-to: no layer has more channels"""
+MAX_GROUP = 1024
+"""the largest M of --n-m: 2:4 and 4:8 are what hardware runs"""
 CHANNEL_ONLY = {"importance": "l2", "scope": "layer", "round_to": None, "steps": 1, "input_shape": None}
 """options of channel pruning, with their defaults: given to --unstructured or --n-m, they are refused"""
 DESCRIPTION = """\
@@ -71,19 +80,29 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     add_model_arguments(parser, "1,3,224,224")
     add_output(parser, "output .safetensors file or folder")
     budget = parser.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--ratio", type=_ratio, help="share of channels to remove, 0 to <1")
+    budget.add_argument("--ratio", type=fraction, help="share of channels to remove, 0 to <1")
     budget.add_argument("--target-params", type=_count, metavar="N", help="prune until at most N parameters")
     budget.add_argument(
         "--target-macs", type=_count, metavar="N", help="prune until at most N MACs (on --input-shape)"
     )
     budget.add_argument(
-        "--unstructured", type=_ratio, metavar="SHARE", help="zero this share of the weights instead, 0 to <1"
+        "--unstructured",
+        type=fraction,
+        metavar="SHARE",
+        help="zero this share of the weights instead, 0 to <1",
     )
     budget.add_argument("--n-m", type=_n_m, metavar="N:M", help="keep N non-zeros in every M inputs (2:4)")
     parser.add_argument("--importance", choices=("l2", "l1", "bn_scale"), default="l2", help="default l2")
     parser.add_argument("--scope", choices=("layer", "global"), default="layer", help="default layer")
-    parser.add_argument("--round-to", type=int, metavar="K", help="keep channel counts multiples of K")
-    parser.add_argument("--steps", type=int, default=1, help="reach the ratio in this many steps (default 1)")
+    parser.add_argument(
+        "--round-to", type=integer(1, MAX_ROUND_TO), metavar="K", help="keep channel counts multiples of K"
+    )
+    parser.add_argument(
+        "--steps",
+        type=integer(1, MAX_STEPS),
+        default=1,
+        help="reach the ratio in this many steps (default 1)",
+    )
     add_skip(parser, "module names whose outputs stay (with --unstructured, --n-m: whose weights stay)")
     add_deprecated(parser, "--ignore", "--skip", "skip", nargs="+", extend=True, metavar="MODULE")
     add_scheme(parser, WEIGHT_SCHEMES, "also quantize the saved weights (as shrink --scheme does)")
@@ -94,32 +113,26 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.set_defaults(run=run)
 
 
-def _ratio(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError("must be at least 0 and below 1")
-    return value
-
-
 def _n_m(text: str) -> tuple[int, int]:
     n, sep, m = text.partition(":")
     try:
         pair = int(n), int(m)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N:M such as 2:4, not {text!r}") from None
-    if not sep or not 0 < pair[0] < pair[1]:
-        raise argparse.ArgumentTypeError(f"N:M needs 0 < N < M, not {text!r}")
+    if not sep or not 0 < pair[0] < pair[1] <= MAX_GROUP:
+        raise argparse.ArgumentTypeError(f"N:M needs 0 < N < M <= {MAX_GROUP}, not {text[:40]!r}")
     return pair
 
 
 def _count(text: str) -> int:
+    """A parameter or MAC count: 5e6, 1,000,000 or 1_000_000; positive and finite."""
     try:
-        value = int(float(text.replace("_", "").replace(",", "")))
+        value = float(text.replace("_", "").replace(",", ""))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be positive")
-    return value
+        value = math.nan
+    if not math.isfinite(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"must be a finite number, at least 1, not {text[:40]!r}")
+    return int(value)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -231,7 +244,7 @@ def _render(
         if args.ratio is not None
         else f"at most {args.target_params or args.target_macs:,} {unit}"
     )
-    table = Table(title=f"{args.model}, {asked}", title_justify="left", header_style="dim")
+    table = Table(title=as_text(f"{args.model}, {asked}"), title_justify="left", header_style="dim")
     for column in ("", "before", "after", "after / before"):
         table.add_column(column, justify="left" if not column else "right")
     rows = (
@@ -252,12 +265,10 @@ def _render(
         highlight=False,
     )
     for reason, count in report.frozen.items():
-        console.print(f"  kept whole: {count} group(s): {reason}", highlight=False)
-    console.print(f"wrote {', '.join(files)} ({format_bytes(size)})", highlight=False)
+        console.print(as_text(f"  kept whole: {count} group(s): {reason}"))
+    console.print(as_text(f"wrote {', '.join(files)} ({format_bytes(size)})"))
     for problem in problems:
-        console.print(
-            f"  from_pretrained cannot rebuild it: {problem}; slimtorch.load_model can", highlight=False
-        )
+        console.print(as_text(f"  from_pretrained cannot rebuild it: {problem}; slimtorch.load_model can"))
 
 
 def _run_sparse(args: argparse.Namespace) -> int:
@@ -350,7 +361,7 @@ def _render_sparse(
         if args.n_m is None
         else "{}:{} sparsity".format(*args.n_m)
     )
-    table = Table(title=f"{args.model}, {asked}", title_justify="left", header_style="dim")
+    table = Table(title=as_text(f"{args.model}, {asked}"), title_justify="left", header_style="dim")
     for column in ("", "before", "after", "after / before"):
         table.add_column(column, justify="left" if not column else "right")
     table.add_row(
@@ -361,14 +372,12 @@ def _render_sparse(
     label = f"file, {args.scheme}" if args.scheme else "file"  # both saved the same way
     table.add_row(label, format_bytes(sizes[0]), format_bytes(sizes[1]), ratio)
     console.print(table)
-    console.print(report.summary, highlight=False)
+    console.print(as_text(report.summary))
     for name, reason in report.skipped.items():
-        console.print(f"  left dense: {name}: {reason}", highlight=False)
+        console.print(as_text(f"  left dense: {name}: {reason}"))
     if sizes[1] >= sizes[0]:
         console.print("  the file is not smaller: the layout written stores these zeros as they are")
     console.print("latency not timed: zeros cost a dense kernel the same multiply", highlight=False)
-    console.print(f"wrote {', '.join(files)} ({format_bytes(sizes[1])})", highlight=False)
+    console.print(as_text(f"wrote {', '.join(files)} ({format_bytes(sizes[1])})"))
     for problem in problems:
-        console.print(
-            f"  from_pretrained cannot rebuild it: {problem}; slimtorch.load_model can", highlight=False
-        )
+        console.print(as_text(f"  from_pretrained cannot rebuild it: {problem}; slimtorch.load_model can"))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slimtorch.cli.arguments import (
+    MAX_SAMPLES,
     add_command,
     add_group_size,
     add_json,
@@ -17,11 +18,13 @@ from slimtorch.cli.arguments import (
     add_runs,
     add_scheme,
     add_skip,
+    integer,
     print_json,
 )
 from slimtorch.cli.choices import INT4_GROUP_SIZE, SCHEMES
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.cli.untrusted_text import as_text
 from slimtorch.format.units import format_bytes
 
 if TYPE_CHECKING:
@@ -74,9 +77,15 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         help="also quantize the few layers whose output error would dominate (kept float by default)",
     )
     parser.add_argument(
-        "--samples", type=int, default=4, metavar="N", help="random inputs to compare on (default 4)"
+        "--samples",
+        type=integer(1, MAX_SAMPLES),
+        default=4,
+        metavar="N",
+        help="random inputs to compare on (default 4)",
     )
-    parser.add_argument("--layers", type=int, default=10, metavar="N", help="layers listed, worst first")
+    parser.add_argument(
+        "--layers", type=integer(0), default=10, metavar="N", help="layers listed, worst first"
+    )
     add_runs(parser)
     add_layout(parser)
     add_json(parser)
@@ -148,7 +157,7 @@ def _render(
     from slimtorch.cli.views.inspect_view import output_console
 
     console = output_console()
-    table = Table(title=f"{args.model}, {args.scheme}", title_justify="left", header_style="dim")
+    table = Table(title=as_text(f"{args.model}, {args.scheme}"), title_justify="left", header_style="dim")
     for column in ("", "float", "quantized", "quantized / float"):
         table.add_column(column, justify="left" if not column else "right")
     table.add_row(
@@ -171,8 +180,8 @@ def _render(
         )
     _render_layers(console, report, args.layers)
     for line in _kept_float_lines(report):
-        console.print(line, highlight=False)
-    console.print(f"wrote {', '.join(files)} ({format_bytes(size)})", highlight=False)
+        console.print(as_text(line))
+    console.print(as_text(f"wrote {', '.join(files)} ({format_bytes(size)})"))
 
 
 def _kept_float_lines(report: QuantizeReport, shown: int = 8) -> list[str]:
@@ -209,8 +218,8 @@ def _render_layers(console: Console, report: QuantizeReport, shown: int) -> None
     for layer in worst:
         output = "-" if layer.output_error is None else f"{layer.output_error:.2%}"
         table.add_row(
-            layer.name,
-            layer.kind,
+            as_text(layer.name),
+            as_text(layer.kind),
             f"{layer.weight_error:.2%}",
             output,
             f"{format_bytes(layer.before_bytes)} -> {format_bytes(layer.after_bytes)}",

@@ -8,9 +8,19 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slimtorch.cli.arguments import add_command, add_json, add_output, print_json
+from slimtorch.cli.arguments import (
+    MAX_BATCH,
+    MAX_STEPS,
+    add_command,
+    add_json,
+    add_output,
+    integer,
+    print_json,
+    real,
+)
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
+from slimtorch.cli.untrusted_text import as_text, printable
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.units import format_bytes
 
@@ -21,6 +31,15 @@ if TYPE_CHECKING:
 
 DEFAULT_EPOCHS = 3
 DEFAULT_LR = 1e-3  # RecoverOptions.lr
+MAX_EPOCHS = 1000
+"""the most --epochs (recover's, and slim's recovery): a recovery is a few passes, 1000 is days on digits
+(the bound of a slim recipe's recover_epochs)"""
+MAX_SEED = 2**63 - 1
+"""what torch's generators take"""
+EPOCHS = integer(0, MAX_EPOCHS)
+"""--epochs of recover and slim, one type (slim's 0 skips recovery; recover refuses 0 when it runs)"""
+LEARNING_RATE = real(0, 1, above=True)
+"""--lr of recover and slim: AdamW moves each weight by about lr a step, so beyond 1 is no fine-tune"""
 DATA_HELP = (
     "the task's data: digits (scikit-learn's), a folder (train.npz + eval.npz, or x.npy + y.npy) or an .npz "
     "file with arrays x and y, or pkg.module:factory / file.py:factory returning DataLoaders"
@@ -62,7 +81,10 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     )
     add_training_arguments(parser)
     parser.add_argument(
-        "--target", type=float, metavar="METRIC", help="stop once the metric reaches this (e.g. 99 or 0.995)"
+        "--target",
+        type=real(),
+        metavar="METRIC",
+        help="stop once the metric reaches this (e.g. 99 or 0.995)",
     )
     add_json(parser, "slimtorch.recover/1")
     parser.set_defaults(run=run)
@@ -72,10 +94,12 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """``--data``, ``--batch`` and ``--seed``: the task data, as :func:`slimtorch.recovery.open_data` takes
     it (``--data`` is checked when the command runs: a recipe may give it)."""
     parser.add_argument("--data", metavar="DATA", help=DATA_HELP)
-    parser.add_argument("--batch", type=int, metavar="N", help="samples per batch (default 64)")
+    parser.add_argument(
+        "--batch", type=integer(1, MAX_BATCH), metavar="N", help="samples per batch (default 64)"
+    )
     parser.add_argument(
         "--seed",
-        type=int,
+        type=integer(0, MAX_SEED),
         default=0,
         metavar="N",
         help="training order, split of one set of arrays, and torch's seed (default 0)",
@@ -86,11 +110,16 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     """``--epochs`` or ``--steps``, and ``--lr``: how long and how fast recovery trains."""
     length = parser.add_mutually_exclusive_group()
     length.add_argument(
-        "--epochs", type=int, metavar="N", help=f"passes over the data (default {DEFAULT_EPOCHS})"
+        "--epochs",
+        type=EPOCHS,
+        metavar="N",
+        help=f"passes over the data (default {DEFAULT_EPOCHS})",
     )
-    length.add_argument("--steps", type=int, metavar="N", help="optimizer steps, instead of --epochs")
+    length.add_argument(
+        "--steps", type=integer(1, MAX_STEPS), metavar="N", help="optimizer steps, instead of --epochs"
+    )
     parser.add_argument(
-        "--lr", type=float, default=DEFAULT_LR, help=f"learning rate (default {DEFAULT_LR:g})"
+        "--lr", type=LEARNING_RATE, default=DEFAULT_LR, help=f"learning rate (default {DEFAULT_LR:g})"
     )
 
 
@@ -113,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     )
     data = open_data(args.data, batch=args.batch or BATCH, seed=args.seed)
     for note in data.notes:
-        print(f"slimtorch: note: {note}", file=sys.stderr)
+        print(f"slimtorch: note: {printable(note)}", file=sys.stderr)
     progress = TerminalProgress(enabled=not args.json)
     stage = announcer(progress)
     with progress:
@@ -138,17 +167,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> None:
-    """What argparse cannot say: one line each, before anything loads."""
+    """What argparse cannot say (its types bound the numbers): one line each, before anything loads."""
     if not args.data:
         raise SlimtorchError("recover needs --data DATA: the data to train on and score with")
     if args.input_shape is not None:
         raise SlimtorchError("recover takes its inputs from --data; --input-shape does not apply")
-    for name in ("epochs", "steps", "batch"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise SlimtorchError(f"--{name} must be at least 1, not {value}")
-    if args.lr <= 0:
-        raise SlimtorchError(f"--lr must be positive, not {args.lr:g}")
+    if args.epochs is not None and args.epochs < 1:  # slim's --epochs 0 skips recovery: not here
+        raise SlimtorchError(f"--epochs must be at least 1, not {args.epochs}")
 
 
 def _teacher(args: argparse.Namespace, data: TaskData) -> nn.Module:
@@ -225,7 +250,7 @@ def _render(args: argparse.Namespace, summary: dict) -> None:
     console = output_console()
     how = f"distilled from {args.teacher}" if args.teacher else "fine-tuned"
     title = f"{args.model} on {args.data}, {how}, {summary['steps']:,} steps"
-    table = Table(title=title, title_justify="left", header_style="dim")
+    table = Table(title=as_text(title), title_justify="left", header_style="dim")
     for column in ("", "before", "after", "change"):
         table.add_column(column, justify="left" if not column else "right")
     accuracy = summary["metric"] == "accuracy"
@@ -241,6 +266,4 @@ def _render(args: argparse.Namespace, summary: dict) -> None:
     if summary["stopped_early"]:
         console.print(f"stopped early: the metric reached --target {args.target:g}", highlight=False)
     console.print(f"last training loss {summary['final_loss']:.4g}", highlight=False)
-    console.print(
-        f"wrote {', '.join(summary['files'])} ({format_bytes(summary['file_bytes'])})", highlight=False
-    )
+    console.print(as_text(f"wrote {', '.join(summary['files'])} ({format_bytes(summary['file_bytes'])})"))

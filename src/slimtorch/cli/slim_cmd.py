@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from slimtorch.cli.arguments import add_command, add_json, print_json
 from slimtorch.cli.model_input import MODEL_HELP
-from slimtorch.cli.recover_cmd import DEFAULT_LR, add_data_arguments
+from slimtorch.cli.recover_cmd import DEFAULT_LR, EPOCHS, LEARNING_RATE, add_data_arguments
+from slimtorch.cli.untrusted_text import as_text, printable
 from slimtorch.errors import SlimtorchError
 
 if TYPE_CHECKING:
@@ -31,8 +32,9 @@ params=2M. --max-drop is in the metric's unit: points of accuracy, or of cosine 
 
 Everything goes to the work folder (--work, default slim-work): one folder per stage with its model and
 a done marker, recipe.toml (every choice, the plan's included), report.html, report.json and charts/. A
-rerun with the same inputs resumes after the last finished stage; other inputs in the same folder are
-refused (--restart starts over). --recipe runs a recipe.toml again, its plan included.
+rerun with the same inputs resumes the finished stages whose done markers check out (the sha256 of their
+files, what they were made from) and redoes the others, one line each saying why; other inputs in the
+same folder are refused (--restart starts over). --recipe runs a recipe.toml again, its plan included.
 
 Exit code 0 when the goal was met, 1 when it was not (the best result within the drop is kept and named,
 with the reason in one line), 2 for bad input.
@@ -69,9 +71,14 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument(
         "--restart", action="store_true", help="empty the work folder first instead of resuming"
     )
-    parser.add_argument("--epochs", type=int, metavar="N", help="recovery epochs after pruning (default 10)")
     parser.add_argument(
-        "--lr", type=float, default=DEFAULT_LR, help=f"recovery's learning rate (default {DEFAULT_LR:g})"
+        "--epochs", type=EPOCHS, metavar="N", help="recovery epochs after pruning (default 10)"
+    )
+    parser.add_argument(
+        "--lr",
+        type=LEARNING_RATE,
+        default=DEFAULT_LR,
+        help=f"recovery's learning rate (default {DEFAULT_LR:g})",
     )
     parser.add_argument(
         "--export", action="store_true", help="also export an ONNX bundle and measure its footprint"
@@ -103,13 +110,13 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     for note in report.notes:
-        print(f"slimtorch: note: {note}", file=sys.stderr)
+        print(f"slimtorch: note: {printable(note)}", file=sys.stderr)
     if args.json:
         print_json(report.to_dict())
     else:
         _render(report)
     if not report.met:
-        print(f"slimtorch: goal not met: {report.reason}", file=sys.stderr)
+        print(f"slimtorch: goal not met: {printable(report.reason)}", file=sys.stderr)
         return EXIT_GOAL_NOT_MET
     return 0
 
@@ -143,7 +150,10 @@ def _inputs(args: argparse.Namespace) -> tuple[str, str | None, str, Any, dict |
         if not model:
             raise SlimtorchError(f"recipe {args.recipe} was run on a module from Python: give MODEL")
         weights = args.weights or recipe.inputs.get("weights") or None
-        return model, weights, args.data or recipe.inputs["data"], recipe.options, recipe.plan
+        data = args.data or recipe.inputs.get("data")
+        if not data:
+            raise SlimtorchError(f"recipe {args.recipe} names no data ([inputs] data): give --data DATA")
+        return model, weights, data, recipe.options, recipe.plan
     for name, what in (("model", "MODEL"), ("data", "--data DATA"), ("goal", "--goal G")):
         if not getattr(args, name):
             raise SlimtorchError(f"slim needs {what} (or --recipe recipe.toml)")
@@ -174,23 +184,23 @@ def _render(report: SlimReport) -> None:
     from slimtorch.format.units import format_bytes
 
     console = output_console()
-    stages = Table(title=f"slimtorch slim {report.model}, {report.goal['text']}")
+    stages = Table(title=as_text(f"slimtorch slim {report.model}, {report.goal['text']}"))
     for column in ("stage", "status", report.metric, "file", "seconds", "why"):
         stages.add_column(column, justify="left" if column in ("stage", "status", "why") else "right")
     for stage in report.stages:
         stages.add_row(
-            stage["name"],
-            stage["status"],
+            as_text(stage["name"]),
+            as_text(stage["status"]),
             "" if stage["metric"] is None else f"{stage['metric']:.4g}",
             "" if stage["file_bytes"] is None else format_bytes(stage["file_bytes"]),
             f"{stage['seconds']:.1f}",
-            stage["reason"],
+            as_text(stage["reason"]),
         )
     console.print(stages)
     console.print(_before_after(report))
-    console.print(("met: " if report.met else "not met: ") + report.reason, highlight=False)
-    console.print(f"result: {report.work}/{report.outputs['model']}", highlight=False)
-    console.print(f"report: {report.work}/{report.outputs['report_html']}", highlight=False)
+    console.print(as_text(("met: " if report.met else "not met: ") + report.reason))
+    console.print(as_text(f"result: {report.work}/{report.outputs['model']}"))
+    console.print(as_text(f"report: {report.work}/{report.outputs['report_html']}"))
 
 
 def _before_after(report: SlimReport) -> Any:

@@ -9,6 +9,9 @@
 
 The folder is written beside its destination and renamed into place when complete, so an interrupted
 export never leaves half a bundle, nor destroys the previous one.
+
+A bundle comes back from elsewhere (a download, a shared folder): :func:`verify_bundle` is what stands
+between it and anything that runs or installs what it holds.
 """
 
 from __future__ import annotations
@@ -24,13 +27,12 @@ import numpy as np
 
 from slimtorch._version import __version__
 from slimtorch.deploy import runner
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import FormatError, SlimtorchError
 from slimtorch.format.untrusted import load_json
 from slimtorch.format.writer import TEMP_PREFIX, replace_folder
 
-FORMAT = "slimtorch-bundle"
-VERSION = 1
-SAMPLE_INPUTS, EXPECTED_OUTPUTS, RUNNER = "sample_inputs.npz", "expected_outputs.npz", "predict.py"
+FORMAT, VERSION, RUNNER = runner.FORMAT, runner.VERSION, runner.RUNNER
+SAMPLE_INPUTS, EXPECTED_OUTPUTS = "sample_inputs.npz", "expected_outputs.npz"
 
 
 class BundleWriter:
@@ -51,7 +53,7 @@ class BundleWriter:
         folder into place."""
         np.savez(self.path(SAMPLE_INPUTS), **sample)
         np.savez(self.path(EXPECTED_OUTPUTS), **expected)
-        shutil.copyfile(runner.__file__, self.path(RUNNER))
+        self.path(RUNNER).write_bytes(shipped_runner())
         header = "# the runtime this bundle needs, nothing else (pip and setuptools aside)\n"
         if manifest.get("pip_options"):
             options = " ".join(manifest["pip_options"])
@@ -114,3 +116,40 @@ def read_manifest(folder: Path, *, strict: bool = True) -> dict[str, Any] | None
             raise SlimtorchError(f"{path}: not a slimtorch bundle ({exc})") from None
         return None
     return document
+
+
+def shipped_runner() -> bytes:
+    """The runner this slimtorch writes into every bundle as ``predict.py``."""
+    return Path(runner.__file__).read_bytes()
+
+
+def verify_bundle(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of the bundle in ``folder``, once nothing in it can run but what this slimtorch wrote.
+
+    Checked before anything in the bundle is installed or run (``footprint``): the manifest's shape
+    (:func:`runner.check_manifest`: types, required keys, bounds, plain file names); ``predict.py``
+    byte for byte the runner this slimtorch ships (:func:`shipped_runner`: the manifest's hashes are
+    the bundle's own word, this is ours); every file a regular file of its listed size and sha256, and
+    nothing unlisted that Python could import; ``requirements.txt`` nothing but ``name==version`` lines;
+    the sample files' array headers within the input budget. Anything else is a :class:`FormatError`
+    naming the file.
+
+    Example:
+        >>> verify_bundle("resnet-bundle")["model"]["file"]  # doctest: +SKIP
+        'model.onnx'
+    """
+    folder = Path(folder)
+    try:
+        manifest = runner.read_manifest(folder)
+        path, shipped = folder / RUNNER, shipped_runner()
+        if path.is_symlink() or path.stat().st_size != len(shipped) or path.read_bytes() != shipped:
+            made = str(manifest.get("created_by", {}).get("slimtorch", "an unknown version"))[:40]
+            raise FormatError(
+                path,
+                f"is not the runner slimtorch {__version__} writes into bundles (the manifest says it was "
+                f"made by slimtorch {made!r}); refusing to run it: export the bundle again",
+            )
+        runner.verify_files(folder, manifest)
+    except runner.InvalidBundle as exc:
+        raise FormatError(exc.path, exc.problem) from None
+    return manifest

@@ -1,7 +1,9 @@
 """What a deployment bundle's runtime costs on disk, measured in a clean environment, beside torch's.
 
 A bundle is a folder with ``requirements.txt``, a torch-free ``predict.py`` and ``manifest.json``.
-:func:`footprint` installs only those requirements in a fresh virtual environment, runs
+:func:`footprint` verifies it first (:func:`~slimtorch.deploy.bundle.verify_bundle`: every file against
+the manifest's sha256, ``predict.py`` byte for byte the runner slimtorch ships, the requirements pinned
+names only), then installs only those requirements in a fresh virtual environment, wheels only, runs
 ``predict.py --check`` there (proving the bundle needs nothing else), and weighs each installed
 distribution by the files its ``RECORD`` lists. :func:`torch_baseline` weighs ``torch`` the same way,
 once per torch version, Python and platform, and keeps the result in a cache.
@@ -27,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
-from slimtorch.deploy.bundle import read_manifest
+from slimtorch.deploy.bundle import verify_bundle
 from slimtorch.deploy.venv import (
     call,
     child_env,
@@ -46,6 +48,8 @@ from slimtorch.format.verbs import Report, resolve
 # Installers, not runtime: every fresh venv has them and a deployment image need not keep them.
 BUILD_TOOLS = frozenset({"pip", "setuptools", "wheel"})
 SAMPLE_TIMEOUT_S = 600
+WHEELS_ONLY = ["--only-binary=:all:"]
+"""pip never builds a package from source for a bundle: a source distribution's build runs its code"""
 Packages = tuple["PackageBytes", ...]
 
 
@@ -171,6 +175,11 @@ def footprint(
     bytecode Python wrote for them. ``compile_bytecode`` installs as plain ``pip install`` does, every
     module compiled (about 12% more for numpy and onnxruntime).
 
+    Nothing from the bundle is installed or run before it is verified
+    (:func:`~slimtorch.deploy.bundle.verify_bundle`; a bundle that fails is a :class:`FormatError` naming
+    the file); pip then installs wheels only (``--only-binary=:all:``: no package's build code runs), and
+    the sample runs with ``python -I``, so nothing in the bundle's folder can stand in for a module.
+
     ``options`` (:class:`FootprintOptions`, or single fields as keywords: ``baseline=False``,
     ``keep="venv"`` ...) say how. A failing sample is reported (``sample_ok`` False), not raised; what pip
     cannot install raises :class:`SlimtorchError`. ``progress`` is told each stage as it starts
@@ -183,7 +192,8 @@ def footprint(
     """
     how = resolve(FootprintOptions, options, overrides, "footprint")
     folder = _bundle_folder(bundle)
-    model_bytes = sum(path.stat().st_size for path in _model_files(folder))
+    manifest = verify_bundle(folder)  # before anything in it is installed or run
+    model_bytes = sum(manifest["files"][name]["bytes"] for name in manifest["model"]["files"])
     say = announcer(progress)
     python = how.python or sys.executable
     with venv_folder(how.keep) as venv:
@@ -191,7 +201,11 @@ def footprint(
         say("creating a virtual environment")
         venv_python = create_venv(python, Path(venv))
         say("installing requirements.txt")
-        flags = [*([] if how.compile_bytecode else ["--no-compile"]), *_pip_options(folder)]
+        flags = [
+            *([] if how.compile_bytecode else ["--no-compile"]),
+            *WHEELS_ONLY,
+            *manifest.get("pip_options", []),
+        ]
         pip_install(venv_python, [*flags, "-r", "requirements.txt"], cwd=folder, what=str(folder))
         install_seconds = time.perf_counter() - started
         say("running the sample")
@@ -273,52 +287,23 @@ def _cache_path(torch: str, python: str, platform: str, compile_bytecode: bool =
     return cache / "slimtorch" / "footprint" / f"torch-{torch}-py{python}-{platform}{how}.json"
 
 
-def _pip_options(folder: Path) -> list[str]:
-    """What the bundle's manifest asks pip for (``--no-deps`` for a fully pinned runtime); nothing else."""
-    manifest = read_manifest(folder, strict=False) or {}
-    options = manifest.get("pip_options", [])
-    if not isinstance(options, list) or not set(options) <= {"--no-deps"}:
-        raise FormatError(folder / "manifest.json", f"pip_options {options!r}: only --no-deps is allowed")
-    return options
-
-
 def _bundle_folder(bundle: str | Path) -> Path:
     folder = Path(bundle)
     if not folder.is_dir():
         problem = "not a folder" if folder.exists() else "no such folder"
         raise CheckpointNotFoundError(folder, f"{problem}; a bundle is a folder with requirements.txt")
-    for name in ("requirements.txt", "predict.py"):
+    for name in ("requirements.txt", "predict.py", "manifest.json"):
         if not (folder / name).is_file():
             raise CheckpointNotFoundError(folder, f"not a bundle: it has no {name}")
     return folder.resolve()
-
-
-def _model_files(folder: Path) -> list[Path]:
-    """The files manifest.json names as the model's, else every ``model.*`` (weights and external data)."""
-    manifest = folder / "manifest.json"
-    model = None
-    if manifest.is_file():
-        document = load_json(manifest, manifest.read_bytes(), "manifest")
-        if not isinstance(document, dict):
-            raise FormatError(manifest, f"not a JSON object but a {type(document).__name__}")
-        model = document.get("model")
-    if not isinstance(model, dict) or "files" not in model:
-        return sorted(path for path in folder.glob("model.*") if path.is_file())
-    names = model["files"]
-    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
-        raise FormatError(manifest, f'"model": {{"files": [...]}} should list file names, not {names!r}')
-    paths = [folder / name for name in names]
-    for path in paths:
-        if not path.is_file():
-            raise CheckpointNotFoundError(path, "manifest.json lists it as a model file, but it is missing")
-    return paths
 
 
 def _run_sample(venv_python: Path, folder: Path) -> tuple[bool, dict[str, Any] | None, str | None]:
     """``predict.py --check`` in the venv: passed, its JSON output, and the line that says why it failed."""
     venv = venv_python.parent.parent
     try:
-        command = [str(venv_python), "predict.py", "--check"]
+        # -I: nothing from the bundle's folder (nor the environment) on sys.path but the runner itself
+        command = [str(venv_python), "-I", "predict.py", "--check"]
         done = call(command, cwd=folder, env=child_env(venv), timeout=SAMPLE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return False, None, f"predict.py --check did not finish in {SAMPLE_TIMEOUT_S} s"

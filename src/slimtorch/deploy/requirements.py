@@ -1,5 +1,8 @@
 """What a bundle needs to run, pinned to what its check ran on, and the versions that made it.
 
+Every requirement is ``name==version``: a bundle is verified to hold nothing else
+(:func:`slimtorch.deploy.bundle.verify_bundle`), no pip option, URL or path.
+
 An ONNX bundle needs onnxruntime and numpy, a ``.pt2`` torch and numpy, a text bundle ``tokenizers`` too.
 A text ONNX bundle lists its whole runtime, every package pinned, for ``pip install --no-deps``.
 """
@@ -22,9 +25,10 @@ def requirements(format: str, text: bool = False) -> list[str]:
     if format == "onnx" and text:
         return [f"{name}=={version(name)}" for name in closure(("onnxruntime", "numpy", "tokenizers"))]
     tokenizers = [f"tokenizers=={version('tokenizers')}"] if text else []
+    numpy = f"numpy=={version('numpy')}"
     if format == "onnx":
-        return [f"onnxruntime=={version('onnxruntime')}", "numpy>=1.24", *tokenizers]
-    return [f"torch=={torch.__version__.split('+')[0]}", "numpy>=1.24", *tokenizers]
+        return [f"onnxruntime=={version('onnxruntime')}", numpy, *tokenizers]
+    return [f"torch=={torch.__version__.split('+')[0]}", numpy, *tokenizers]
 
 
 # Declared dependencies a bundle's runner never imports: left out of a text bundle's pinned runtime.

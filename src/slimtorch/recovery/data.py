@@ -4,14 +4,16 @@
 
 - ``digits``: scikit-learn's bundled 8x8 digits, split exactly as ``examples/digits.py`` splits them;
 - a folder (``train.npz`` + ``eval.npz``, or ``x.npy`` + ``y.npy``) or one ``.npz`` file, arrays ``x`` and
-  ``y``; one set of arrays is split 80/20 by the seed. Arrays are read without pickle, their sizes checked
-  against the file before anything is allocated;
+  ``y``; one set of arrays is split 80/20 by the seed. Arrays are read without pickle, within the budget of
+  :mod:`slimtorch.format.numpy_files` (headers and sizes checked before anything is allocated);
 - ``pkg.module:factory`` or ``path/file.py:factory`` (the import rules of model specs): it returns a
   DataLoader (or any re-iterable of ``(inputs, targets)`` batches), a ``(train, eval)`` pair, or a dict with
   ``train`` and ``eval``; a ``metric`` key or module attribute chooses the metric.
 
 :func:`evaluate` measures a model on the held-out batches: accuracy (percent of argmax hits) or the cosine
-of its outputs to a reference model's.
+of its outputs to a reference model's. Data that does not fit the model is one error naming the data, not
+a traceback from deep in torch: inputs the model rejects (a wrong width, token ids given to a float
+model), class ids outside its outputs, float targets where accuracy needs class ids.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import inspect
 import math
 import sys
-import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +30,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from slimtorch.errors import FormatError, OptionError, SlimtorchError
-from slimtorch.format.untrusted import untrusted
+from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.numpy_files import read_npy, read_npz
 from slimtorch.models.spec import resolve_factory
 
 METRICS = ("accuracy", "cosine")
@@ -39,9 +40,7 @@ BATCH = 64
 """samples per batch unless told"""
 EVAL_SHARE = 0.2
 """the held-out share of one set of arrays"""
-DEFLATE_MAX_RATIO = 1032
-"""deflate cannot expand a byte stream more than this (RFC 1951's longest match per bit), so an array in a
-compressed .npz whose header claims more is a lie, refused before numpy allocates it"""
+XY = ("x", "y")
 
 
 @dataclass(frozen=True)
@@ -66,6 +65,9 @@ class TaskData:
     """the inputs of one held-out batch (graph capture, latency)"""
     notes: tuple[str, ...] = field(default=())
     """what the spec left to a fallback, one line each (a factory's one loader used for eval too)"""
+    class_ids: tuple[int, int] | None = None
+    """the least and the greatest class id of every target, train and held-out (arrays of class ids; None
+    where not known in advance): checked against the model's outputs before it is scored"""
 
 
 class Batches:
@@ -143,8 +145,9 @@ def _score(model: nn.Module, reference: nn.Module | None, data: TaskData, metric
     total, count = 0.0, 0
     for inputs, targets in data.eval:
         inputs = inputs.to(device)
-        outputs = output_tensor(model(inputs))
+        outputs = _outputs(model, inputs, data)
         if metric == "accuracy":
+            _check_class_ids(data, torch.as_tensor(targets), outputs.shape[-1] if outputs.dim() else 1)
             predicted, expected = outputs.argmax(-1).reshape(-1).cpu(), torch.as_tensor(targets).reshape(-1)
             if predicted.shape != expected.shape:
                 raise SlimtorchError(
@@ -154,7 +157,7 @@ def _score(model: nn.Module, reference: nn.Module | None, data: TaskData, metric
             count += expected.numel()
         else:
             assert reference is not None
-            expected = output_tensor(reference(inputs.to(_device_of(reference)))).to(outputs.device)
+            expected = _outputs(reference, inputs.to(_device_of(reference)), data).to(outputs.device)
             cosines = nn.functional.cosine_similarity(
                 outputs.float().reshape(-1, outputs.shape[-1]),
                 expected.float().reshape(-1, expected.shape[-1]),
@@ -165,6 +168,43 @@ def _score(model: nn.Module, reference: nn.Module | None, data: TaskData, metric
     if count == 0:
         raise SlimtorchError(f"data {data.spec!r}: the held-out data yielded no sample")
     return total / count * (100.0 if metric == "accuracy" else 1.0)
+
+
+def _outputs(model: nn.Module, inputs: torch.Tensor, data: TaskData) -> torch.Tensor:
+    """The model's output tensor for a batch of the data; inputs it cannot take are one line naming the
+    data and the inputs' shape, not the traceback of the layer that choked on them."""
+    try:
+        return output_tensor(model(inputs))
+    except SlimtorchError:
+        raise
+    except Exception as exc:  # whatever the model's own code raises on inputs it cannot take
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        shape = "x".join(map(str, getattr(inputs, "shape", ()))) or "()"
+        dtype = str(getattr(inputs, "dtype", type(inputs).__name__)).removeprefix("torch.")
+        raise SlimtorchError(
+            f"data {data.spec!r}: the model does not accept its inputs, {dtype} of shape {shape} "
+            f"({type(exc).__name__}: {first})"
+        ) from exc
+
+
+def _check_class_ids(data: TaskData, targets: torch.Tensor, classes: int) -> None:
+    """Targets scored by accuracy are class ids, each an output of the model: 0 to ``classes - 1``."""
+    if targets.is_floating_point() or targets.is_complex():
+        raise SlimtorchError(
+            f"data {data.spec!r}: accuracy needs class ids (integer targets), not "
+            f"{str(targets.dtype).removeprefix('torch.')} ones; give integer targets, or a cosine metric"
+        )
+    spans = [data.class_ids] if data.class_ids is not None else []
+    if targets.numel():
+        spans.append((int(targets.min()), int(targets.max())))
+    if not spans:
+        return
+    low, high = min(span[0] for span in spans), max(span[1] for span in spans)
+    if low < 0 or high >= classes:
+        raise SlimtorchError(
+            f"data {data.spec!r}: class ids run from {low} to {high}, but the model has {classes} outputs "
+            f"(class ids 0 to {classes - 1})"
+        )
 
 
 def output_tensor(output: Any) -> torch.Tensor:
@@ -218,12 +258,17 @@ def _shuffled(x: torch.Tensor, y: torch.Tensor, seed: int) -> tuple[torch.Tensor
 def _from_arrays(spec: str, parts: tuple[tuple, tuple], batch: int) -> TaskData:
     (train_x, train_y), (eval_x, eval_y) = parts
     metric = "accuracy" if not eval_y.is_floating_point() else "cosine"
+    ids = [y for y in (train_y, eval_y) if y.numel()]
+    class_ids = None
+    if metric == "accuracy" and ids:
+        class_ids = (min(int(y.min()) for y in ids), max(int(y.max()) for y in ids))
     return TaskData(
         spec,
         Batches(train_x, train_y, batch),
         Batches(eval_x, eval_y, batch),
         metric,
         eval_x[:batch],
+        class_ids=class_ids,
     )
 
 
@@ -231,17 +276,17 @@ def _arrays(spec: str, path: Path, seed: int) -> tuple[tuple, tuple]:
     """Train and eval ``(x, y)`` from a folder or an ``.npz`` file."""
     if path.is_dir():
         if (path / "train.npz").is_file() and (path / "eval.npz").is_file():
-            train = _xy(spec, read_arrays(path / "train.npz"), "train.npz")
-            return _shuffled(*train, seed), _xy(spec, read_arrays(path / "eval.npz"), "eval.npz")
+            train = _xy(spec, read_npz(path / "train.npz", XY), "train.npz")
+            return _shuffled(*train, seed), _xy(spec, read_npz(path / "eval.npz", XY), "eval.npz")
         if (path / "x.npy").is_file() and (path / "y.npy").is_file():
-            found = {"x": _read_npy(path / "x.npy"), "y": _read_npy(path / "y.npy")}
+            found = {"x": read_npy(path / "x.npy"), "y": read_npy(path / "y.npy")}
             return _split(spec, *_xy(spec, found, "x.npy, y.npy"), seed)
         raise SlimtorchError(
             f"data {spec!r}: the folder holds neither train.npz + eval.npz nor x.npy + y.npy"
         )
     if path.suffix != ".npz":
         raise SlimtorchError(f"data {spec!r}: expected a folder or an .npz file, not a {path.suffix} file")
-    return _split(spec, *_xy(spec, read_arrays(path), path.name), seed)
+    return _split(spec, *_xy(spec, read_npz(path, XY), path.name), seed)
 
 
 def _split(spec: str, x: torch.Tensor, y: torch.Tensor, seed: int) -> tuple[tuple, tuple]:
@@ -274,50 +319,6 @@ def _tensor(spec: str, array: np.ndarray, name: str) -> torch.Tensor:
     raise SlimtorchError(f"data {spec!r}: array {name} holds {array.dtype}, not numbers")
 
 
-def read_arrays(path: Path) -> dict[str, np.ndarray]:
-    """The arrays ``x`` and ``y`` (those present) of an ``.npz`` file, without pickle: each array's header
-    is read first and its size checked against what the file can hold (a member's declared size, and for
-    a compressed member deflate's largest expansion), so a lying header allocates nothing."""
-    size = path.stat().st_size
-    try:
-        with untrusted(path, ".npz"), zipfile.ZipFile(path) as archive:
-            names = [f"{name}.npy" for name in ("x", "y") if f"{name}.npy" in archive.namelist()]
-            for name in names:
-                member = archive.getinfo(name)
-                with archive.open(member) as stream:
-                    nbytes = _npy_bytes(path, stream)
-                stored = member.compress_type == zipfile.ZIP_STORED
-                expands = nbytes > DEFLATE_MAX_RATIO * member.compress_size + 1024
-                if nbytes > member.file_size or member.compress_size > size or (not stored and expands):
-                    raise FormatError(path, f"{name} claims {nbytes:,} bytes, more than the file can hold")
-            with np.load(path, allow_pickle=False) as loaded:
-                return {name.removesuffix(".npy"): loaded[name.removesuffix(".npy")] for name in names}
-    except (zipfile.BadZipFile, EOFError) as exc:
-        raise FormatError(path, f"not a readable .npz file ({exc})") from None
-
-
-def _read_npy(path: Path) -> np.ndarray:
-    """One ``.npy`` file, without pickle, its header's size checked against the file's first."""
-    with untrusted(path, ".npy"), path.open("rb") as stream:
-        nbytes = _npy_bytes(path, stream)
-        if stream.tell() + nbytes > path.stat().st_size:
-            raise FormatError(path, f"the header claims {nbytes:,} bytes, more than the file holds")
-        stream.seek(0)
-        return np.load(stream, allow_pickle=False)
-
-
-def _npy_bytes(path: Path, stream: Any) -> int:
-    """The bytes an ``.npy`` stream's header says its array holds (the stream left after the header)."""
-    version = np.lib.format.read_magic(stream)
-    if version not in ((1, 0), (2, 0)):
-        raise FormatError(path, f"unsupported .npy version {version}")
-    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    shape, _, dtype = reader(stream)
-    if dtype.hasobject:
-        raise FormatError(path, "holds Python objects (a pickle), which are never loaded")
-    return math.prod(shape) * dtype.itemsize
-
-
 # factories
 
 
@@ -345,6 +346,12 @@ def _from_factory(spec: str, batch: int, seed: int) -> TaskData:
         metric = "accuracy" if class_ids else "cosine"
     if metric not in METRICS:
         raise SlimtorchError(f"data {spec!r}: metric must be one of {', '.join(METRICS)}, not {metric!r}")
+    targets = first[1]
+    if metric == "accuracy" and isinstance(targets, torch.Tensor) and targets.is_floating_point():
+        raise SlimtorchError(
+            f"data {spec!r}: the accuracy metric needs class ids (integer targets), but the targets are "
+            f'{str(targets.dtype).removeprefix("torch.")}; return integer targets, or metric = "cosine"'
+        )
     return TaskData(spec, train, held, metric, first[0], notes)
 
 

@@ -102,17 +102,22 @@ def _stage_reason(report: Data, section: str) -> str:
 
 
 def draw(report: Data, chart: Chart, path: Path) -> Path:
-    """Draw ``chart`` from ``report`` into the PNG ``path``; the figure is closed whatever happens."""
+    """Draw ``chart`` from ``report`` into the PNG ``path``; the figure is closed whatever happens.
+
+    Every text is literal (``text.parse_math`` off): layer names and paths come from the user's files, and
+    a ``$`` in one would start matplotlib's mathtext, whose parser fails on most of what follows.
+    """
     pyplot = require_pyplot()
-    figure = pyplot.figure(figsize=_figure_size(report, chart), dpi=DPI)
-    try:
-        chart.draw(figure, report)
-        figure.suptitle(chart.title, fontsize=12, fontweight="bold")
-        figure.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path)
-    finally:
-        pyplot.close(figure)
+    with pyplot.rc_context({"text.parse_math": False, "text.usetex": False}):
+        figure = pyplot.figure(figsize=_figure_size(report, chart), dpi=DPI)
+        try:
+            chart.draw(figure, report)
+            figure.suptitle(chart.title, fontsize=12, fontweight="bold")
+            figure.tight_layout()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            figure.savefig(path)
+        finally:
+            pyplot.close(figure)
     return path
 
 

@@ -41,6 +41,12 @@ class Context:
     spec: str = ""
     """the model spec the user named (empty: a module passed in)"""
     models: dict[str, nn.Module] = field(default_factory=dict)
+    recipe_hash: str = ""
+    """the sha256 of the recipe's identity and the model's tensors: what every stage's marker records"""
+    seals: dict[str, str] = field(default_factory=dict)
+    """each finished (or verified) stage's seal, by stage folder: what the stages made from it record"""
+    notes: list[str] = field(default_factory=list)
+    """what the run says besides its report, one line each (a stage redone, and why)"""
 
     def __post_init__(self) -> None:
         self.kinds = module_kinds(self.original)
@@ -120,13 +126,18 @@ def cosine_loss(outputs: Any, targets: torch.Tensor) -> torch.Tensor:
     )
 
 
-def fingerprint(model: nn.Module) -> str:
-    """A short hash of the model's class and tensors: a rerun on other weights is another recipe."""
+def model_digest(model: nn.Module) -> str:
+    """The sha256 of the model's class and tensors (names, dtypes, shapes, bytes): a rerun on other weights
+    is another recipe (the recipe records its first 16 digits), and every stage's marker records it whole.
+
+    It hashes what the stages start from, the tensors as loaded, rather than the weights' file: the run
+    holds them in memory anyway, a file's size and time say nothing of its bytes, and sha256 at over
+    1 GB/s is seconds beside what loading a large model costs."""
     digest = hashlib.sha256(type(model).__qualname__.encode())
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()
 
 
 def timed(work: Callable[[], Any]) -> tuple[Any, float]:

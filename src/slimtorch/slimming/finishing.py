@@ -71,7 +71,7 @@ def finish(
         left_out and not context.options.timings
     ):  # the report says why a section is null, in the stage's words
         first.entry["reason"] += f"; {', '.join(left_out)} not measured: timings=False (--no-timings)"
-    report = SlimReport(**values, result=result_model)
+    report = SlimReport(**values, result=result_model, notes=tuple(context.notes))
     return _written(report, context), chosen
 
 

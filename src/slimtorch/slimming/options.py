@@ -1,13 +1,17 @@
 """What :func:`slimtorch.slim` is told: :class:`SlimOptions`, the choices a recipe records, checked when
-made, so a recipe with a bad value fails where it is read, not halfway through a run."""
+made (types, finite numbers within :data:`BOUNDS`), so a recipe with a bad value fails where it is read,
+not halfway through a run, and no number in one can make a run go on without end."""
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from slimtorch.errors import OptionError
 from slimtorch.slimming.goal import parse_goal
+from slimtorch.slimming.schema import Check, Invalid, flag, items, number, text
 
 STAGES = ("prune", "sparsify", "recover", "quantize")
 """the stages the plan may use (baseline and save always run; export with ``export=True``)"""
@@ -59,31 +63,52 @@ class SlimOptions:
             value = getattr(self, name)
             if isinstance(value, str):
                 raise OptionError(f"{name} takes a list, not the string {value!r}")
-            object.__setattr__(self, name, tuple(value))
+            if isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+                object.__setattr__(self, name, tuple(_plain(v) for v in value))
+        for f in fields(self):
+            object.__setattr__(self, f.name, _plain(getattr(self, f.name)))
+            try:
+                BOUNDS[f.name](getattr(self, f.name), f.name)
+            except Invalid as error:
+                raise OptionError(str(error)) from None
         if self.goal:
             parse_goal(self.goal)
-        _known("stages", self.stages, STAGES)
-        _known("schemes", self.schemes, SCHEMES)
-        for name in ("ratios", "sparsities"):
-            if not all(0 < float(v) < 1 for v in getattr(self, name)):
-                raise OptionError(f"{name} must be shares between 0 and 1, not {list(getattr(self, name))}")
-        if not 0 < self.probe < 1:
-            raise OptionError(f"probe must be between 0 and 1, not {self.probe}")
-        if self.max_drop < 0:
-            raise OptionError(f"max_drop must be at least 0, not {self.max_drop}")
-        for name in ("recover_epochs", "batch", "attempts"):
-            minimum = 0 if name == "recover_epochs" else 1
-            if int(getattr(self, name)) < minimum:
-                raise OptionError(f"{name} must be at least {minimum}, not {getattr(self, name)}")
-        if self.lr <= 0:
-            raise OptionError(f"lr must be positive, not {self.lr}")
 
     def to_dict(self) -> dict[str, Any]:
         """The options as plain values (lists for tuples), in field order: what the recipe records."""
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
 
 
-def _known(name: str, values: tuple[str, ...], allowed: tuple[str, ...]) -> None:
-    unknown = [v for v in values if v not in allowed]
-    if unknown:
-        raise OptionError(f"{name}: unknown {unknown[0]!r} (known: {', '.join(allowed)})")
+def _plain(value: Any) -> Any:
+    """A number of another type (numpy's, torch's) as Python's int or float, which a recipe can hold."""
+    if isinstance(value, (bool, str, tuple, list)) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
+SHARE = number(0, 1, open_low=True, open_high=True)
+MAX_CHOICES = 16
+"""Each ratio and each sparsity is a candidate the plan measures on a copy of the model, once per scheme:
+16 of each is already hours on a large model."""
+BOUNDS: dict[str, Check] = {
+    "goal": text(256),
+    "max_drop": number(0, 100),  # points of accuracy (0..100) or of cosine (0..1): more means nothing
+    "stages": items(text(64, choices=STAGES), MAX_CHOICES),
+    "schemes": items(text(64, choices=SCHEMES), MAX_CHOICES),
+    "ratios": items(SHARE, MAX_CHOICES),  # removing no channel, or all of them, is no plan
+    "sparsities": items(SHARE, MAX_CHOICES),
+    "probe": SHARE,
+    "recover_epochs": number(0, 1000, integer=True),  # a recovery is a few passes; 1000 is days on digits
+    "lr": number(0, 1, open_low=True),  # AdamW moves each weight by about lr a step: beyond 1 is no fine-tune
+    "seed": number(0, 2**63 - 1, integer=True),  # what torch's generators take
+    "batch": number(1, 65536, integer=True),  # samples in one batch, held in memory at once
+    "attempts": number(1, 64, integer=True),  # each a full prune, recover, quantize and save
+    "export": flag,
+    "timings": flag,
+}
+"""Each option's type and bounds, checked when the options are made (from a recipe, the command line or
+Python): a value out of them is an :class:`OptionError` naming the field."""

@@ -2,8 +2,9 @@
 
 baseline (measure, plan) -> per attempt: prune -> sparsify -> recover -> quantize -> save (loaded back and
 scored) -> export (optional). Each stage keeps its output and a done marker in the work folder, so a rerun
-resumes; an attempt whose metric drops more than ``max_drop`` is followed by the next, less aggressive
-plan, and the best result within the drop is kept either way.
+resumes once the marker checks out (:mod:`slimtorch.slimming.markers`); an attempt whose metric drops
+more than ``max_drop`` is followed by the next, less aggressive plan, and the best result within the drop
+is kept either way.
 """
 
 from __future__ import annotations
@@ -16,20 +17,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.errors import OptionError
 from slimtorch.format.progress import Progress, task
 from slimtorch.format.verbs import resolve
 from slimtorch.recovery.data import TaskData, open_data
 from slimtorch.slimming import stages
 from slimtorch.slimming.attempts import ATTEMPT_STAGES, Attempt, StageRun, fares
 from slimtorch.slimming.baseline import baseline
-from slimtorch.slimming.context import Context, fingerprint, timed
+from slimtorch.slimming.context import Context, model_digest, timed
 from slimtorch.slimming.finishing import finish
 from slimtorch.slimming.goal import parse_goal
+from slimtorch.slimming.markers import Inputs, digest, seal
 from slimtorch.slimming.options import SlimOptions
 from slimtorch.slimming.planning import Candidate
-from slimtorch.slimming.recipe import Recipe, write_recipe
+from slimtorch.slimming.recipe import Recipe, check_plan, write_recipe
 from slimtorch.slimming.report import SlimReport, stage_entry
+from slimtorch.slimming.schema import Invalid
 from slimtorch.slimming.workdir import RECIPE, WorkFolder
 
 
@@ -76,16 +79,19 @@ def slim(
     task_data = (
         data if isinstance(data, TaskData) else open_data(data, batch=options.batch, seed=options.seed)
     )
+    tensors = model_digest(original)
     inputs = {
         "model": spec,
         "weights": str(weights or ""),
         "data": task_data.spec,
-        "fingerprint": fingerprint(original),
+        "fingerprint": tensors[:16],
     }
     folder = WorkFolder.claim(work, Recipe(inputs, options), restart=restart)
     context = Context(original, task_data, options, goal, folder, hf_folder, progress, spec)
-    forced = None if plan is None else _forced(plan)
-    first = _run(context, "01-baseline", "baseline", lambda where: baseline(context, where, forced))
+    context.recipe_hash = digest({"recipe": Recipe(inputs, options).identity(), "tensors": tensors})
+    forced = _forced(plan) if plan else None  # an empty [plan]: plan again
+    step = {"forced": None if forced is None else [c.to_dict() for c in forced]}
+    first = _run(context, "01-baseline", "baseline", step, "", lambda where: baseline(context, where, forced))
     candidates = [Candidate.from_dict(c) for c in first.result["plan"]["attempts"]]
     attempts = _attempts(context, first, candidates)
     report, chosen = finish(context, first, attempts, command or _call(spec, options), _export_stage(context))
@@ -108,17 +114,36 @@ def _model(model: nn.Module | str, weights: Any) -> tuple[nn.Module, str, Path |
 
 
 def _run(
-    context: Context, folder_name: str, name: str, work: Callable[[Path], tuple[dict[str, Any], nn.Module]]
+    context: Context,
+    folder_name: str,
+    name: str,
+    step: dict[str, Any],
+    after: str,
+    work: Callable[[Path], tuple[dict[str, Any], nn.Module]],
 ) -> StageRun:
-    """Run a stage unless its done marker says it finished (then its recorded result, ``resumed``)."""
-    done = context.work.done(folder_name)
-    if done is not None:
-        return StageRun(stage_entry(name, "resumed", done, done.get("seconds", 0.0)), done, folder_name)
+    """Run a stage, unless its done marker checks out: made from this run's inputs (``step``: what the plan
+    asks of it; ``after``: the folder of the stage it starts from), its files as it wrote them. Then its
+    recorded result, ``resumed``; a marker that does not check out is redone, with a note saying why."""
+    inputs = Inputs(
+        context.recipe_hash,
+        digest({"stage": folder_name, "name": name, **step}),
+        context.seals[after] if after else "",
+    )
+    marker, why = context.work.verified(folder_name, name, inputs, after)
+    latency = name == "save" and context.goal.kind == "latency"
+    if marker is not None and latency and "latency" not in marker["result"]:
+        marker, why = None, "done.json records no latency, which a latency goal is judged by"
+    if marker is not None:
+        done = marker["result"]
+        context.seals[folder_name] = seal(marker)
+        return StageRun(stage_entry(name, "resumed", done, done["seconds"]), done, folder_name)
+    if why:
+        context.notes.append(f"{folder_name}: redone: {why}")
     with task(context.progress, f"slim: {name}"):
-        (result, model), seconds = timed(lambda: work(context.work.stage(folder_name)))
+        (result, model), seconds = timed(lambda: work(context.work.redo(folder_name)))
     result["seconds"] = seconds
     context.models[folder_name] = model
-    context.work.finish(folder_name, result)
+    context.seals[folder_name] = context.work.finish(folder_name, name, inputs, result)
     return StageRun(stage_entry(name, "done", result, seconds), result, folder_name)
 
 
@@ -133,7 +158,7 @@ def _attempts(context: Context, first: StageRun, candidates: list[Candidate]) ->
             break
         if (candidate.ratio, candidate.sparsity) in failed:
             continue
-        attempts.append(_attempt(context, candidate, len(attempts)))
+        attempts.append(_attempt(context, candidate, len(attempts), first.result["params"]))
         _, within = fares(context, first.result, attempts[-1])
         if within:
             break
@@ -141,15 +166,15 @@ def _attempts(context: Context, first: StageRun, candidates: list[Candidate]) ->
     return attempts
 
 
-def _attempt(context: Context, candidate: Candidate, index: int) -> Attempt:
-    """The stages of one plan, each from the model the previous one left."""
+def _attempt(context: Context, candidate: Candidate, index: int, params: int | None) -> Attempt:
+    """The stages of one plan, each from the model the previous one left (``params``: the baseline's; a
+    skipped stage shows those of the stage before it)."""
     attempt, previous = Attempt(candidate), "01-baseline"
     tag = f"attempt {index + 1}, {candidate.label}: "
     for offset, name in enumerate(ATTEMPT_STAGES):
         why = _skip(name, candidate, context.options)
         if why is not None:
-            params = context.work.done(previous) or {}
-            entry = stage_entry(name, "skipped", {"reason": tag + why, "params": params.get("params")}, 0.0)
+            entry = stage_entry(name, "skipped", {"reason": tag + why, "params": params}, 0.0)
             attempt.runs.append(StageRun(entry, {}, None))
             continue
         folder_name = f"{2 + index * len(ATTEMPT_STAGES) + offset:02d}-{name}"
@@ -159,11 +184,13 @@ def _attempt(context: Context, candidate: Candidate, index: int) -> Attempt:
             context,
             folder_name,
             name,
+            {"candidate": candidate.to_dict()},
+            previous,
             lambda where, step=step, source=source: step(context, where, context.model_of(source), candidate),
         )
         run.entry["reason"] = tag + run.entry["reason"]
         attempt.runs.append(run)
-        previous = folder_name
+        previous, params = folder_name, run.result.get("params")
     return attempt
 
 
@@ -205,6 +232,8 @@ def _export_stage(context: Context) -> Callable[[str], StageRun] | None:
             context,
             "90-export",
             "export",
+            {},
+            source,
             lambda where: stages.export(context, where, context.model_of(source)),
         )
 
@@ -213,9 +242,11 @@ def _export_stage(context: Context) -> Callable[[str], StageRun] | None:
 
 def _forced(plan: Mapping[str, Any]) -> list[Candidate]:
     """The candidates a recipe's plan table names (its ``chosen`` one alone, when it has one)."""
+    try:
+        check_plan(plan)
+    except Invalid as error:
+        raise OptionError(str(error)) from None
     ratios, sparsities, schemes = (list(plan.get(k, [])) for k in ("ratios", "sparsities", "schemes"))
-    if not (len(ratios) == len(sparsities) == len(schemes)):
-        raise SlimtorchError("recipe [plan]: ratios, sparsities and schemes must have one entry per attempt")
     candidates = [
         Candidate(float(r), float(z), s or None) for r, z, s in zip(ratios, sparsities, schemes, strict=True)
     ]

@@ -8,16 +8,32 @@ import json
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.format.writer import write_atomic_text
-from slimtorch.slimming.options import SlimOptions
+from slimtorch.slimming.options import SCHEMES, SlimOptions
+from slimtorch.slimming.schema import Invalid, items, number, record, shown, text
 
 HEADER = "# written by slimtorch slim; `slimtorch slim --recipe recipe.toml` runs it again\n"
 TABLES = ("inputs", "options", "plan")
+MAX_RECIPE_BYTES = 16 * 2**20
+"""A recipe holds a few lines, and the name of each layer quantization kept float: 16 MiB is plenty."""
+MAX_ATTEMPTS = 64
+PATH = text(4096)
+INPUTS = record({}, {"model": PATH, "weights": PATH, "data": PATH, "fingerprint": text(64)})
+PLAN = record(
+    {},
+    {
+        "ratios": items(number(0, 1, open_high=True), MAX_ATTEMPTS),
+        "sparsities": items(number(0, 1, open_high=True), MAX_ATTEMPTS),
+        "schemes": items(text(64, choices=("", *SCHEMES)), MAX_ATTEMPTS),
+        "chosen": number(-1, MAX_ATTEMPTS, integer=True),
+        "kept_float": items(text(1024), 100_000),
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -51,7 +67,8 @@ def write_recipe(recipe: Recipe, path: Path) -> Path:
 
 
 def read_recipe(path: str | Path) -> Recipe:
-    """The :class:`Recipe` in a ``recipe.toml``; a missing file, bad TOML or a bad option is one line.
+    """The :class:`Recipe` in a ``recipe.toml``, checked: a missing or oversized file, bad TOML, an unknown
+    table or key, a value of the wrong type or out of its bounds is one line naming the file and the field.
 
     Example:
         >>> read_recipe("slim-work/recipe.toml").options.goal  # doctest: +SKIP
@@ -59,19 +76,45 @@ def read_recipe(path: str | Path) -> Recipe:
     """
     path = Path(path)
     try:
-        data = _toml().loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as stream:
+            raw = stream.read(MAX_RECIPE_BYTES + 1)
     except OSError as error:
         raise SlimtorchError(f"recipe {path}: cannot read it ({error.strerror or error})") from None
-    except ValueError as error:  # tomllib.TOMLDecodeError
-        raise SlimtorchError(f"recipe {path}: not valid TOML ({error})") from None
+    if len(raw) > MAX_RECIPE_BYTES:
+        raise SlimtorchError(f"recipe {path}: more than the {MAX_RECIPE_BYTES:,} bytes a recipe may hold")
+    try:
+        data = _toml().loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as error:  # tomllib.TOMLDecodeError, UnicodeDecodeError
+        raise SlimtorchError(f"recipe {path}: not valid TOML ({str(error)[:200]})") from None
     unknown = sorted(set(data) - set(TABLES))
     if unknown:
         raise SlimtorchError(f"recipe {path}: unknown table [{unknown[0]}] (known: {', '.join(TABLES)})")
     try:
-        options = SlimOptions(**data.get("options", {}))
-    except TypeError as error:
+        for name in TABLES:
+            if not isinstance(data.get(name, {}), dict):
+                raise Invalid(f"[{name}] must be a table, not {shown(data[name])}")
+        INPUTS(data.get("inputs", {}), "[inputs]")
+        check_plan(data.get("plan", {}), "[plan]")
+        known = [f.name for f in fields(SlimOptions)]
+        record({}, dict.fromkeys(known, lambda value, where: None))(data.get("options", {}), "[options]")
+    except Invalid as error:
         raise OptionError(f"recipe {path}: {error}") from None
+    try:
+        options = SlimOptions(**data.get("options", {}))
+    except OptionError as error:
+        raise OptionError(f"recipe {path}: [options] {error}") from None
     return Recipe(dict(data.get("inputs", {})), options, dict(data.get("plan", {})))
+
+
+def check_plan(plan: Any, where: str = "plan") -> None:
+    """Raise :class:`Invalid` unless ``plan`` is a recipe's ``[plan]``: one ratio, sparsity and scheme per
+    attempt (all three, or none: then the run plans again), ``chosen`` one of them or -1."""
+    PLAN(plan, where)
+    lengths = {len(plan.get(key, [])) for key in ("ratios", "sparsities", "schemes")}
+    if len(lengths) > 1:
+        raise Invalid(f"{where}: ratios, sparsities and schemes must have one entry per attempt")
+    if not -1 <= plan.get("chosen", -1) < max(lengths):
+        raise Invalid(f"{where}.chosen must be -1 or the index of an attempt, not {plan['chosen']}")
 
 
 def _toml() -> Any:

@@ -47,6 +47,9 @@ def write_report(report: Data, folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = {"json": folder / "report.json", "html": folder / "report.html"}
     paths["html"].unlink(missing_ok=True)  # an earlier run's page must not outlive a failed drawing
+    charts = folder / "charts"
+    if charts.is_symlink() or (charts.exists() and not charts.is_dir()):
+        charts.unlink()  # the charts go into the work folder, never through a link out of it
     write_atomic_text(paths["json"], json.dumps(report, indent=2) + "\n")
     images: dict[str, bytes] = {}
     for chart in CHARTS:

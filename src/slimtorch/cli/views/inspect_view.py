@@ -6,6 +6,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from slimtorch.cli.untrusted_text import as_text, printable
 from slimtorch.format.units import format_bytes, format_share
 from slimtorch.inspection.breakdown import InspectReport
 
@@ -47,11 +48,14 @@ def output_console() -> Console:
 
 
 def render_inspect(report: InspectReport, console: Console, *, show_objects: int = 8) -> None:
-    """Print the report: summary, categories, dtypes, module tree, largest tensors, savings."""
+    """Print the report: summary, categories, dtypes, module tree, largest tensors, savings.
+
+    Names, dtypes, codecs and summaries come from the file: each is shown as data (``untrusted_text``).
+    """
     whole = report.file_bytes
     console.print(
         Text.assemble(
-            (report.path, "bold"),
+            (printable(report.path), "bold"),
             f"  {report.format}  ",
             f"{format_bytes(whole)} on disk, {len(report.tensors)} tensors, ",
             f"{format_bytes(report.tensor_bytes)} of tensor data",
@@ -75,7 +79,10 @@ def render_inspect(report: InspectReport, console: Console, *, show_objects: int
     dtypes = _table("By dtype", "dtype", "tensors", "bytes", "of file")
     for bucket in report.by_dtype:
         dtypes.add_row(
-            bucket.name, str(bucket.tensors), format_bytes(bucket.bytes), format_share(bucket.bytes, whole)
+            as_text(bucket.name),
+            str(bucket.tensors),
+            format_bytes(bucket.bytes),
+            format_share(bucket.bytes, whole),
         )
     console.print(Group(categories, dtypes))
 
@@ -83,7 +90,7 @@ def render_inspect(report: InspectReport, console: Console, *, show_objects: int
     for node in report.tree:
         label = node.prefix.rsplit(".", 1)[-1] if node.depth > 1 else node.prefix
         tree.add_row(
-            "  " * (node.depth - 1) + label,
+            as_text("  " * (node.depth - 1) + label),
             str(node.tensors),
             format_bytes(node.bytes),
             format_share(node.bytes, whole),
@@ -108,13 +115,13 @@ def render_inspect(report: InspectReport, console: Console, *, show_objects: int
             relation = "copy of" if stat.category == "duplicates" else "tied to"
             category += f" ({relation} {stat.shares_with})"
         largest.add_row(
-            stat.name,
-            stat.dtype,
+            as_text(stat.name),
+            as_text(stat.dtype),
             "x".join(map(str, stat.shape)) or "scalar",
             format_bytes(stat.nbytes),
-            *((format_bytes(stat.stored_bytes), stat.codec) if coded else ()),
+            *((format_bytes(stat.stored_bytes), as_text(stat.codec)) if coded else ()),
             zeros,
-            category,
+            as_text(category),
         )
     console.print(largest)
 
@@ -123,18 +130,18 @@ def render_inspect(report: InspectReport, console: Console, *, show_objects: int
         shown = sorted(report.objects, key=lambda o: o.name.count("."))[:show_objects]
         more = len(report.objects) - len(shown)
         text = ", ".join(f"{o.name}={o.summary}" for o in shown) + (f" (+{more} more)" if more else "")
-        console.print(Text.assemble(("Non-tensor objects: ", "bold"), text))
+        console.print(Text.assemble(("Non-tensor objects: ", "bold"), printable(text)))
 
     savings = _table("What you could save (slimtorch shrink)", "action", "size after", "of file", "saves")
     savings.add_row("as it is", format_bytes(whole), "100%", "")
     for saving in report.savings:
         style = "" if saving.lossless else "dim"
         savings.add_row(
-            Text(saving.action, style=style),
+            as_text(saving.action, style),
             format_bytes(saving.bytes_after),
             format_share(saving.bytes_after, whole),
             format_bytes(saving.saved),
         )
     console.print(savings)
     for note in report.notes:
-        console.print(Text(f"- {note}", style="dim"))
+        console.print(as_text(f"- {note}", "dim"))

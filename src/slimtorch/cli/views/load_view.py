@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from slimtorch.cli.untrusted_text import as_text, printable
 from slimtorch.format.units import format_bytes
 from slimtorch.loading.options import LoadReport
 
@@ -20,16 +21,17 @@ PHASES = (
 
 
 def render_load(report: LoadReport, console: Console, *, show_phases: bool) -> None:
-    """One summary line; with ``show_phases``, the table of phases."""
+    """One summary line; with ``show_phases``, the table of phases. The path, the class and the codecs'
+    names (from the file) are shown as data (``untrusted_text``)."""
     rate = report.bytes / report.wall_s / 1e9 if report.wall_s else 0.0
     codecs = ", ".join(f"{n} {c}" for c, n in sorted(report.by_codec.items(), key=lambda kv: -kv[1]))
     console.print(
         Text.assemble(
-            (report.path, "bold"),
+            (printable(report.path), "bold"),
             f"  {report.format}, {format_bytes(report.file_bytes)} on disk -> ",
             (
                 f"{format_bytes(report.bytes)} "
-                + (f"into {report.model_class} " if report.model_class else "")
+                + (f"into {printable(report.model_class)} " if report.model_class else "")
                 + f"on {report.device}",
                 "bold green",
             ),
@@ -37,13 +39,15 @@ def render_load(report: LoadReport, console: Console, *, show_phases: bool) -> N
         )
     )
     console.print(
-        f"{report.tensor_count} tensors: {report.zero_copy} mapped from the file without a copy, "
-        f"{report.decoded} decoded ({codecs or 'none'}); {report.threads} threads",
+        as_text(
+            f"{report.tensor_count} tensors: {report.zero_copy} mapped from the file without a copy, "
+            f"{report.decoded} decoded ({codecs or 'none'}); {report.threads} threads"
+        ),
         highlight=False,
     )
     console.print(verify_line(report), highlight=False)
     if report.max_memory:
-        console.print(offload_line(report), highlight=False)
+        console.print(as_text(offload_line(report)), highlight=False)
     if not show_phases:
         return
     table = Table(

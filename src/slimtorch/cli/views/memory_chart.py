@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.memory import MemoryReport
@@ -23,6 +24,14 @@ def write_chart(
         from matplotlib import pyplot
     except ImportError:
         raise SlimtorchError("charts need matplotlib: pip install 'slimtorch[charts]'") from None
+    # The title names the model's path: a `$` there is a dollar sign, not the start of mathtext.
+    with pyplot.rc_context({"text.parse_math": False, "text.usetex": False}):
+        return _draw(pyplot, report, path, title=title, budget=budget)
+
+
+def _draw(
+    pyplot: Any, report: MemoryReport, path: str | os.PathLike[str], *, title: str, budget: int | None
+) -> Path:
     figure, axes = pyplot.subplots(figsize=(9, 4.5), dpi=120)
     try:
         styles = ("-", "--", ":", "-.")

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from slimtorch.cli.untrusted_text import as_text, printable
 from slimtorch.cli.views.inspect_view import CATEGORY_LABELS
 from slimtorch.format.units import format_bytes
 from slimtorch.shrinking.report import ShrinkReport
@@ -16,10 +17,13 @@ def _ratio(after: int, before: int) -> str:
 
 
 def render_shrink(report: ShrinkReport, console: Console, *, top: int = 15) -> None:
-    """Print what was written, bytes per category before and after, and the largest tensors' codecs/errors."""
+    """Print what was written, bytes per category before and after, and the largest tensors' codecs/errors.
+
+    Paths, names and notes quote the file: each is shown as data (``untrusted_text``).
+    """
     console.print(
         Text.assemble(
-            (report.source, "bold"),
+            (printable(report.source), "bold"),
             f"  {format_bytes(report.before_bytes)} -> ",
             (
                 f"{format_bytes(report.after_bytes)} ({_ratio(report.after_bytes, report.before_bytes)})",
@@ -28,7 +32,7 @@ def render_shrink(report: ShrinkReport, console: Console, *, top: int = 15) -> N
             f"  in {report.seconds:.1f} s",
         )
     )
-    console.print("wrote " + ", ".join(report.files))
+    console.print(as_text("wrote " + ", ".join(report.files)))
     table = Table(title="Bytes by category", title_justify="left", title_style="bold", header_style="dim")
     for column in ("category", "before", "after", "ratio"):
         table.add_column(column, justify="left" if column == "category" else "right")
@@ -37,7 +41,9 @@ def render_shrink(report: ShrinkReport, console: Console, *, top: int = 15) -> N
     for name in [*before, *(n for n in after if n not in before)]:
         b, a = before.get(name, 0), after.get(name, 0)
         if b or a:
-            table.add_row(CATEGORY_LABELS.get(name, name), format_bytes(b), format_bytes(a), _ratio(a, b))
+            table.add_row(
+                as_text(CATEGORY_LABELS.get(name, name)), format_bytes(b), format_bytes(a), _ratio(a, b)
+            )
     table.add_row(
         "total",
         format_bytes(report.before_bytes),
@@ -60,8 +66,8 @@ def render_shrink(report: ShrinkReport, console: Console, *, top: int = 15) -> N
         )
     for t in largest:
         tensors.add_row(
-            t.name,
-            t.chain,
+            as_text(t.name),
+            as_text(t.chain),
             format_bytes(t.before_bytes),
             format_bytes(t.after_bytes),
             _ratio(t.after_bytes, t.before_bytes),
@@ -73,7 +79,7 @@ def render_shrink(report: ShrinkReport, console: Console, *, top: int = 15) -> N
     if lossy:
         worst = max(lossy, key=lambda t: t.rel_l2 or 0.0)
         console.print(
-            f"lossy tensors: {len(lossy)}; worst relative L2 error {worst.rel_l2:.3g} ({worst.name})"
+            as_text(f"lossy tensors: {len(lossy)}; worst relative L2 error {worst.rel_l2:.3g} ({worst.name})")
         )
     dropped = [f"dropped {len(report.dropped)} optimizer / training tensors"] if report.dropped else []
     folded = [f"folded {len(report.folded)} pruning masks into their weights"] if report.folded else []
@@ -83,7 +89,7 @@ def render_shrink(report: ShrinkReport, console: Console, *, top: int = 15) -> N
         else []
     )
     for line in [*dropped, *folded, *shared, *_objects(report), *_stored_instead(report), *report.notes]:
-        console.print(f"- {line}")
+        console.print(as_text(f"- {line}"))
 
 
 def _objects(report: ShrinkReport) -> list[str]:
