@@ -7,10 +7,12 @@ the scope; in a compiled graph, :data:`TRACED_SCOPES` keeps them as values of th
 traces (:func:`traced_codes`), so the graph holds one quantization per input.
 
 Eagerly, layers seen reading one input (:class:`Siblings` learns which, from the parent's calls) then run
-as one product: their weights side by side in one packed matrix, one oneDNN call, one epilogue that writes
-each layer's output as a matrix of its own. The int32 product is exact and each output column is scaled as
-its layer alone would scale it, so the outputs are the same floats; at 128 rows of MiniLM's 384-wide
-attention one call of 1152 columns takes the time of 2.6 calls of 384 (``benchmarks/int8_latency.py``).
+as one product: their weights side by side in one packed matrix, one oneDNN call, one epilogue in place,
+each layer's output a view of its columns (what the parents' reshapes take as it is). The int32 product
+is exact and each output column is scaled as its layer alone would scale it, so the outputs are the same
+floats. On an AVX2 EPYC at 128 rows, oneDNN's product of 1152 columns took 820 us against 315 for one of
+384 (12 weights called in turn), each call also paying oneDNN's fixed cost (about 40 us) and ours once
+instead of three times.
 """
 
 from __future__ import annotations
