@@ -435,6 +435,14 @@ class _Running:
     peak_seen: int = 0
 
 
+def cases_of(*groups: Sequence[Case]) -> list[Case]:
+    """The groups' cases in order, one list; their ids must be unique (a test id names one case)."""
+    cases = [case for group in groups for case in group]
+    ids = [case.id for case in cases]
+    assert len(ids) == len(set(ids)), "duplicate case ids"
+    return cases
+
+
 def selected_outcomes(
     request, tmp_path_factory, cases: Sequence[Case], before_fork: Callable[[], object] | None = None
 ) -> dict[str, Outcome]:

@@ -25,6 +25,7 @@ import slimtorch
 from tests.hostile import (
     Case,
     Invocation,
+    cases_of,
     compress_zip_entry,
     deflate_zeros_bomb,
     dict_key_tuple,
@@ -1403,19 +1404,16 @@ def path_cases() -> list[Case]:
 
 def corpus() -> list[Case]:
     """Every case, in a fixed order (ids are unique and stable)."""
-    cases = [
-        *memory_cases(),
-        *nesting_cases(),
-        *cpu_cases(),
-        *parser_cases(),
-        *integrity_cases(),
-        *remote_code_cases(),
-        *allow_global_cases(),
-        *path_cases(),
-    ]
-    ids = [case.id for case in cases]
-    assert len(ids) == len(set(ids)), "duplicate case ids"
-    return cases
+    return cases_of(
+        memory_cases(),
+        nesting_cases(),
+        cpu_cases(),
+        parser_cases(),
+        integrity_cases(),
+        remote_code_cases(),
+        allow_global_cases(),
+        path_cases(),
+    )
 
 
 CASES = corpus()

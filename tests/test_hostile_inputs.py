@@ -34,7 +34,14 @@ from slimtorch.cli.model_input import MAX_DIMS, shape
 from slimtorch.errors import FormatError, SlimtorchError
 from slimtorch.format.numpy_files import MAX_MEMBERS, read_npy, read_npz
 from slimtorch.recovery import evaluate, open_data
-from tests.hostile import Case, Invocation, deflate_zeros_bomb, selected_outcomes, zip_with_raw_entries
+from tests.hostile import (
+    Case,
+    Invocation,
+    cases_of,
+    deflate_zeros_bomb,
+    selected_outcomes,
+    zip_with_raw_entries,
+)
 
 NET = '''
 import torch
@@ -494,10 +501,7 @@ def number_cases() -> list[Case]:
 
 
 def corpus() -> list[Case]:
-    cases = [*data_cases(), *number_cases()]
-    ids = [case.id for case in cases]
-    assert len(ids) == len(set(ids)), "duplicate case ids"
-    return cases
+    return cases_of(data_cases(), number_cases())
 
 
 CASES = corpus()

@@ -28,7 +28,7 @@ from slimtorch.slimming import SlimOptions, read_recipe
 from slimtorch.slimming.markers import MARKER, Inputs, digest, read_marker, verify
 from slimtorch.slimming.schema import Invalid, items, number, record, table, text
 from slimtorch.slimming.workdir import WorkFolder
-from tests.hostile import Case, Invocation, selected_outcomes
+from tests.hostile import Case, Invocation, cases_of, selected_outcomes
 from tests.tiny_cnn import TINY
 
 STAGES = ("01-baseline", "02-prune", "04-recover", "05-quantize", "06-save")
@@ -631,10 +631,7 @@ def option_cases() -> list[Case]:
 
 
 def corpus() -> list[Case]:
-    cases = [*tamper_cases(), *recipe_cases(), *work_recipe_cases(), *option_cases()]
-    ids = [case.id for case in cases]
-    assert len(ids) == len(set(ids)), "duplicate case ids"
-    return cases
+    return cases_of(tamper_cases(), recipe_cases(), work_recipe_cases(), option_cases())
 
 
 CASES = corpus()
