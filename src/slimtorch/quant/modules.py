@@ -129,12 +129,16 @@ class QuantizedWeight(nn.Module):
 
     def prepared(self, kernel: str, make: Callable[[], Any], variant: str = "") -> Any:
         """State ``kernel`` builds once from the buffers (a packed weight), rebuilt if the buffers change."""
-        # inference-mode tensors have no version counter: their identity alone has to do
-        source = tuple((t.data_ptr(), 0 if t.is_inference() else t._version) for t in self._prepared_from())
+        source = self.prepared_source()
         made = self._prepared.get((kernel, variant))
         if made is None or made[0] != source:
             made = self._prepared[kernel, variant] = (source, make())
         return made[1]
+
+    def prepared_source(self) -> tuple:
+        """What :meth:`prepared` state was made from, to tell when it is stale: each buffer's address and
+        version (inference-mode tensors have no version counter: their identity alone has to do)."""
+        return tuple((t.data_ptr(), 0 if t.is_inference() else t._version) for t in self._prepared_from())
 
     def _prepared_from(self) -> list[torch.Tensor]:
         """The tensors packed state is made from: a change to any of them makes it again."""

@@ -129,11 +129,7 @@ class Siblings:
             chosen = layer._run_of.get(known)
             if chosen is None or chosen[2] != kernel:
                 return None
-        source = tuple(
-            (t.data_ptr(), 0 if t.is_inference() else t._version)
-            for layer in group
-            for t in layer._prepared_from()
-        )
+        source = tuple(layer.prepared_source() for layer in group)
         made = self._runs.get((group, kernel))
         if made is None or made[0] != source:  # a kernel that cannot run jointly is remembered too
             made = self._runs[group, kernel] = (source, type(group[0]).joint_run(group, kernel))
