@@ -6,6 +6,7 @@ sentence-transformers folder) within 1e-4 at 3, 11 and 200 tokens."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -284,3 +285,87 @@ def test_a_manifest_asks_pip_for_no_deps_and_nothing_else(bert_bundle, tmp_path)
     (hostile / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(FormatError, match="pip is given no other option"):
         verify_bundle(hostile)
+
+
+def test_many_texts_run_in_batches_of_similar_length_and_come_back_in_their_order(
+    bert_bundle, monkeypatch
+) -> None:
+    """Texts past one batch's budget run in several (and tokenized a block at a time): each row is what the
+    text gives alone, token-level rows zero past the text's own length, in the order given."""
+    from slimtorch.deploy import runner
+
+    bundle = Bundle(bert_bundle)
+    lengths = (3, 200, 5, 11, 3, 250, 7, 200)
+    texts = [sentence(n) for n in lengths]
+    whole = bundle.predict(bundle.encode(texts))  # one batch padded to 250: the reference
+    monkeypatch.setattr(runner, "TEXT_BATCH_TOKENS", 420)  # two texts of 200 tokens at most
+    monkeypatch.setattr(runner, "TEXT_BLOCK", 3)
+    batches: list[int] = []
+    run = Bundle.predict
+    monkeypatch.setattr(
+        Bundle, "predict", lambda self, a: batches.append(a["input_ids"].size) or run(self, a)
+    )
+    got = bundle.predict_text(texts)
+    assert len(batches) >= 5 and max(batches) <= 420
+    assert got["last_hidden_state"].shape == (8, 250, 32) and got["pooler_output"].shape == (8, 32)
+    np.testing.assert_allclose(got["pooler_output"], whole["pooler_output"], atol=1e-5, rtol=0)
+    for row, tokens in enumerate(lengths):
+        hidden = got["last_hidden_state"][row]
+        np.testing.assert_allclose(
+            hidden[:tokens], whole["last_hidden_state"][row][:tokens], atol=1e-5, rtol=0
+        )
+        assert not hidden[tokens:].any()  # the padding, zeros whichever batch the text ran in
+
+
+def test_text_batches_group_by_length_within_the_budget_and_never_pad_an_unmasked_model(monkeypatch) -> None:
+    from slimtorch.deploy import runner
+
+    monkeypatch.setattr(runner, "TEXT_BATCH_TOKENS", 100)
+    assert runner.text_batches(np.array([5, 9, 7]), masked=True) == [[0, 1, 2]]  # fits: as given
+    assert runner.text_batches(np.array([5, 9, 5]), masked=False) == [[0, 2], [1]]  # lengths never mixed
+    lengths = [3] * 40 + [150] + [30] * 4
+    batches = runner.text_batches(np.array(lengths), masked=True)
+    assert batches == [list(range(33)), list(range(33, 40)), [41, 42, 43], [44], [40]]  # 150 alone
+    assert all(len(b) * max(lengths[r] for r in b) <= 100 for b in batches[:-1])
+
+
+PEAK_AT_EXIT = """
+import atexit, runpy, sys
+atexit.register(lambda: print(open("/proc/self/status").read(), file=sys.stderr))
+sys.argv = sys.argv[1:]
+runpy.run_path("predict.py", run_name="__main__")
+"""
+"""Runs ``predict.py ARGS`` and prints its own /proc status at exit (VmHWM: the peak of this process, not of
+the parent it was forked from, which ``wait4``'s ``ru_maxrss`` reports when that is larger)."""
+
+
+def test_a_long_text_among_thousands_of_short_ones_runs_in_bounded_memory(bert_bundle, tmp_path) -> None:
+    """Issue 44: 2,000 one-word texts and one of the model's full length used to be padded into one batch
+    (2,001 x 256 tokens: its attention scores alone about 1 GB); batched, the run stays near its start, and
+    outputs over the JSON budget are refused in one line, pointing at .npz."""
+    texts = ["hello"] * 2000 + [sentence(400)]
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    out = tmp_path / "out.npz"
+    args = ["predict.py", "--text-file", str(tmp_path / "texts.json"), "-o", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_AT_EXIT, *args],
+        cwd=bert_bundle,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    peak_mib = int(re.search(r"VmHWM:\s+(\d+) kB", done.stderr).group(1)) / 1024
+    saved = np.load(out)
+    assert saved["last_hidden_state"].shape == (2001, MAX_LENGTH, 32)  # 65 MB of outputs
+    assert saved["last_hidden_state"][0, 3:].sum() == 0 and saved["last_hidden_state"][-1, -1].any()
+    assert peak_mib < 400, f"peak RSS {peak_mib:.0f} MiB"  # about 160 here; one batch took over 1 GiB
+    done = subprocess.run(
+        [sys.executable, "predict.py", "--text-file", str(tmp_path / "texts.json")],
+        cwd=bert_bundle,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "write them with -o out.npz" in done.stderr

@@ -19,7 +19,11 @@ From Python::
 
 A text bundle (its manifest has a ``text`` section) tokenizes with the ``tokenizers`` package and its
 ``tokenizer.json``: truncated at the model's max length, padded on the right to the batch's longest text,
-with the attention mask saying which tokens are real.
+with the attention mask saying which tokens are real. Many texts run in batches of similar length, each at
+most :data:`TEXT_BATCH_TOKENS` tokens padded (one long text among thousands of short ones would otherwise
+pad them all to its length); their outputs come back in the texts' order, token-level outputs as long as
+the longest text and zero past each text's own length, whichever batch it ran in (the model's values on
+padding are numbers no one should read, and they would depend on the batch).
 
 What is checked, and when. Every start reads ``manifest.json`` within a size bound and checks its shape
 (:func:`check_manifest`), and looks at the folder (:func:`verify_files` without hashes: each listed file a
@@ -75,6 +79,11 @@ MAX_MANIFEST_BYTES = 16 << 20
 MAX_FILE_BYTES = 1 << 40
 MAX_FILES, MAX_TENSORS, MAX_RANK, MAX_DIM = 64, 256, 16, 1 << 40
 MAX_REQUIREMENTS_BYTES, MAX_TEXTS, MAX_TEXT_CHARS = 1 << 16, 64, 1 << 14
+TEXT_BATCH_TOKENS = 8192
+"""Padded tokens one batch of raw texts may hold (a text longer than this runs alone): a BERT-base batch of
+8192 tokens takes about 0.4 GB at 512 tokens a text (its attention scores), 50 MB at 64."""
+TEXT_BLOCK = 1024
+"""Texts tokenized at a time: their encodings are held for one block, not for all the texts."""
 MAX_MEMBER_ENTRY = 1024
 """zip directory bytes per array: the fixed fields, a name and a ZIP64 extra fit in far less"""
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
@@ -135,15 +144,40 @@ class Bundle:
         return dict(zip(self.outputs, outputs, strict=False))
 
     def predict_text(self, texts: list[str]) -> dict[str, np.ndarray]:
-        """Outputs for raw texts (a text bundle): tokenized, truncated and padded as :meth:`encode` does."""
-        return self.predict(self.encode(texts))
+        """Outputs for raw texts (a text bundle), in their order: tokenized and truncated as :meth:`encode`
+        does, run in batches of similar length (at most :data:`TEXT_BATCH_TOKENS` padded tokens; of one
+        length where the model takes no attention mask), token-level outputs as long as the longest text,
+        zero past each text's own length. The outputs are held to the input budget (``max_input_bytes``)
+        before they are made."""
+        settings = self._text_settings()
+        tokenizer = text_tokenizer(self.folder / settings["tokenizer"], settings)
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise BundleError("give one or more texts (strings)")
+        lengths: list[int] = []
+        for at in range(0, len(texts), TEXT_BLOCK):  # first the lengths, a block of encodings at a time
+            encoded = tokenizer.encode_batch(texts[at : at + TEXT_BLOCK])
+            lengths += [len(e.ids) for e in encoded]
+        outputs = _TextOutputs(self, lengths)
+        masked = "attention_mask" in settings["inputs"]
+        for at in range(0, len(texts), TEXT_BLOCK):
+            if len(texts) > TEXT_BLOCK:  # one block's encodings are still those above
+                encoded = tokenizer.encode_batch(texts[at : at + TEXT_BLOCK])
+            for rows in text_batches(np.array(lengths[at : at + TEXT_BLOCK]), masked):
+                arrays = pad_encodings([encoded[row] for row in rows], settings)
+                outputs.place([at + row for row in rows], self.predict(arrays))
+        return outputs.arrays
 
     def encode(self, texts: list[str]) -> dict[str, np.ndarray]:
-        """The model's inputs for ``texts``, by the bundle's tokenizer and the manifest's ``text`` section."""
+        """The model's inputs for ``texts`` as one batch, by the bundle's tokenizer and the manifest's
+        ``text`` section."""
+        settings = self._text_settings()
+        return encode_texts(self.folder / settings["tokenizer"], settings, texts)
+
+    def _text_settings(self) -> dict:
         text = self.manifest.get("text")
         if not text:
             raise BundleError(f"{self.folder}: this bundle has no tokenizer; give token ids (.npz, .json)")
-        return encode_texts(self.folder / text["tokenizer"], text, texts)
+        return text
 
     def read(self, paths: list[str]) -> dict[str, np.ndarray]:
         """Inputs from files (see :func:`read_inputs`), held to the manifest's inputs and the budget."""
@@ -212,11 +246,22 @@ class Bundle:
 
 
 def encode_texts(path: Path, settings: dict, texts: list[str]) -> dict[str, np.ndarray]:
-    """Token inputs for ``texts``: encoded by the tokenizers package from ``path`` (its special tokens
-    added), truncated at ``settings["max_length"]``, padded on the right to the longest text with
+    """Token inputs for ``texts`` as one batch: encoded by the tokenizers package from ``path`` (its special
+    tokens added), truncated at ``settings["max_length"]``, padded on the right to the longest text with
     ``pad_id`` (0 in the mask and token types). The same function makes the export's check inputs."""
     if not texts or not all(isinstance(t, str) for t in texts):
         raise BundleError("give one or more texts (strings)")
+    encoded = text_tokenizer(path, settings).encode_batch(list(texts))
+    if "attention_mask" not in settings["inputs"] and len({len(e.ids) for e in encoded}) > 1:
+        raise BundleError(
+            "the model takes no attention_mask, so texts of different lengths cannot share a batch "
+            "(padding would change its outputs): give them one at a time"
+        )
+    return pad_encodings(encoded, settings)
+
+
+def text_tokenizer(path: Path, settings: dict):
+    """The ``tokenizers.Tokenizer`` of ``path``, truncating at ``settings["max_length"]``, not padding."""
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -227,22 +272,96 @@ def encode_texts(path: Path, settings: dict, texts: list[str]) -> dict[str, np.n
         raise BundleError(f"{path}: cannot read the tokenizer ({exc})") from None
     tokenizer.no_padding()  # a tokenizer.json may pad to a fixed length: padding is done here, per batch
     tokenizer.enable_truncation(settings["max_length"])
-    encoded = tokenizer.encode_batch(list(texts))
-    fields = settings["inputs"]
-    lengths = [len(e.ids) for e in encoded]
-    if "attention_mask" not in fields and len(set(lengths)) > 1:
-        raise BundleError(
-            "the model takes no attention_mask, so texts of different lengths cannot share a batch "
-            "(padding would change its outputs): give them one at a time"
-        )
+    return tokenizer
+
+
+def pad_encodings(encoded: list, settings: dict) -> dict[str, np.ndarray]:
+    """The model's inputs for tokenizer encodings: padded on the right to the longest."""
+    longest = max(len(e.ids) for e in encoded)
     arrays = {}
-    for name, field in fields.items():
-        array = np.full((len(encoded), max(lengths)), settings["pad_id"] if field == "ids" else 0, np.int64)
+    for name, field in settings["inputs"].items():
+        array = np.full((len(encoded), longest), settings["pad_id"] if field == "ids" else 0, np.int64)
         for row, encoding in enumerate(encoded):
             values = getattr(encoding, field)
             array[row, : len(values)] = values
         arrays[name] = array
     return arrays
+
+
+def text_batches(lengths: np.ndarray, masked: bool) -> list[list[int]]:
+    """Rows of ``lengths`` (token counts) in batches: all in one, in their order, where that is at most
+    :data:`TEXT_BATCH_TOKENS` tokens padded; else by length, each batch within that (a longer text alone),
+    and of one length where the model is not ``masked`` (takes no attention mask: padding would change
+    its outputs)."""
+    rows = len(lengths)
+    if rows * int(lengths.max()) <= TEXT_BATCH_TOKENS and (masked or len(set(lengths.tolist())) == 1):
+        return [list(range(rows))]
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    for row in np.argsort(lengths, kind="stable").tolist():
+        length = int(lengths[row])  # the batch's longest: rows come shortest first
+        full = (len(batch) + 1) * length > TEXT_BATCH_TOKENS
+        if batch and (full or (not masked and length != lengths[batch[0]])):
+            batches.append(batch)
+            batch = []
+        batch.append(row)
+    return [*batches, batch]
+
+
+class _TextOutputs:
+    """The outputs of many texts, filled batch by batch in the texts' order: allocated at the first batch,
+    from its outputs' shapes, within the bundle's input budget; each output's ``"sequence"`` axes as long as
+    the longest text, zero past each text's own length (whichever batch it ran in). One batch of all the
+    texts is handed on as the model gave it, its padding zeroed alike."""
+
+    def __init__(self, bundle: "Bundle", lengths: list[int]) -> None:
+        self.bundle, self.lengths, self.count, self.longest = bundle, lengths, len(lengths), max(lengths)
+        self.sequence_axes = {
+            spec["name"]: [axis for axis, size in enumerate(spec["shape"]) if axis and size == "sequence"]
+            for spec in bundle.manifest["outputs"]
+        }
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def place(self, rows: list[int], outputs: dict[str, np.ndarray]) -> None:
+        if len(rows) == self.count:  # the one batch, in the texts' order
+            self.arrays = {name: a if a.flags.writeable else a.copy() for name, a in outputs.items()}
+        else:
+            if not self.arrays:
+                self.arrays = self._allocate(outputs)
+            for name, array in outputs.items():
+                target = self.arrays[name]
+                fits = array.ndim == target.ndim and array.shape[0] == len(rows)
+                if not fits or any(
+                    got > size for got, size in zip(array.shape[1:], target.shape[1:], strict=True)
+                ):
+                    raise BundleError(
+                        f"output {name!r} has shape {list(array.shape)} for {len(rows)} texts, where an "
+                        f"earlier batch gave {list(target.shape[1:])} a text: give the texts in smaller calls"
+                    )
+                target[(rows, *(slice(0, size) for size in array.shape[1:]))] = array
+        for name, target in self.arrays.items():
+            for axis in self.sequence_axes.get(name, ()):
+                if axis < target.ndim:
+                    for row in rows:
+                        target[(row, *[slice(None)] * (axis - 1), slice(self.lengths[row], None))] = 0
+
+    def _allocate(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        shapes, total = {}, 0
+        for name, array in outputs.items():
+            if array.ndim == 0:
+                raise BundleError(f"output {name!r} has no row per text: give the texts in one small call")
+            shape = [self.count, *array.shape[1:]]
+            for axis in self.sequence_axes.get(name, ()):
+                if axis < len(shape):
+                    shape[axis] = max(shape[axis], self.longest)
+            shapes[name] = (tuple(shape), array.dtype)
+            total += math.prod(shape) * array.dtype.itemsize
+        if total > self.bundle.max_input_bytes:
+            raise BundleError(
+                f"the outputs of {self.count:,} texts would take {total:,} bytes, more than the "
+                f"{self.bundle.max_input_bytes:,} allowed (--max-input-bytes): give fewer texts at a time"
+            )
+        return {name: np.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()}
 
 
 def read_texts(path: str, max_bytes: int = MAX_INPUT_BYTES // JSON_EXPANSION) -> list[str]:
@@ -797,12 +916,20 @@ def load_runtime(path: Path, kind: str):
     return run
 
 
-def _write(outputs: dict[str, np.ndarray], target: str | None) -> None:
+def _write(outputs: dict[str, np.ndarray], target: str | None, max_bytes: int = MAX_INPUT_BYTES) -> None:
+    """The outputs to ``.npz`` or ``.npy``, else as JSON (to ``target`` or stdout), JSON only within
+    ``max_bytes`` once expanded (:data:`JSON_EXPANSION`)."""
     if target and target.endswith(".npz"):
         np.savez(target, **outputs)
     elif target and target.endswith(".npy") and len(outputs) == 1:
         np.save(target, next(iter(outputs.values())))
     else:
+        size = sum(value.nbytes for value in outputs.values())
+        if size * JSON_EXPANSION > max_bytes:
+            raise BundleError(
+                f"the outputs take {size:,} bytes, more than JSON is written for within the "
+                f"{max_bytes:,} allowed (--max-input-bytes): write them with -o out.npz"
+            )
         text = json.dumps({name: value.tolist() for name, value in outputs.items()})
         if target:
             Path(target).write_text(text + "\n")
@@ -835,7 +962,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_byte_count,
         default=MAX_INPUT_BYTES,
         metavar="N",
-        help=f"the memory an input file's arrays may take (default {MAX_INPUT_BYTES:,})",
+        help=f"the memory an input file's arrays, or the outputs, may take (default {MAX_INPUT_BYTES:,})",
     )
     args = parser.parse_args(argv)
     try:
@@ -848,11 +975,11 @@ def main(argv: list[str] | None = None) -> int:
         if texts and args.inputs:
             parser.error("give INPUT files or --text, not both")
         if texts:
-            _write(bundle.predict_text(texts), args.output)
+            _write(bundle.predict_text(texts), args.output, args.max_input_bytes)
             return 0
         if not args.inputs:
             parser.error("give an INPUT file, --text, or --check")
-        _write(bundle.predict(bundle.read(args.inputs)), args.output)
+        _write(bundle.predict(bundle.read(args.inputs)), args.output, args.max_input_bytes)
         return 0
     except (BundleError, OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         print(f"predict.py: error: {_first_line(exc)}", file=sys.stderr)
