@@ -21,7 +21,7 @@ import traceback
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slimtorch.sources.torch_legacy import MAGIC_NUMBER, PROTOCOL_VERSION
@@ -365,6 +365,14 @@ WALL_LIMIT = 60.0
 OUTPUT_LIMIT = 256 << 20
 """No case's output file may exceed this (RLIMIT_FSIZE; the kernel sends SIGXFSZ): an output bomb."""
 EXPECTATIONS = ("refuse", "accept", "either")
+INPUT_FACTOR = 1.5
+SLACK = 16 << 20
+"""Measurement noise allowed over a strict case's bound: the allocator's arenas, a page table."""
+
+
+def strict(cases: Sequence[Case], start: Callable[[Path], Invocation] | None = None) -> list[Case]:
+    """``cases`` held to issue 44's memory bound (:attr:`Case.strict`), over ``start``'s peak if given."""
+    return [replace(case, strict=True, start=start) for case in cases]
 
 
 @dataclass(frozen=True)
@@ -382,12 +390,18 @@ class Invocation:
 
 @dataclass(frozen=True)
 class Case:
-    """A hostile input: ``build(folder) -> Invocation`` writes its files into ``folder``."""
+    """A hostile input: ``build(folder) -> Invocation`` writes its files into ``folder``.
+
+    A ``strict`` case (issue 44's) passes only within :data:`INPUT_FACTOR` times its files' bytes, plus
+    :data:`SLACK`, over its command's own start: a fresh CLI process after its imports, or, where the
+    command does more than read its input (``slim`` trains), the peak of ``start``, a clean run of it."""
 
     id: str
     family: str
     expect: str
     build: Callable[[Path], Invocation]
+    strict: bool = False
+    start: Callable[[Path], Invocation] | None = None
 
     def __post_init__(self) -> None:
         assert self.expect in EXPECTATIONS, self.expect
@@ -431,6 +445,7 @@ class _Running:
     started: float
     rss_at_fork: int
     limit: int
+    inputs: int = 0
     killed: str = ""
     peak_seen: int = 0
 
@@ -475,6 +490,7 @@ def run_cases(
     import slimtorch.cli.main  # noqa: F401
 
     base = fresh_cli_rss()
+    starts = _starts(cases, root, wall)
     pending, running = list(reversed(cases)), {}
     try:
         while pending or running:
@@ -493,6 +509,8 @@ def run_cases(
                 del running[pid]
                 grown = max(job.peak_seen, usage.ru_maxrss * 1024 - job.rss_at_fork)
                 outcome = _outcome(job, status, grown + base)
+                if job.case.strict:
+                    outcome = within_inputs(outcome, starts.get(job.case.start, base), job.inputs)
                 if outcome.passed:  # a failing case's files stay, to look at
                     shutil.rmtree(job.folder, ignore_errors=True)
                     shutil.rmtree(job.io, ignore_errors=True)
@@ -501,6 +519,31 @@ def run_cases(
         for pid in running:
             _kill(pid)
             os.waitpid(pid, 0)
+
+
+def _starts(cases: Sequence[Case], root: Path, wall: float) -> dict[Callable[[Path], Invocation], int]:
+    """The peak of each strict case's ``start`` run, a clean run of its command, once per run."""
+    found: dict[Callable[[Path], Invocation], int] = {}
+    for case in cases:
+        if case.strict and case.start is not None and case.start not in found:
+            reference = Case(f"start of {case.family}/{len(found)}", case.family, "accept", case.start)
+            (outcome,) = run_cases([reference], root / "starts", jobs=1, wall=wall)
+            assert outcome.verdict == "accepted", outcome.describe()
+            found[case.start] = outcome.peak_rss
+    return found
+
+
+def within_inputs(outcome: Outcome, start: int, inputs: int) -> Outcome:
+    """``outcome``, judged "memory" where its peak passed ``start`` plus :data:`INPUT_FACTOR` times its
+    ``inputs`` bytes (and :data:`SLACK`): issue 44's bound, on top of the harness's kill limit."""
+    bound = start + INPUT_FACTOR * inputs + SLACK
+    if not outcome.passed or outcome.peak_rss <= bound:
+        return replace(outcome, limit=min(outcome.limit, int(bound)))
+    problem = (
+        f"peak RSS {outcome.peak_rss / 2**20:.0f} MiB over its command's start {start / 2**20:.0f} MiB "
+        f"+ {INPUT_FACTOR}x its {inputs / 2**20:.1f} MiB of inputs"
+    )
+    return replace(outcome, verdict="memory", problem=problem, limit=int(bound))
 
 
 def _start(case: Case, root: Path) -> tuple[int, _Running] | Outcome:
@@ -515,7 +558,8 @@ def _start(case: Case, root: Path) -> tuple[int, _Running] | Outcome:
         return Outcome(
             case, "build", None, "", time.monotonic() - started, 0, 0, f"{type(exc).__name__}: {exc}"
         )
-    limit = int(max(MEMORY_FLOOR, 2 * _tree_bytes(folder)))
+    inputs = _tree_bytes(folder)
+    limit = int(max(MEMORY_FLOOR, 2 * inputs))
     (io_folder / "stdin").write_text(invocation.stdin)
     rss = _rss(os.getpid())
     pid = os.fork()
@@ -523,7 +567,7 @@ def _start(case: Case, root: Path) -> tuple[int, _Running] | Outcome:
         _child(invocation, folder, io_folder)
     with contextlib.suppress(OSError):  # set on both sides of the fork: no race with an early kill
         os.setpgid(pid, pid)
-    return pid, _Running(case, invocation, folder, io_folder, time.monotonic(), rss, limit)
+    return pid, _Running(case, invocation, folder, io_folder, time.monotonic(), rss, limit, inputs)
 
 
 def _child(invocation: Invocation, folder: Path, io_folder: Path) -> None:

@@ -37,7 +37,13 @@ from slimtorch.deploy.footprint import (
     footprint,
     torch_baseline,
 )
-from slimtorch.errors import CheckpointError, CheckpointNotFoundError, OptionError, SlimtorchError
+from slimtorch.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    FormatError,
+    OptionError,
+    SlimtorchError,
+)
 from slimtorch.format.progress import Recorder
 
 # The module, even where slimtorch.deploy re-exports the function under the same name.
@@ -299,7 +305,9 @@ def test_options_by_dataclass_and_by_override_give_the_same_report(failed, tmp_p
 
 
 def test_an_unknown_option_names_the_fields_before_any_install(tmp_path) -> None:
-    fields = "FootprintOptions has: baseline, compile_bytecode, keep, python, refresh_baseline"
+    fields = (
+        "FootprintOptions has: allow_packages, baseline, compile_bytecode, keep, python, refresh_baseline"
+    )
     with pytest.raises(OptionError, match=f"footprint: unknown option 'no_baseline'; {fields}"):
         footprint(tmp_path / "nowhere", no_baseline=True)  # the option is checked before the folder
 
@@ -353,11 +361,25 @@ def test_a_requirement_pip_cannot_install_names_the_bundle_and_pips_error(tmp_pa
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     bundle = _bundle(tmp_path / "bundle", PASSING, requirements=["slimtorch-no-such-package==1.0"])
     with pytest.raises(SlimtorchError) as error:
-        _measure(bundle, PASSING, baseline=False)
+        _measure(bundle, PASSING, baseline=False, allow_packages=("Slimtorch_No.Such-Package",))
     message = str(error.value)
     flags = "--no-compile --only-binary=:all:"
     assert message.startswith(f"{bundle}: pip install {flags} -r requirements.txt failed: ERROR:")
     assert "slimtorch-no-such-package" in message
+
+
+def test_a_requirement_no_bundle_runtime_needs_is_refused_before_pip_unless_allowed(
+    tmp_path, monkeypatch
+) -> None:
+    """A pinned name is whatever the index serves under it: only the runtime's packages are installed."""
+    monkeypatch.setattr(footprint_module, "pip_install", _must_not_install)
+    bundle = _bundle(tmp_path / "bundle", PASSING, requirements=["numpy==2.0.0", "evil-package==1.0"])
+    with pytest.raises(
+        FormatError, match=r"requirements\.txt: names 'evil-package', a package no slimtorch "
+    ):
+        _measure(bundle, PASSING, baseline=False)
+    with pytest.raises(FormatError, match="--allow-package evil-package if you trust it"):
+        _measure(bundle, PASSING, baseline=False, allow_packages=("other",))
 
 
 def _cli(argv: list[str]) -> int:

@@ -40,6 +40,7 @@ from tests.hostile import (
     cases_of,
     deflate_zeros_bomb,
     selected_outcomes,
+    strict,
     zip_with_raw_entries,
 )
 
@@ -504,7 +505,7 @@ def corpus() -> list[Case]:
     return cases_of(data_cases(), number_cases())
 
 
-CASES = corpus()
+CASES = strict(corpus())
 
 
 @pytest.fixture(scope="module")

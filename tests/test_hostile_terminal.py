@@ -20,7 +20,7 @@ from rich.console import Console
 from safetensors.torch import save_file
 
 from slimtorch.cli.untrusted_text import as_text, in_markup, printable
-from tests.hostile import Case, Invocation, selected_outcomes, write_safetensors_raw
+from tests.hostile import Case, Invocation, selected_outcomes, strict, write_safetensors_raw
 
 FAMILY = "terminal"
 OSC52 = "\x1b]52;c;ZWNobyBoaQ==\x07"  # writes "echo hi" to the clipboard
@@ -235,7 +235,7 @@ def corpus() -> list[Case]:
     ]
 
 
-CASES = corpus()
+CASES = strict(corpus())
 
 
 @pytest.fixture(scope="module")

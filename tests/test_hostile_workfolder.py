@@ -24,11 +24,11 @@ import pytest
 
 from slimtorch._version import __version__
 from slimtorch.errors import OptionError
-from slimtorch.slimming import SlimOptions, read_recipe
-from slimtorch.slimming.markers import MARKER, Inputs, digest, read_marker, verify
+from slimtorch.slimming import SlimOptions, markers, read_recipe
+from slimtorch.slimming.markers import MARKER, Inputs, digest, file_sha256, read_marker, verify
 from slimtorch.slimming.schema import Invalid, items, number, record, table, text
 from slimtorch.slimming.workdir import WorkFolder
-from tests.hostile import Case, Invocation, cases_of, selected_outcomes
+from tests.hostile import Case, Invocation, cases_of, selected_outcomes, strict
 from tests.tiny_cnn import TINY
 
 STAGES = ("01-baseline", "02-prune", "04-recover", "05-quantize", "06-save")
@@ -246,6 +246,49 @@ def test_a_marker_of_another_version_or_with_wrong_types_is_not_trusted(tmp_path
         assert why in work.verified("02-prune", "prune", inputs, "01-baseline")[1]
 
 
+def test_a_forged_marker_whose_hashes_match_its_files_is_not_trusted_without_this_users_signature(
+    tmp_path: Path,
+) -> None:
+    """A forger rewrites a stage's model and its marker to match (sizes, hashes, a better metric): every
+    check but the signature passes, and the signature is made with a key the work folder does not hold."""
+    work, inputs, folder = _finished(tmp_path)
+    (folder / "model.safetensors").write_bytes(b"\x07" * 80)
+    marker = json.loads((folder / MARKER).read_text())
+    marker["files"]["model.safetensors"] = {"sha256": file_sha256(folder / "model.safetensors"), "bytes": 80}
+    marker["result"].update(file_bytes=80, metric=99.9)
+    for forged in (marker["signature"], "", "0" * 64, markers.signature(marker, b"\x00" * 32)):
+        (folder / MARKER).write_text(json.dumps({**marker, "signature": forged}))
+        assert work.verified("02-prune", "prune", inputs, "01-baseline") == (
+            None,
+            "done.json was not signed by slimtorch for this user on this machine",
+        )
+    (folder / MARKER).write_text(
+        json.dumps({**marker, "signature": markers.signature(marker, markers.signing_key())})
+    )
+    assert work.verified("02-prune", "prune", inputs, "01-baseline")[1] == ""  # the key's holder can sign
+
+
+def test_the_signing_key_is_made_once_private_and_refused_when_others_can_read_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    markers.signing_key.cache_clear()
+    try:
+        key = markers.signing_key()
+        path = tmp_path / "cache" / "slimtorch" / "marker.key"
+        assert key is not None and len(key) == 32 and path.read_bytes() == key
+        assert path.stat().st_mode & 0o777 == 0o600
+        markers.signing_key.cache_clear()
+        assert markers.signing_key() == key  # read back, not made again
+        path.chmod(0o644)
+        markers.signing_key.cache_clear()
+        assert markers.signing_key() is None  # a key others can read signs nothing
+        work, inputs, _ = _finished(tmp_path)
+        assert "no key to check done.json's signature" in work.verified("02-prune", "prune", inputs, "")[1]
+    finally:
+        markers.signing_key.cache_clear()
+
+
 def test_redoing_a_stage_that_is_a_link_removes_the_link_not_what_it_points_to(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -438,6 +481,21 @@ def _marker(edit: Callable[[dict], object]) -> Callable[[Path, Path], None]:
     return _edit_marker(QUANTIZE, edit)
 
 
+def _forge(stage: str) -> Callable[[Path, Path], None]:
+    """The other run's model swapped in, and the marker's record of it rewritten to match (size, sha256):
+    only the signature can tell."""
+
+    def tamper(work: Path, other: Path) -> None:
+        model = work / stage / "model.safetensors"
+        shutil.copyfile(other / stage / "model.safetensors", model)
+        marker = json.loads((work / stage / MARKER).read_text())
+        marker["files"]["model.safetensors"] = {"sha256": file_sha256(model), "bytes": model.stat().st_size}
+        marker["result"]["file_bytes"] = model.stat().st_size
+        (work / stage / MARKER).write_text(json.dumps(marker))
+
+    return tamper
+
+
 def _marker_of_another_stage(work: Path, other: Path) -> None:
     shutil.copyfile(work / "06-save" / MARKER, work / QUANTIZE / MARKER)
 
@@ -486,6 +544,7 @@ TAMPERS: list[tuple[str, Callable[[Path, Path], None], str, str]] = [
     ("marker-negative-size", _model_record(bytes=-1), QUANTIZE, ""),
     ("marker-of-another-stage", _marker_of_another_stage, QUANTIZE, ""),
     ("marker-output-elsewhere", _result(output="../../etc/passwd"), QUANTIZE, ""),
+    ("forge-a-marker-matching-a-swapped-model", _forge(PRUNE), PRUNE, ""),
 ]
 """(name, how the copy of the first run is tampered with, the first stage that must be redone, an extra
 check: "save-metric" for a save redone from this run's file)."""
@@ -634,7 +693,16 @@ def corpus() -> list[Case]:
     return cases_of(tamper_cases(), recipe_cases(), work_recipe_cases(), option_cases())
 
 
-CASES = corpus()
+def _fresh_run(folder: Path) -> Invocation:
+    """A clean ``slim`` run of the tiny model into an empty work folder: the command's own start, which
+    the strict cases' peaks are held to (training and quantizing it take about 50 MiB over the imports)."""
+    (folder / "tiny.py").write_text(TINY)
+    recipe = folder / "recipe.toml"
+    recipe.write_text(_recipe_text(str(folder / "tiny.py"), options={"seed": "0"}))
+    return Invocation(["slim", "--recipe", str(recipe), "--work", str(folder / "work"), "--json"])
+
+
+CASES = strict(corpus(), start=_fresh_run)
 
 
 @pytest.fixture(scope="module")

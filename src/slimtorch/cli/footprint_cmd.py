@@ -20,17 +20,18 @@ HELP = "measure a deployment bundle's runtime on disk in a clean venv, beside to
 DESCRIPTION = """\
 Verifies the bundle first, before anything in it is installed or run: manifest.json schema-checked,
 every file against its sha256, nothing unlisted Python could import, predict.py byte for byte the runner
-this slimtorch writes, requirements.txt nothing but name==version lines; a bundle that fails is refused
-in one line (exit 2). Then makes a fresh virtual environment, installs only the bundle's
-requirements.txt with its pip (your pip configuration, index and proxy settings apply) as a deployment
-image does, wheels only, `pip install --no-compile --only-binary=:all:`, runs `python -I predict.py
---check` there (writing bytecode for what it imports, as a deployment does), and weighs
-what is installed: each distribution is the sum of the files its RECORD lists and the bytecode written
-for them, each file counted once (the .pyc column). --compile installs as plain `pip install` does,
-every module compiled to bytecode whether it is ever imported or not (about 12% more). pip,
-setuptools and wheel come with every venv and are not needed to run, so they are listed aside and left
-out of the total; the size of all of site-packages is shown as a cross-check. The model's bytes are the
-files manifest.json lists under "model".
+this slimtorch writes, requirements.txt nothing but name==version lines of packages the bundle's runtime
+needs (onnxruntime or torch, numpy, tokenizers and their dependencies; --allow-package NAME lets one
+more through); a bundle that fails is refused in one line (exit 2). Then makes a fresh virtual
+environment, installs only the bundle's requirements.txt with its pip (your pip configuration, index and
+proxy settings apply) as a deployment image does, wheels only, `pip install --no-compile
+--only-binary=:all:`, runs `python -I predict.py --check` there (writing bytecode for what it imports,
+as a deployment does), and weighs what is installed: each distribution is the sum of the files its
+RECORD lists and the bytecode written for them, each file counted once (the .pyc column). --compile
+installs as plain `pip install` does, every module compiled to bytecode whether it is ever imported or
+not (about 12% more). pip, setuptools and wheel come with every venv and are not needed to run, so they
+are listed aside and left out of the total; the size of all of site-packages is shown as a cross-check.
+The model's bytes are the files manifest.json lists under "model".
 
 Beside it, torch's own footprint, measured the same way: torch==<this torch's version> alone in a clean
 venv (pip's configured indexes pick the build), imported once. That takes a minute and about 860 MB
@@ -65,6 +66,14 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument(
         "--compile", action="store_true", help="install as plain pip does: every module compiled to bytecode"
     )
+    parser.add_argument(
+        "--allow-package",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="let requirements.txt pin NAME, a package no bundle's runtime needs (refused by default; "
+        "repeatable)",
+    )
     add_json(parser)
     parser.set_defaults(run=run)
 
@@ -81,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         python=args.python,
         keep=args.keep_venv,
         compile_bytecode=args.compile,
+        allow_packages=tuple(args.allow_package),
     )
     with TerminalProgress(enabled=not args.json) as progress:
         report = footprint(args.bundle, options, progress=progress)

@@ -27,6 +27,7 @@ import numpy as np
 
 from slimtorch._version import __version__
 from slimtorch.deploy import runner
+from slimtorch.deploy.requirements import canonical, runtime_names
 from slimtorch.errors import FormatError, SlimtorchError
 from slimtorch.format.untrusted import load_json
 from slimtorch.format.writer import TEMP_PREFIX, replace_folder
@@ -123,16 +124,17 @@ def shipped_runner() -> bytes:
     return Path(runner.__file__).read_bytes()
 
 
-def verify_bundle(folder: str | os.PathLike[str]) -> dict[str, Any]:
+def verify_bundle(folder: str | os.PathLike[str], allow: tuple[str, ...] = ()) -> dict[str, Any]:
     """The manifest of the bundle in ``folder``, once nothing in it can run but what this slimtorch wrote.
 
     Checked before anything in the bundle is installed or run (``footprint``): the manifest's shape
     (:func:`runner.check_manifest`: types, required keys, bounds, plain file names); ``predict.py``
     byte for byte the runner this slimtorch ships (:func:`shipped_runner`: the manifest's hashes are
     the bundle's own word, this is ours); every file a regular file of its listed size and sha256, and
-    nothing unlisted that Python could import; ``requirements.txt`` nothing but ``name==version`` lines;
-    the sample files' array headers within the input budget. Anything else is a :class:`FormatError`
-    naming the file.
+    nothing unlisted that Python could import; ``requirements.txt`` nothing but ``name==version`` lines,
+    each a package the bundle's runtime needs (:func:`~slimtorch.deploy.requirements.runtime_names`) or
+    one named in ``allow``; the sample files' array headers within the input budget. Anything else is
+    a :class:`FormatError` naming the file.
 
     Example:
         >>> verify_bundle("resnet-bundle")["model"]["file"]  # doctest: +SKIP
@@ -152,4 +154,13 @@ def verify_bundle(folder: str | os.PathLike[str]) -> dict[str, Any]:
         runner.verify_files(folder, manifest)
     except runner.InvalidBundle as exc:
         raise FormatError(exc.path, exc.problem) from None
+    known = runtime_names(manifest["model"]["format"], "text" in manifest) | {canonical(a) for a in allow}
+    for line in manifest["requirements"]:
+        name = line.partition("==")[0]
+        if canonical(name) not in known:
+            raise FormatError(
+                folder / runner.REQUIREMENTS,
+                f"names {name!r}, a package no slimtorch bundle's runtime needs; refusing to install it "
+                f"(--allow-package {name} if you trust it)",
+            )
     return manifest

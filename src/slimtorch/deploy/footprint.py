@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from slimtorch.deploy.venv import (
 )
 from slimtorch.deploy.venv import weigh as weigh_venv
 from slimtorch.errors import CheckpointNotFoundError, FormatError, SlimtorchError
+from slimtorch.format.cache import cache_folder
 from slimtorch.format.progress import Progress, announcer
 from slimtorch.format.untrusted import load_json
 from slimtorch.format.verbs import Report, resolve
@@ -113,6 +113,9 @@ class FootprintOptions:
     """A new or empty folder to make the bundle's venv in and leave there; None: a temporary one."""
     compile_bytecode: bool = False
     """Install as plain ``pip install`` does, every module compiled to bytecode, not ``--no-compile``."""
+    allow_packages: tuple[str, ...] = ()
+    """Package names the bundle's requirements may pin beyond what its runtime needs (which
+    :func:`~slimtorch.deploy.bundle.verify_bundle` refuses by default)."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,7 @@ def footprint(
     """
     how = resolve(FootprintOptions, options, overrides, "footprint")
     folder = _bundle_folder(bundle)
-    manifest = verify_bundle(folder)  # before anything in it is installed or run
+    manifest = verify_bundle(folder, how.allow_packages)  # before anything in it is installed or run
     model_bytes = sum(manifest["files"][name]["bytes"] for name in manifest["model"]["files"])
     say = announcer(progress)
     python = how.python or sys.executable
@@ -282,9 +285,8 @@ def baseline_cache_path(python: str | None = None, compile_bytecode: bool = Fals
 
 
 def _cache_path(torch: str, python: str, platform: str, compile_bytecode: bool = False) -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     how = "-compiled" if compile_bytecode else ""
-    return cache / "slimtorch" / "footprint" / f"torch-{torch}-py{python}-{platform}{how}.json"
+    return cache_folder("footprint", f"torch-{torch}-py{python}-{platform}{how}.json")
 
 
 def _bundle_folder(bundle: str | Path) -> Path:

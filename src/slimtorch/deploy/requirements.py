@@ -1,7 +1,8 @@
 """What a bundle needs to run, pinned to what its check ran on, and the versions that made it.
 
 Every requirement is ``name==version``: a bundle is verified to hold nothing else
-(:func:`slimtorch.deploy.bundle.verify_bundle`), no pip option, URL or path.
+(:func:`slimtorch.deploy.bundle.verify_bundle`), no pip option, URL or path, and to name no package its
+runtime does not need (:func:`runtime_names`): a pinned name is still whatever the index serves under it.
 
 An ONNX bundle needs onnxruntime and numpy, a ``.pt2`` torch and numpy, a text bundle ``tokenizers`` too.
 A text ONNX bundle lists its whole runtime, every package pinned, for ``pip install --no-deps``.
@@ -10,6 +11,7 @@ A text ONNX bundle lists its whole runtime, every package pinned, for ``pip inst
 from __future__ import annotations
 
 import contextlib
+import re
 from importlib.metadata import PackageNotFoundError, requires, version
 
 import torch
@@ -57,6 +59,44 @@ def closure(roots: tuple[str, ...]) -> list[str]:
             if canonicalize_name(needed.name) not in skip:
                 todo.append(canonicalize_name(needed.name))
     return sorted(found)
+
+
+RUNTIME_ROOTS = {"onnx": ("onnxruntime", "numpy"), "pt2": ("torch", "numpy")}
+"""What each kind of bundle runs on; a text bundle adds ``tokenizers``."""
+KNOWN_RUNTIME = frozenset(
+    {
+        *("onnxruntime", "numpy", "tokenizers", "torch"),
+        *("coloredlogs", "flatbuffers", "humanfriendly", "mpmath", "packaging", "protobuf", "sympy"),
+        *("filelock", "fsspec", "jinja2", "markupsafe", "networkx", "setuptools", "typing-extensions"),
+    }
+)
+"""The runtimes and every package they have needed (onnxruntime 1.17-1.23, torch 2.x, tokenizers 0.2x):
+what a bundle's requirements may name where the runtime is not installed beside slimtorch to ask."""
+
+
+def runtime_names(format: str, text: bool = False) -> frozenset[str]:
+    """The package names (:func:`canonical`) a bundle of ``format`` may pin: :data:`KNOWN_RUNTIME`, and
+    the dependencies of its runtime as installed here (a newer onnxruntime's new one among them).
+
+    Example:
+        >>> "numpy" in runtime_names("onnx")
+        True
+    """
+    roots = (*RUNTIME_ROOTS.get(format, ()), *(("tokenizers",) if text else ()))
+    installed = []
+    for root in roots:
+        with contextlib.suppress(PackageNotFoundError):
+            version(root)
+            installed.append(root)
+    found = set(KNOWN_RUNTIME)
+    with contextlib.suppress(ImportError, PackageNotFoundError):  # packaging reads the metadata
+        found.update(closure(tuple(installed)))
+    return frozenset(canonical(name) for name in found)
+
+
+def canonical(name: str) -> str:
+    """A distribution's name as PEP 503 compares them: lower case, runs of ``-_.`` one ``-``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def versions(format: str) -> dict[str, str]:

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from slimtorch.format.cache import cache_folder as _cache_folder
+
 CODES = {"uint8": (128, 127), "int8": (0, 127), "uint7": (0, 127)}
 """The activation codes a kernel takes -> (offset, levels). ``uint8``: ``rint(x / scale) + 128`` with
 ``scale = max|row| / 127``, oneDNN's (zero point 128); ``int8``: the same without the offset,
@@ -42,8 +44,7 @@ FUSED_LEAD = 4  # the fused kernel's measured lead on one thread, rounded down: 
 def cache_folder() -> Path:
     """Where numba keeps the compiled kernel: ``$XDG_CACHE_HOME/slimtorch/numba`` (``~/.cache/...``), since
     the installed package's own folder may not be writable."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "slimtorch" / "numba"
+    return _cache_folder("numba")
 
 
 @functools.cache

@@ -7,13 +7,19 @@ of slimtorch that wrote it. A resume reads it within budgets, checks its schema 
 compares its inputs with this run's and hashes the files again; the first mismatch is the reason the stage
 is redone, in one line.
 
-The hashes catch a folder mixed up, copied over, damaged or left by another run, not a forger: whoever can
-write the folder can write a marker that matches (the files are still loaded by checking readers).
+The hashes catch a folder mixed up, copied over, damaged or left by another run. A forger who rewrites a
+stage's files and its marker to match would pass them, so each marker is also signed (HMAC-SHA256) with a
+key of this user's, kept outside the work folder (:func:`signing_key`, ``~/.cache/slimtorch/marker.key``,
+readable by the user alone): a marker written elsewhere, by hand or by another user is redone, whatever its
+hashes say. The signature is checked last, so that a folder merely damaged is named by what changed in it.
+A work folder moved to another machine or user is redone from its start, as a folder it cannot vouch for.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import hmac
 import json
 import os
 import stat
@@ -23,6 +29,7 @@ from typing import Any
 
 from slimtorch._version import __version__
 from slimtorch.errors import SlimtorchError
+from slimtorch.format.cache import cache_folder
 from slimtorch.format.untrusted import load_json
 from slimtorch.slimming.measuring import CATEGORIES
 from slimtorch.slimming.options import SCHEMES
@@ -37,6 +44,8 @@ MAX_FILES = 10_000
 """A stage writes one file, a Hugging Face folder (a config, a few shards, a tokenizer) or a bundle."""
 MAX_LAYERS = 100_000
 CHUNK = 1 << 20
+KEY_FILE = "marker.key"
+KEY_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -62,8 +71,9 @@ def seal(marker: dict[str, Any]) -> str:
 
 
 def make_marker(name: str, inputs: Inputs, files: dict[str, dict[str, Any]], result: Any) -> dict[str, Any]:
-    """The marker of stage ``name``: schema, version, inputs, files and result."""
-    return {
+    """The marker of stage ``name``: schema, version, inputs, files and result, signed (:func:`signature`;
+    ``""`` where no key can be kept, which a resume redoes)."""
+    marker = {
         "schema": SCHEMA,
         "stage": name,
         "version": __version__,
@@ -71,6 +81,61 @@ def make_marker(name: str, inputs: Inputs, files: dict[str, dict[str, Any]], res
         "files": files,
         "result": result,
     }
+    key = signing_key()
+    return {**marker, "signature": "" if key is None else signature(marker, key)}
+
+
+def signature(marker: dict[str, Any], key: bytes) -> str:
+    """The HMAC-SHA256, under ``key``, of the marker's content (:func:`digest` of all but its signature)."""
+    content = digest({field: value for field, value in marker.items() if field != "signature"})
+    return hmac.new(key, content.encode(), hashlib.sha256).hexdigest()
+
+
+@functools.cache
+def signing_key() -> bytes | None:
+    """This user's marker key, :data:`KEY_BYTES` random bytes in ``$XDG_CACHE_HOME/slimtorch/marker.key``,
+    made on first use (mode 0600, written whole and linked into place: two processes making it at once
+    agree on one); ``None`` where it can be neither read nor made (a read-only home)."""
+    path = cache_folder(KEY_FILE)
+    try:
+        return _read_key(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        temporary = path.with_name(f".{KEY_FILE}.{os.getpid()}")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(descriptor, os.urandom(KEY_BYTES))
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        try:
+            os.link(temporary, path)  # fails where another process linked its key first: that one is read
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(temporary)
+        return _read_key(path)
+    except OSError:
+        return None
+
+
+def _read_key(path: Path) -> bytes:
+    """The key at ``path``: a regular file of :data:`KEY_BYTES` bytes that only its owner, this user, can
+    read or write; anything else is an :class:`OSError` (the key is then not used)."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        info = os.fstat(descriptor)
+        key = os.read(descriptor, KEY_BYTES + 1)
+    finally:
+        os.close(descriptor)
+    owned = not hasattr(os, "getuid") or info.st_uid == os.getuid()
+    if not stat.S_ISREG(info.st_mode) or not owned or info.st_mode & 0o077 or len(key) != KEY_BYTES:
+        raise OSError(f"{path} is not a key of this user's (a {KEY_BYTES}-byte file only they can read)")
+    return key
 
 
 def stage_files(folder: Path) -> dict[str, dict[str, Any]]:
@@ -168,6 +233,11 @@ def verify(folder: Path, marker: dict[str, Any], name: str, inputs: Inputs, afte
     for relative in sorted(files):
         if file_sha256(folder / relative) != files[relative]["sha256"]:
             raise Invalid(f"{shown(relative)} does not match the sha256 {MARKER} recorded")
+    key = signing_key()
+    if key is None:
+        raise Invalid(f"no key to check {MARKER}'s signature with ({cache_folder(KEY_FILE)} cannot be kept)")
+    if not hmac.compare_digest(marker["signature"], signature(marker, key)):
+        raise Invalid(f"{MARKER} was not signed by slimtorch for this user on this machine")
 
 
 def _consistent(folder: str, marker: dict[str, Any]) -> None:
@@ -207,6 +277,7 @@ ENVELOPE = record(
         "inputs": record({"recipe": _hex, "step": _hex, "after": _hex_or_empty}),
         "files": table(record({"sha256": _hex, "bytes": COUNT}), MAX_FILES),
         "result": table(lambda value, where: None, 64),
+        "signature": _hex_or_empty,
     }
 )
 SAVED = {
