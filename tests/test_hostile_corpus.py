@@ -15,6 +15,7 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -1470,3 +1471,29 @@ def test_the_harness_sees_a_crash_a_hang_and_a_memory_bomb(tmp_path, monkeypatch
         "control/bomb": "memory",
         "control/traceback": "traceback",
     }
+
+
+def test_a_strict_case_is_held_to_its_commands_start_plus_one_and_a_half_times_its_inputs(
+    tmp_path, monkeypatch
+):
+    """Issue 44's bound: a clean exit that took 100 MiB beyond the CLI's start on 1 MiB of files is a
+    "memory" failure, where the harness's kill limit (1.5 GB) would have let it pass; 4 MiB on 8 MiB is
+    within it. And a ``start`` run sets the start the others are held to."""
+    import slimtorch.cli.main as cli
+
+    held: list[bytes] = []
+    monkeypatch.setattr(cli, "main", lambda argv: held.append(b"\x01" * (int(argv[0]) << 20)) or 0)
+
+    def case(name: str, mib: int, files: int) -> Case:
+        def build(folder: Path) -> Invocation:
+            (folder / "input.bin").write_bytes(b"\0" * (files << 20))
+            return Invocation([str(mib)])
+
+        return Case(f"control/{name}", "control", "accept", build, strict=True)
+
+    outcomes = {o.case.id: o for o in run_cases([case("amplifies", 100, 1), case("within", 4, 8)], tmp_path)}
+    assert outcomes["control/amplifies"].verdict == "memory"
+    assert "over its command's start" in outcomes["control/amplifies"].problem
+    assert outcomes["control/within"].verdict == "accepted"
+    started = [replace(case("after-a-heavy-start", 100, 1), start=lambda folder: Invocation(["150"]))]
+    assert [o.verdict for o in run_cases(started, tmp_path / "started")] == ["accepted"]
