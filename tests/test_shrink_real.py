@@ -163,6 +163,28 @@ def test_a_folder_of_separate_checkpoints_is_refused_naming_them(tmp_path, capsy
     assert not (tmp_path / "out.safetensors").exists()
 
 
+def test_a_folder_of_pt_checkpoints_and_one_safetensors_is_refused_not_read_as_that_one(tmp_path, capsys):
+    """Issue 45: the one ``.safetensors`` was taken as the folder's model and the ``.pt`` files left out,
+    silently. A trainer's own files beside a model (``training_args.bin``, ``optimizer.pt``) are no rival."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for name in ("epoch1.pt", "epoch2.pt"):
+        torch.save({"w": torch.randn(4, 4)}, folder / name)
+    save_file({"w": torch.randn(4, 4)}, folder / "best.safetensors")
+    code, _, err = _cli(capsys, "shrink", str(folder), "-o", str(tmp_path / "out.safetensors"))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "(best.safetensors, epoch1.pt, epoch2.pt), not one model; name one file" in err
+    assert not (tmp_path / "out.safetensors").exists()
+    for name in ("epoch1.pt", "epoch2.pt"):
+        (folder / name).unlink()
+    torch.save({"lr": 0.1}, folder / "optimizer.pt")
+    (folder / "training_args.bin").write_bytes(b"not weights")
+    code, _, err = _cli(capsys, "shrink", str(folder), "-o", str(tmp_path / "out.safetensors"))
+    assert code == 0, err
+
+
 def test_a_mistyped_skip_pattern_is_refused_with_the_closest_name(tmp_path, capsys):
     out = tmp_path / "r.safetensors"
 

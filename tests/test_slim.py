@@ -127,6 +127,20 @@ def test_a_goal_the_original_meets_skips_every_stage_and_reports_every_key(tmp_p
     assert (tmp_path / "w" / "report.json").exists() and (tmp_path / "w" / "report.html").exists()
 
 
+def test_a_spec_without_weights_is_slimmed_with_one_line_saying_its_scores_are_of_its_initial_values(
+    tmp_path: Path, tiny_spec
+) -> None:
+    """Issue 45: slim of a factory with no weights optimised a random model and reported "met", silently."""
+    spec, weights, _ = tiny_spec
+    bare = slim(spec, "digits", goal="size=1GB", timings=False, work=tmp_path / "bare")
+    assert [note for note in bare.notes if "was given no weights (--weights)" in note] == [
+        f"{spec} was given no weights (--weights): it keeps what its factory gives (random initial values, "
+        "unless the factory loads weights itself), and every score and verdict here is of those"
+    ]
+    given = slim(spec, "digits", goal="size=1GB", timings=False, weights=weights, work=tmp_path / "given")
+    assert not [note for note in given.notes if "no weights" in note]
+
+
 def test_size_goal_prunes_recovers_quantizes_and_the_saved_file_reaches_it(tmp_path: Path, tiny_spec) -> None:
     _, _, model = tiny_spec
     report = slim(model, "digits", goal="size=0.35x", max_drop=100, work=tmp_path / "w", **FAST)

@@ -75,7 +75,7 @@ def slim(
         raise OptionError("slim needs a goal: size=50MB, size=0.05x, latency=2x or params=0.5")
     goal = parse_goal(options.goal)
     torch.manual_seed(options.seed)
-    original, spec, hf_folder = _model(model, weights)
+    original, spec, hf_folder, untrained = _model(model, weights)
     task_data = (
         data if isinstance(data, TaskData) else open_data(data, batch=options.batch, seed=options.seed)
     )
@@ -88,6 +88,8 @@ def slim(
     }
     folder = WorkFolder.claim(work, Recipe(inputs, options), restart=restart)
     context = Context(original, task_data, options, goal, folder, hf_folder, progress, spec)
+    if untrained:
+        context.notes.append(untrained)
     context.recipe_hash = digest({"recipe": Recipe(inputs, options).identity(), "tensors": tensors})
     forced = _forced(plan) if plan else None  # an empty [plan]: plan again
     step = {"forced": None if forced is None else [c.to_dict() for c in forced]}
@@ -99,18 +101,26 @@ def slim(
     return report
 
 
-def _model(model: nn.Module | str, weights: Any) -> tuple[nn.Module, str, Path | None]:
-    """The original module, the spec to record (empty for a module passed in), and its HF folder."""
+def _model(model: nn.Module | str, weights: Any) -> tuple[nn.Module, str, Path | None, str]:
+    """The original module, the spec to record (empty for a module passed in), its HF folder, and a note
+    when a spec's factory was given no weights (its own initial values, random unless it loads some: every
+    score of the run is of those)."""
     if isinstance(model, nn.Module):
         if weights is not None:
             raise OptionError("weights is for a model spec; load them into the module yourself")
-        return model.eval(), "", None
+        return model.eval(), "", None, ""
     if not isinstance(model, (str, os.PathLike)):
         raise OptionError(f"model must be an nn.Module or a model spec, not {type(model).__name__}")
     from slimtorch.loading import open_model
 
     opened = open_model(model, weights, check_example=False)
-    return opened.model.eval(), str(model), opened.folder
+    untrained = ""
+    if opened.weights is None:
+        untrained = (
+            f"{model} was given no weights (--weights): it keeps what its factory gives (random initial values, "
+            "unless the factory loads weights itself), and every score and verdict here is of those"
+        )
+    return opened.model.eval(), str(model), opened.folder, untrained
 
 
 def _run(

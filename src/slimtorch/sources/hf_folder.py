@@ -35,6 +35,10 @@ CANDIDATES = (
     ("files", "*.ckpt"),
 )
 SHARD_NAME = re.compile(r"-\d+-of-\d+\.[^.]+$")  # model-00001-of-00003.safetensors, as transformers writes
+GENERIC = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt")
+"""The patterns of :data:`CANDIDATES` that name no model file of a Hugging Face layout: any checkpoint."""
+NOT_WEIGHTS = frozenset({"training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state.pth", "scaler.pt"})
+"""What a trainer's checkpoint folder holds beside its model: never weights of their own."""
 CONFIG_KEYS = (
     "model_type",
     "architectures",
@@ -65,6 +69,22 @@ def weight_files(folder: Path) -> tuple[Path | None, list[Path]]:
                 f"holds {len(found)} separate checkpoints ({names}), not one model; name one file, "
                 f"e.g. {folder / found[0].name}",
             )
+        if found and pattern in GENERIC:  # no model file by its Hugging Face name: any other is a rival
+            rivals = sorted(
+                p
+                for other in GENERIC
+                if other != pattern
+                for p in folder.glob(other)
+                if p.is_file() and p.name not in NOT_WEIGHTS
+            )
+            if rivals:
+                every = sorted(found + rivals)
+                names = ", ".join(p.name for p in every[:6]) + (", ..." if len(every) > 6 else "")
+                raise CheckpointError(
+                    folder,
+                    f"holds {len(every)} separate checkpoints ({names}), not one model; name one file, "
+                    f"e.g. {folder / every[0].name}",
+                )
         if found:
             return None, found
     raise CheckpointNotFoundError(
