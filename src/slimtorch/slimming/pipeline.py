@@ -117,8 +117,8 @@ def _model(model: nn.Module | str, weights: Any) -> tuple[nn.Module, str, Path |
     untrained = ""
     if opened.weights is None:
         untrained = (
-            f"{model} was given no weights (--weights): it keeps what its factory gives (random initial values, "
-            "unless the factory loads weights itself), and every score and verdict here is of those"
+            f"{model} was given no weights (--weights): it keeps what its factory gives (random initial "
+            "values, unless the factory loads weights itself), and every score and verdict here is of those"
         )
     return opened.model.eval(), str(model), opened.folder, untrained
 
