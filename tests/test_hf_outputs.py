@@ -284,6 +284,37 @@ def test_symmetric_int4_stays_in_its_bound_and_its_compressed_tensors_words_deco
     assert torch.equal(decode(coded.parts, coded.stages, torch.float32, (48, 96)), decoded)
 
 
+def test_int4_with_integer_zero_points_stays_in_its_bound_and_compressed_tensors_decodes_it_the_same() -> (
+    None
+):
+    """Issue 45: the Hugging Face layout's int4 keeps a zero point per group, on the code grid, packed as
+    compressed-tensors packs it: its own decompressor gives back our decoded weight."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    from slimtorch.format.codecs import decode, encode
+    from slimtorch.format.hf_layout import ct_form
+
+    torch.manual_seed(0)
+    weight = torch.randn(40, 96) * torch.linspace(0.01, 3, 96) + torch.linspace(-1, 2, 40).unsqueeze(1)
+    encoded = encode(weight, [("int4", {"group_size": 32, "integer_zero": True})])
+    assert encoded.parts["scale"].dtype == torch.float16 and encoded.parts["zero"].dtype == torch.float32
+    decoded = decode(encoded.parts, encoded.stages, torch.float32, (40, 96))
+    groups = weight.reshape(40, 3, 32)
+    span = (groups.amax(2).clamp(min=0) - groups.amin(2).clamp(max=0)).repeat_interleave(32, dim=1)
+    scale = encoded.parts["scale"].float().repeat_interleave(32, dim=1)
+    assert bool(((decoded - weight).abs() <= (scale / 2 + 0.03 * span) * (1 + 2**-10)).all())
+    coded, keys, scheme = ct_form("fc.weight", encoded)
+    assert keys["zp"] == "fc.weight_zero_point" and scheme.group(["Linear"])["weights"]["symmetric"] is False
+    assert torch.equal(decode(coded.parts, coded.stages, torch.float32, (40, 96)), decoded)
+    codes = unpack_from_int32(coded.parts["q4"], 4, torch.Size([40, 96])).float()  # signed: code - 8
+    points = unpack_from_int32(coded.parts["zp"], 4, torch.Size([40, 3]), packed_dim=0).float()
+    theirs = (codes.reshape(40, 3, 32) - points.unsqueeze(2)) * encoded.parts["scale"].float().unsqueeze(2)
+    assert torch.equal(theirs.reshape(40, 96), decoded)
+    symmetric = encode(weight, [("int4", {"group_size": 32, "symmetric": True})])
+    ours_error = (decoded - weight).norm()
+    assert ours_error < (decode(symmetric.parts, symmetric.stages, torch.float32, (40, 96)) - weight).norm()
+
+
 def test_a_folder_another_tool_quantized_is_refused_not_copied_as_plain_weights(bases, tmp_path) -> None:
     """A compressed-tensors folder written by another tool (``weight_packed`` codes, a quantization_config)
     would come out of a shrink as codes under names transformers reads as missing: random weights."""

@@ -5,8 +5,10 @@ reads either. They differ in how each logical tensor's parts are named and shape
 
 - ``hf``: every tensor under its own name, dense, in a dtype transformers casts from (a float16 cast stays
   float16); int8 and int4 weights of ``nn.Linear`` and ``nn.Embedding`` layers in the compressed-tensors
-  format (int8: ``<layer>.weight`` codes and ``<layer>.weight_scale`` (out, 1); int4: symmetric groups,
-  ``weight_packed`` int32 words, ``weight_scale``, ``weight_shape``), described by a ``quantization_config``
+  format (int8: ``<layer>.weight`` codes and ``<layer>.weight_scale`` (out, 1); int4: groups with a zero
+  point each, ``weight_packed`` int32 words, ``weight_scale``, ``weight_zero_point`` (eight rows' codes a
+  word, as compressed-tensors packs them) and ``weight_shape``; symmetric groups, no zero point, where a
+  quantized model made them so), described by a ``quantization_config``
   in ``config.json`` whose groups name exactly the quantized layers, with ``dequantize: true`` (transformers
   decodes them at load; vLLM and compressed-tensors read the codes). The same bytes serve both readers: the
   int4 words are our nibbles, read as bytes; the int8 scale is our scale as a column. What compressed-tensors
@@ -31,6 +33,7 @@ from torch import nn
 from slimtorch.errors import FormatError, OptionError, SlimtorchError
 from slimtorch.format.codecs import Encoded
 from slimtorch.format.codecs.chain import undo
+from slimtorch.format.codecs.lossy import pack_points
 
 LAYOUTS = ("hf", "slim")
 REFUSING_TYPE = "slimtorch"
@@ -130,9 +133,16 @@ class CtScheme:
     bits: int
     group_size: int | None = None
     activations: bool = False
+    symmetric: bool = True
+    """int4 only: False for groups with a zero point each (``weight_zero_point``)"""
 
     def group(self, targets: list[str]) -> dict[str, Any]:
-        weights: dict[str, Any] = {"num_bits": self.bits, "type": "int", "symmetric": True, "dynamic": False}
+        weights: dict[str, Any] = {
+            "num_bits": self.bits,
+            "type": "int",
+            "symmetric": self.symmetric,
+            "dynamic": False,
+        }
         if self.bits == 4:
             weights |= {"strategy": "group", "group_size": self.group_size}
         else:
@@ -218,10 +228,10 @@ def ct_form(tensor: str, encoded: Encoded) -> tuple[Encoded, dict[str, str], CtS
         coded = {"q": parts["q"], "scale": parts["scale"].reshape(-1, 1)}
         keys = {"q": tensor, "scale": f"{layer}weight_scale"}
         return Encoded(coded, [stage]), keys, CtScheme(8)
-    group = stage.get("group_size")
+    group, points = stage.get("group_size"), stage.get("integer_zero") is True
     if (
         stage["codec"] != "int4"
-        or not stage.get("symmetric")
+        or not (stage.get("symmetric") or points)
         or stage.get("flat")
         or not int4_fits(shape, group)
     ):
@@ -232,7 +242,12 @@ def ct_form(tensor: str, encoded: Encoded) -> tuple[Encoded, dict[str, str], CtS
         "shape": torch.tensor(shape, dtype=torch.int64),
     }
     keys = {"q4": f"{layer}weight_packed", "scale": f"{layer}weight_scale", "shape": f"{layer}weight_shape"}
-    return Encoded(coded, [{**stage, "packing": "int32"}]), keys, CtScheme(4, group)
+    if points:  # each group's zero point is -code * scale exactly (the codec made it so)
+        scale = parts["scale"].float()
+        codes = (-parts["zero"].float() / torch.where(scale > 0, scale, 1)).round_().clamp_(0, 15)
+        coded["zp"], keys["zp"] = pack_points(codes.to(torch.uint8)), f"{layer}weight_zero_point"
+    scheme = CtScheme(4, group, symmetric=not points)
+    return Encoded(coded, [{**stage, "packing": "int32"}]), keys, scheme
 
 
 def quantization_config(schemes: Mapping[str, CtScheme], base_prefix: str = "") -> dict[str, Any] | None:

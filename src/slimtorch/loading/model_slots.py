@@ -261,8 +261,9 @@ def _check_part(source: TensorSource, slot: Slot) -> None:
             f"tensor {name!r} is stored as {stored.get('codec')} {stored.get('shape')}, but the model's "
             f"quantized layer holds {expected['codec']} {expected['shape']} ({', '.join(differs)} differ)",
         )
-    if stored.get("symmetric"):  # codes on the symmetric grid: saved again, they stay in that form
-        expected["symmetric"] = True
+    for grid in ("symmetric", "integer_zero"):  # codes on compressed-tensors' grid stay on it, saved again
+        if stored.get(grid):
+            expected[grid] = True
 
 
 def target_dtype(slot: Slot, dtype: torch.dtype | None) -> torch.dtype | None:

@@ -22,6 +22,11 @@ Error bounds, per element (``x`` the input, in the dtype it had):
   be stored as
   compressed-tensors packs them (``packing="int32"``: the same nibbles, viewed as int32 words, no
   zero point part, the shape as a ``shape`` part; :func:`int4_layer_parts` gives the usual parts back).
+  ``integer_zero=True`` keeps the asymmetric range (searched, widened to hold 0) and puts its zero point on
+  a code: ``scale = (max - min) / 15`` in float16, the point ``rint(-min / scale)`` in 0..15, the zero part
+  ``-point * scale`` in float32 (exact): compressed-tensors' asymmetric int4, its values ``(code - point) *
+  scale`` the same floats. Stored as compressed-tensors packs it, the points are a ``zp`` part
+  (:func:`pack_points`). ``|err| <= scale / 2 + 0.03 (max - min)``.
 
 The decoded tensor is computed in float32 and rounded once to the input's dtype, which adds that dtype's
 own rounding (relative ``2**-8`` for bfloat16), or float32's (``2**-24``) for a float64 input. float32 also
@@ -182,10 +187,14 @@ class Int4:
         flat: bool = False,
         clip: bool = True,
         symmetric: bool = False,
+        integer_zero: bool = False,
     ) -> tuple[torch.Tensor, dict, dict]:
         """``flat=True`` groups the tensor as one long row: no padding when rows are shorter than a group;
         ``clip=False`` takes each group's full range (no search); ``symmetric=True`` fixes the zero point at
-        code 8 (see the module docstring)."""
+        code 8; ``integer_zero=True`` puts each group's zero point on a code of its own (see the module
+        docstring)."""
+        if symmetric and integer_zero:
+            raise CodecError("int4 is symmetric or has integer zero points, not both")
         if not is_int4_group_size(group_size):
             raise CodecError(f"int4 group size must be even, 32 to 256, not {group_size!r}")
         _require_float(x, "int4")
@@ -201,9 +210,21 @@ class Int4:
             if symmetric:
                 scales[block] = _searched_scale(g, low, high) if clip else symmetric_scale(low, high)
                 continue
+            if integer_zero:  # the grid holds 0 exactly, at the zero point's code
+                low, high = low.clamp(max=0), high.clamp(min=0)
             if clip:
                 low, high = _searched_range(g, low, high)
+                if integer_zero:
+                    low, high = low.clamp(max=0), high.clamp(min=0)
             scales[block], zeros[block] = (high - low) / 15, low
+        if integer_zero:
+            # float16 scales, and zero points -code * scale in float32: both exact, so compressed-tensors'
+            # (code - point) * scale and this codec's code * scale + zero give the same values
+            if not fits_fp16(scales, scales):
+                raise CodecError("int4 with integer zero points needs scales that float16 holds")
+            scales = scales.half().float()
+            points = (-zeros / torch.where(scales > 0, scales, 1)).round_().clamp_(0, 15)
+            zeros = points.mul_(scales).neg_().add_(0.0)  # + 0.0: no -0.0 where the point is 0
         if symmetric:
             # float16 scales keep code * scale and -8 * scale exact in float32: transformers' (code - 8) *
             # scale then gives the same bits
@@ -212,7 +233,9 @@ class Int4:
             scales = scales.half().float()
             zeros = scales * -8
         side_dtype = torch.float16 if fits_fp16(scales, zeros) else torch.float32
-        scales, zeros = scales.to(side_dtype), zeros.to(side_dtype)
+        scales, zeros = scales.to(side_dtype), zeros.to(torch.float32 if integer_zero else side_dtype)
+        if integer_zero:
+            scales = scales.half()
         # Decoding computes code * scale + zero in float32; if code 15 overflows there (a group spanning more
         # than float32's range), the group would come back as inf or NaN, so refuse it here.
         top = scales.to(torch.float32).mul(15).add_(zeros.to(torch.float32))
@@ -225,7 +248,8 @@ class Int4:
             q = (g - zeros[block].to(torch.float32).unsqueeze(2)).div_(torch.where(s > 0, s, 1))
             q = q.round_().clamp_(0, 15).to(torch.uint8).reshape(g.shape[0], padded)
             packed[block] = q[:, 0::2] | (q[:, 1::2] << 4)
-        params = {"group_size": group_size, "flat": flat, **({"symmetric": True} if symmetric else {})}
+        grid = {"symmetric": True} if symmetric else {"integer_zero": True} if integer_zero else {}
+        params = {"group_size": group_size, "flat": flat, **grid}
         return packed, {"scale": scales, "zero": zeros}, params
 
     def decode(self, primary: torch.Tensor, parts: Mapping[str, torch.Tensor], stage: dict) -> torch.Tensor:
@@ -284,10 +308,13 @@ def int4_layer_parts(parts: Mapping[str, torch.Tensor], stage: Mapping) -> dict[
     """The int4 parts as a quantized layer holds them (``q4`` uint8 nibbles, ``scale``, ``zero``) from parts
     stored as compressed-tensors packs them (``packing="int32"``): the int32 words viewed as their bytes
     (the nibbles are in the same order on a little-endian machine: no copy), the zero point ``-8 * scale``
-    of the symmetric grid. Parts stored the usual way are returned as they are."""
+    of the symmetric grid, or ``-point * scale`` from the packed zero points (``zp``: eight groups' codes a
+    word down the rows, :func:`pack_points`) with integer zero points. Parts stored the usual way are
+    returned as they are."""
     if stage.get("packing") is None:
         return dict(parts)
-    require(stage.get("packing") == "int32" and stage.get("symmetric") is True, "unknown int4 packing")
+    grid = stage.get("symmetric") is True or stage.get("integer_zero") is True
+    require(stage.get("packing") == "int32" and grid, "unknown int4 packing")
     require(sys.byteorder == "little", "int4 packed as int32 words reads on little-endian machines only")
     words, scale = part(parts, "q4", torch.int32), part(parts, "scale")
     shape = tuple(stage["shape"])
@@ -297,7 +324,35 @@ def int4_layer_parts(parts: Mapping[str, torch.Tensor], stage: Mapping) -> dict[
         "int4 weight_shape differs from the metadata's shape",
     )
     require(words.dim() == 2, "int4 packed words are not a matrix")
-    return {"q4": words.view(torch.uint8), "scale": scale, "zero": scale * -8}
+    if stage.get("symmetric") is True:
+        return {"q4": words.view(torch.uint8), "scale": scale, "zero": scale * -8}
+    require(scale.dim() == 2, "int4 scales are not a matrix")
+    points = unpack_points(part(parts, "zp", torch.int32), scale.shape[0])
+    require(points.shape == scale.shape, "int4 zero points do not fit the scales")
+    return {
+        "q4": words.view(torch.uint8),
+        "scale": scale,
+        "zero": points.float().mul_(scale.float()).neg_().add_(0.0),
+    }
+
+
+def pack_points(points: torch.Tensor) -> torch.Tensor:
+    """Zero point codes (rows, groups), 0..15, as compressed-tensors packs them: eight rows' codes a little-
+    endian int32 word, down each column (rows padded to a multiple of 8), ``(ceil(rows / 8), groups)``."""
+    rows, groups = points.shape
+    padded = torch.zeros(-(-rows // 8) * 8, groups, dtype=torch.int64)
+    padded[:rows] = points.to(torch.int64)
+    nibbles = padded.reshape(-1, 8, groups)
+    words = sum(nibbles[:, i] << (4 * i) for i in range(8))
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)  # the same 32 bits
+
+
+def unpack_points(words: torch.Tensor, rows: int) -> torch.Tensor:
+    """:func:`pack_points` undone: the (rows, groups) zero point codes of ``words``."""
+    require(words.dim() == 2 and words.shape[0] == -(-rows // 8), "int4 zero points do not fit the rows")
+    wide = words.to(torch.int64) & 0xFFFFFFFF
+    nibbles = torch.stack([(wide >> (4 * i)) & 15 for i in range(8)], dim=1)
+    return nibbles.reshape(-1, words.shape[1])[:rows].to(torch.uint8)
 
 
 def _decode_one_row(
