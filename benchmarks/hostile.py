@@ -17,9 +17,12 @@ input files given to the bundle's own ``predict.py``, ``tests/test_hostile_bundl
 
 Method: each case builds its files (seeded, a few MB at most) in a temporary folder; a CLI case runs
 ``slimtorch.cli.main.main(argv)`` in a child forked from this process after torch and slimtorch are
-imported (``tests.hostile.run_cases``), ``--jobs`` at a time. Peak RSS is the
-child's ``ru_maxrss`` beyond what it inherited at the fork, plus the peak RSS of a fresh process that
-imported the CLI (what a real ``slimtorch`` run starts from). A case is killed past 60 s, or past its
+imported (``tests.hostile.run_cases``), ``--jobs`` at a time. Peak RSS is the anonymous memory the
+child took beyond what it held as it started (its own VmHWM less its starting RSS and the file pages it
+mapped since, as it reports them at exit), plus the peak RSS (its own VmHWM) of a fresh process that
+imported torch and the CLI (what a real ``slimtorch`` run starts from: about 220 MiB here; the 346 MiB
+printed before this stop was that process's ``ru_maxrss``, which carries this one's high water over the
+exec). A case is killed past 60 s, or past its
 memory limit (1.5 GB or twice its files' size), and counted as a failure of that kind. A ``predict`` case
 runs the bundle's ``python predict.py`` in a fresh process, one at a time, under the same limits; its
 peak is that process's own (its VmHWM, not the high water ``wait4`` carries over from this one).

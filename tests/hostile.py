@@ -481,9 +481,11 @@ def run_cases(
 ) -> Iterator[Outcome]:
     """Build and run ``cases`` under ``root``, ``jobs`` children at a time; yields outcomes as they end.
 
-    Peak RSS is the child's growth beyond what it inherited at fork (``ru_maxrss`` from ``os.wait4``
-    minus the parent's RSS then), plus what a fresh ``slimtorch`` process holds after its imports, so a
-    large test process does not count against a case.
+    Peak RSS is the anonymous memory the child took beyond what it held as it started (:func:`_grown`:
+    its own VmHWM less its starting RSS and the file pages it mapped since, as it reports them at exit),
+    plus what a fresh ``slimtorch`` process holds after importing torch and the CLI
+    (:func:`fresh_cli_rss`), so neither a large test process nor the libraries' code pages count against
+    a case.
     """
     import torch  # noqa: F401  (imported before any fork, as the children need it)
 
@@ -507,7 +509,7 @@ def run_cases(
                     _watch(pid, job, base, wall)
                     continue
                 del running[pid]
-                grown = max(job.peak_seen, usage.ru_maxrss * 1024 - job.rss_at_fork)
+                grown = max(job.peak_seen, _grown(job, usage.ru_maxrss * 1024))
                 outcome = _outcome(job, status, grown + base)
                 if job.case.strict:
                     outcome = within_inputs(outcome, starts.get(job.case.start, base), job.inputs)
@@ -574,6 +576,7 @@ def _child(invocation: Invocation, folder: Path, io_folder: Path) -> None:
     """Run the CLI with stdin, stdout and stderr on files; never returns (``os._exit``), so nothing of the
     parent (pytest's teardown, atexit hooks) runs twice."""
     code = 70
+    start = _memory_now()  # what this process holds of the parent's, as it starts
     try:
         os.setpgid(0, 0)  # the parent kills the whole group: anything the CLI started goes too
         resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_LIMIT, OUTPUT_LIMIT))
@@ -599,6 +602,8 @@ def _child(invocation: Invocation, folder: Path, io_folder: Path) -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+        with contextlib.suppress(Exception):  # the child's own growth, for the parent to read
+            (io_folder / "memory").write_text(" ".join(map(str, (*start, *_memory_now()))))
         os._exit(code if isinstance(code, int) else 1)
 
 
@@ -669,12 +674,41 @@ def _judge_refusal(job: _Running, code: int, stderr: str) -> tuple[str, str]:
 
 def _rss(pid: int) -> int:
     """Resident bytes of a process (0 once it is gone)."""
+    return _status_bytes(pid, "VmRSS")
+
+
+def _status_bytes(pid: int | str, field: str) -> int:
+    """A byte count of ``/proc/PID/status`` (``VmRSS``, ``VmHWM``); 0 once the process is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return 0
-    found = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
+    found = re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE)
     return int(found.group(1)) * 1024 if found else 0
+
+
+def _memory_now() -> tuple[int, int, int]:
+    """This process's (VmHWM, VmRSS, RssFile + RssShmem), bytes."""
+    return (
+        _status_bytes("self", "VmHWM"),
+        _status_bytes("self", "VmRSS"),
+        _status_bytes("self", "RssFile") + _status_bytes("self", "RssShmem"),
+    )
+
+
+def _grown(job: _Running, max_rss: int) -> int:
+    """The anonymous memory a child took beyond what it held of the parent's as it started, at its peak: its
+    own high water (VmHWM) less its RSS then, less the file-backed pages it mapped since (code and data
+    of the libraries it ran, shared with the page cache, not memory it took), from what it reported at its
+    exit. A forked child does not start with the parent's RSS (file-backed pages are not copied; they
+    count once touched), so ``ru_maxrss`` less the parent's RSS misjudges by up to that difference; it is
+    the fallback for a child killed before it told."""
+    try:
+        numbers = (int(n) for n in (job.io / "memory").read_text().split())
+        _, start_rss, start_file, high, _, end_file = numbers
+    except (OSError, ValueError):
+        return max_rss - job.rss_at_fork
+    return high - start_rss - max(end_file - start_file, 0)
 
 
 def _tree_bytes(folder: Path) -> int:
@@ -684,8 +718,12 @@ def _tree_bytes(folder: Path) -> int:
 
 @functools.cache
 def fresh_cli_rss() -> int:
-    """Peak RSS of a fresh process that has imported torch and the CLI: what a case's run starts from."""
-    code = "import resource, slimtorch.cli.main; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    """Peak RSS of a fresh process that has imported torch and the CLI: what a case's run starts from. Its
+    own VmHWM, not ``ru_maxrss``: Linux carries the parent's high water over the exec into that."""
+    code = (
+        "import re, torch, slimtorch.cli.main; "
+        "print(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(done.stdout) * 1024
 
