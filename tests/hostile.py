@@ -560,7 +560,7 @@ def _start(case: Case, root: Path) -> tuple[int, _Running] | Outcome:
         return Outcome(
             case, "build", None, "", time.monotonic() - started, 0, 0, f"{type(exc).__name__}: {exc}"
         )
-    inputs = _tree_bytes(folder)
+    inputs = tree_bytes(folder)
     limit = int(max(MEMORY_FLOOR, 2 * inputs))
     (io_folder / "stdin").write_text(invocation.stdin)
     rss = _rss(os.getpid())
@@ -674,10 +674,10 @@ def _judge_refusal(job: _Running, code: int, stderr: str) -> tuple[str, str]:
 
 def _rss(pid: int) -> int:
     """Resident bytes of a process (0 once it is gone)."""
-    return _status_bytes(pid, "VmRSS")
+    return status_bytes(pid, "VmRSS")
 
 
-def _status_bytes(pid: int | str, field: str) -> int:
+def status_bytes(pid: int | str, field: str) -> int:
     """A byte count of ``/proc/PID/status`` (``VmRSS``, ``VmHWM``); 0 once the process is gone."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -690,9 +690,9 @@ def _status_bytes(pid: int | str, field: str) -> int:
 def _memory_now() -> tuple[int, int, int]:
     """This process's (VmHWM, VmRSS, RssFile + RssShmem), bytes."""
     return (
-        _status_bytes("self", "VmHWM"),
-        _status_bytes("self", "VmRSS"),
-        _status_bytes("self", "RssFile") + _status_bytes("self", "RssShmem"),
+        status_bytes("self", "VmHWM"),
+        status_bytes("self", "VmRSS"),
+        status_bytes("self", "RssFile") + status_bytes("self", "RssShmem"),
     )
 
 
@@ -711,7 +711,7 @@ def _grown(job: _Running, max_rss: int) -> int:
     return high - start_rss - max(end_file - start_file, 0)
 
 
-def _tree_bytes(folder: Path) -> int:
+def tree_bytes(folder: Path) -> int:
     """Bytes of the regular files under ``folder`` (links not followed)."""
     return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 

@@ -46,8 +46,10 @@ from tests.hostile import (
     Outcome,
     deflate_zeros_bomb,
     run_cases,
+    status_bytes,
     strict,
     touch_command,
+    tree_bytes,
     within_inputs,
     zip_with_raw_entries,
 )
@@ -530,7 +532,7 @@ def run_predict_cases(cases: list[Case], root: Path, wall: float = WALL_LIMIT) -
                 case, "build", None, "", time.monotonic() - started, 0, 0, f"{type(exc).__name__}: {exc}"
             )
             continue
-        inputs = sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+        inputs = tree_bytes(folder)
         outcome = _run_predict(case, invocation, folder, int(max(MEMORY_FLOOR, 2 * inputs)), wall)
         if case is START:
             assert outcome.verdict == "accepted", outcome.describe()
@@ -548,7 +550,7 @@ def _run_predict(case: Case, invocation: Invocation, folder: Path, limit: int, w
     # wait4's ru_maxrss keeps the larger of the child's own peak and this process's high water at the exec
     # (Linux carries it over): it is the child's only above the latter; below, the polled VmHWM of its own
     # memory after the exec says it (Popen returns once the exec is done)
-    inherited = _status_bytes(os.getpid(), "VmHWM")
+    inherited = status_bytes(os.getpid(), "VmHWM")
     with open(out, "w") as stdout, open(err, "w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "predict.py", *invocation.argv],
@@ -565,7 +567,7 @@ def _run_predict(case: Case, invocation: Invocation, folder: Path, limit: int, w
                 if usage.ru_maxrss * 1024 > inherited:
                     peak = max(peak, usage.ru_maxrss * 1024)
                 break
-            peak = max(peak, _status_bytes(process.pid, "VmHWM"))
+            peak = max(peak, status_bytes(process.pid, "VmHWM"))
             if not killed and (time.monotonic() - started > wall or peak > limit):
                 killed = "timeout" if peak <= limit else "memory"
                 with contextlib.suppress(ProcessLookupError):
@@ -600,15 +602,6 @@ def _run_predict(case: Case, invocation: Invocation, folder: Path, limit: int, w
     if case.expect == "accept":
         return done_as("wrong", "refused where a clean accept was expected")
     return done_as("refused")
-
-
-def _status_bytes(pid: int, field: str) -> int:
-    """A byte count of ``/proc/PID/status`` (``VmRSS``, ``VmHWM``); 0 once the process is gone."""
-    try:
-        found = re.search(rf"^{field}:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
-    except OSError:
-        return 0
-    return int(found.group(1)) * 1024 if found else 0
 
 
 # -- the corpus ---------------------------------------------------------------------------------------------

@@ -149,10 +149,9 @@ class Bundle:
         length where the model takes no attention mask), token-level outputs as long as the longest text,
         zero past each text's own length. The outputs are held to the input budget (``max_input_bytes``)
         before they are made."""
+        _check_texts(texts)
         settings = self._text_settings()
         tokenizer = text_tokenizer(self.folder / settings["tokenizer"], settings)
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise BundleError("give one or more texts (strings)")
         lengths: list[int] = []
         for at in range(0, len(texts), TEXT_BLOCK):  # first the lengths, a block of encodings at a time
             encoded = tokenizer.encode_batch(texts[at : at + TEXT_BLOCK])
@@ -249,8 +248,7 @@ def encode_texts(path: Path, settings: dict, texts: list[str]) -> dict[str, np.n
     """Token inputs for ``texts`` as one batch: encoded by the tokenizers package from ``path`` (its special
     tokens added), truncated at ``settings["max_length"]``, padded on the right to the longest text with
     ``pad_id`` (0 in the mask and token types). The same function makes the export's check inputs."""
-    if not texts or not all(isinstance(t, str) for t in texts):
-        raise BundleError("give one or more texts (strings)")
+    _check_texts(texts)
     encoded = text_tokenizer(path, settings).encode_batch(list(texts))
     if "attention_mask" not in settings["inputs"] and len({len(e.ids) for e in encoded}) > 1:
         raise BundleError(
@@ -258,6 +256,11 @@ def encode_texts(path: Path, settings: dict, texts: list[str]) -> dict[str, np.n
             "(padding would change its outputs): give them one at a time"
         )
     return pad_encodings(encoded, settings)
+
+
+def _check_texts(texts: list[str]) -> None:
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise BundleError("give one or more texts (strings)")
 
 
 def text_tokenizer(path: Path, settings: dict):

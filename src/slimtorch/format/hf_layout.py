@@ -33,7 +33,7 @@ from torch import nn
 from slimtorch.errors import FormatError, OptionError, SlimtorchError
 from slimtorch.format.codecs import Encoded
 from slimtorch.format.codecs.chain import undo
-from slimtorch.format.codecs.lossy import pack_points
+from slimtorch.format.codecs.lossy import pack_points, zero_points
 
 LAYOUTS = ("hf", "slim")
 REFUSING_TYPE = "slimtorch"
@@ -243,9 +243,8 @@ def ct_form(tensor: str, encoded: Encoded) -> tuple[Encoded, dict[str, str], CtS
     }
     keys = {"q4": f"{layer}weight_packed", "scale": f"{layer}weight_scale", "shape": f"{layer}weight_shape"}
     if points:  # each group's zero point is -code * scale exactly (the codec made it so)
-        scale = parts["scale"].float()
-        codes = (-parts["zero"].float() / torch.where(scale > 0, scale, 1)).round_().clamp_(0, 15)
-        coded["zp"], keys["zp"] = pack_points(codes.to(torch.uint8)), f"{layer}weight_zero_point"
+        codes = zero_points(parts["zero"], parts["scale"]).to(torch.uint8)
+        coded["zp"], keys["zp"] = pack_points(codes), f"{layer}weight_zero_point"
     scheme = CtScheme(4, group, symmetric=not points)
     return Encoded(coded, [{**stage, "packing": "int32"}]), keys, scheme
 

@@ -223,8 +223,7 @@ class Int4:
             if not fits_fp16(scales, scales):
                 raise CodecError("int4 with integer zero points needs scales that float16 holds")
             scales = scales.half().float()
-            points = (-zeros / torch.where(scales > 0, scales, 1)).round_().clamp_(0, 15)
-            zeros = points.mul_(scales).neg_().add_(0.0)  # + 0.0: no -0.0 where the point is 0
+            zeros = zeros_at(zero_points(zeros, scales), scales)
         if symmetric:
             # float16 scales keep code * scale and -8 * scale exact in float32: transformers' (code - 8) *
             # scale then gives the same bits
@@ -233,9 +232,10 @@ class Int4:
             scales = scales.half().float()
             zeros = scales * -8
         side_dtype = torch.float16 if fits_fp16(scales, zeros) else torch.float32
-        scales, zeros = scales.to(side_dtype), zeros.to(torch.float32 if integer_zero else side_dtype)
-        if integer_zero:
+        if integer_zero:  # the scales float16 (checked above); the zero points stay float32 (exact)
             scales = scales.half()
+        else:
+            scales, zeros = scales.to(side_dtype), zeros.to(side_dtype)
         # Decoding computes code * scale + zero in float32; if code 15 overflows there (a group spanning more
         # than float32's range), the group would come back as inf or NaN, so refuse it here.
         top = scales.to(torch.float32).mul(15).add_(zeros.to(torch.float32))
@@ -329,11 +329,19 @@ def int4_layer_parts(parts: Mapping[str, torch.Tensor], stage: Mapping) -> dict[
     require(scale.dim() == 2, "int4 scales are not a matrix")
     points = unpack_points(part(parts, "zp", torch.int32), scale.shape[0])
     require(points.shape == scale.shape, "int4 zero points do not fit the scales")
-    return {
-        "q4": words.view(torch.uint8),
-        "scale": scale,
-        "zero": points.float().mul_(scale.float()).neg_().add_(0.0),
-    }
+    return {"q4": words.view(torch.uint8), "scale": scale, "zero": zeros_at(points, scale)}
+
+
+def zero_points(zeros: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The code (0..15, float32) of each group's zero point: ``rint(-zero / scale)``, 0 where the scale is."""
+    scales = scales.float()
+    return (-zeros.float() / torch.where(scales > 0, scales, 1)).round_().clamp_(0, 15)
+
+
+def zeros_at(points: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """:func:`zero_points` undone: each group's zero, ``-point * scale`` in float32 (exact for a float16
+    scale), never ``-0.0``."""
+    return points.float().mul_(scales.float()).neg_().add_(0.0)
 
 
 def pack_points(points: torch.Tensor) -> torch.Tensor:
