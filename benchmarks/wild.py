@@ -34,6 +34,8 @@ REFUSAL_CHARS = 70
 
 def short(outcome: Outcome) -> str:
     """The outcome in a table cell: what was measured, or the start of the refusal."""
+    if outcome.status == "file-only":
+        return "— (file only)"
     if outcome.status in ("refused", "crashed"):
         text = outcome.message.split(": ", 1)[-1] if outcome.message.startswith("/") else outcome.message
         return f"{outcome.status}: {_cut(text)}"
@@ -120,9 +122,12 @@ def main() -> int:
     print()
     print(sizes(models, outcomes))
     print()
+    ran = [o for o in outcomes.values() if o.status != "file-only"]
+    not_run = len(outcomes) - len(ran)
     print(
-        f"{len(outcomes) - len(misses)} of {len(outcomes)} pairs meet the bar "
-        f"({elapsed:.0f} s, torch {torch.__version__})."
+        f"{len(ran) - len(misses)} of {len(ran)} pairs meet the bar"
+        + (f"; {not_run} not run (model commands on file-only checkpoints)" if not_run else "")
+        + f" ({elapsed:.0f} s, torch {torch.__version__})."
     )
     for model, outcome, why in misses:
         print(f"- {model.name} x {outcome.command}: {_cut(why, 240)}")

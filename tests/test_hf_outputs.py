@@ -157,6 +157,28 @@ def test_quantized_model_folder_loads_in_transformers_and_stays_quantized_in_loa
     assert _cosine(loaded, original) >= (0.99 if scheme.startswith("int8") else 0.95)
 
 
+@pytest.mark.parametrize("calibrated", [False, True], ids=["rounded", "gptq"])
+def test_int4_with_integer_zero_points_loads_in_transformers_as_it_was_quantized(
+    bases, calibrated, tmp_path
+) -> None:
+    # what `slimtorch quantize` writes into a Hugging Face folder now: asymmetric groups, each zero point
+    # on a code of its own (compressed-tensors' weight_zero_point), rounded or chosen by GPTQ
+    model, folder = bases["llama"]
+    calibration = [example("llama") for _ in range(4)] if calibrated else None
+    quantized = slimtorch.quantize(
+        copy.deepcopy(model), "int4-weight", group_size=32, integer_zero=True, calibration=calibration
+    ).model
+    layer = quantized.model.layers[0].mlp.up_proj
+    assert layer.encoded().stages[0].get("integer_zero") is True
+    out = tmp_path / "out"
+    slimtorch.save_model(quantized, out, extra_files={"config.json": folder / "config.json"})
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert {g["weights"]["symmetric"] for g in config["config_groups"].values()} == {False}
+    theirs, ours = _both(out, type(model), weight_only=True)
+    got, loaded, original = _outputs("llama", theirs, ours, model)
+    assert _relative(got, loaded) <= INT4_BOUND and _cosine(loaded, original) >= 0.95
+
+
 def test_cli_quantize_writes_int8_dynamic_activations_in_the_quantization_config(bases, tmp_path) -> None:
     from slimtorch.cli.main import main
 

@@ -496,3 +496,66 @@ def test_the_real_fcpe_output_proj_weight_g_and_v_fill_a_parametrized_weight_nor
     assert torch.allclose(model.output_proj.weight, g * v / v.norm(dim=1, keepdim=True), atol=1e-6)
     assert "output_proj.weight_g" not in profile.unmatched and len(profile.unmatched) == 70
     assert any("weight_norm" in note for note in profile.notes)
+
+
+def _albert_pretraining_folder(tmp_path: Path) -> Path:
+    """An ALBERT folder as older releases shipped it: a pre-training file (pooler, sentence-order head)
+    under a config whose class is ``AlbertForMaskedLM``, which has neither."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AlbertConfig(
+        vocab_size=64, embedding_size=8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, architectures=["AlbertForMaskedLM"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    full = transformers.AlbertForPreTraining(config)
+    folder = tmp_path / "albert"
+    config.save_pretrained(folder)
+    torch.save({k: v.contiguous() for k, v in full.state_dict().items()}, folder / "pytorch_model.bin")
+    return folder
+
+
+def test_a_transformers_model_skips_tensors_its_class_lacks_as_from_pretrained_does(tmp_path) -> None:
+    transformers = pytest.importorskip("transformers")
+    folder = _albert_pretraining_folder(tmp_path)
+    report = slimtorch.load_model(
+        folder / "pytorch_model.bin", transformers.AlbertForMaskedLM.from_pretrained(folder)
+    )
+    skipped = {s.name: s.reason for s in report.ignored}
+    assert set(skipped) == {
+        "albert.pooler.weight", "albert.pooler.bias",
+        "sop_classifier.classifier.weight", "sop_classifier.classifier.bias",
+    }  # fmt: skip
+    assert all(
+        "AlbertForMaskedLM has no such tensor" in r and "from_pretrained" in r for r in skipped.values()
+    )
+    reference = transformers.AlbertForMaskedLM.from_pretrained(folder).eval()
+    tokens = torch.randint(0, 64, (2, 6))
+    assert torch.equal(report.model.eval()(tokens).logits, reference(tokens).logits)
+
+    # a tensor such a model lacks in the file still refuses: from_pretrained would make it up at random
+    state = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    del state["predictions.dense.weight"]
+    torch.save(state, tmp_path / "lacking.bin")
+    with pytest.raises(slimtorch.FormatError, match=r"lacks 1 tensor \('predictions\.dense\.weight'\)"):
+        slimtorch.load_model(tmp_path / "lacking.bin", transformers.AlbertForMaskedLM.from_pretrained(folder))
+
+
+def test_a_plain_module_still_refuses_a_tensor_it_lacks(tmp_path) -> None:
+    pytest.importorskip("transformers")  # imported: the rule must still not reach a non-transformers model
+    state = MLP().state_dict()
+    state["extra.weight"] = torch.ones(2)
+    torch.save(state, tmp_path / "extra.pt")
+    with pytest.raises(
+        slimtorch.FormatError, match=r"holds 1 tensor \('extra\.weight'\) that the model does not"
+    ):
+        slimtorch.load_model(tmp_path / "extra.pt", MLP)
+
+
+def test_every_command_over_such_a_folder_loads_it_and_says_what_it_skipped(tmp_path, capsys) -> None:
+    folder = _albert_pretraining_folder(tmp_path)
+    for args in (["quantize", str(folder), "-o", str(tmp_path / "q"), "--scheme", "int8-weight"],
+                 ["export", str(folder), "-o", str(tmp_path / "bundle")]):  # fmt: skip
+        assert main(args) == 0, args
+        err = capsys.readouterr().err
+        assert "the load left out albert.pooler.weight, albert.pooler.bias, sop_classifier" in err, err
+        assert err.count("from_pretrained skips it") == 1  # the reason said once, for all four

@@ -57,24 +57,39 @@ def test_cli_refuses_hostile_pickle_with_exit_2_in_a_fresh_process(tmp_path):
     assert not marker.exists()
 
 
-def test_whole_pickled_module_is_refused_naming_its_class(tmp_path, capsys):
+def test_a_whole_pickled_module_opens_as_placeholders_with_its_state_dict_names(tmp_path, capsys):
     path = tmp_path / "whole.pt"
-    torch.save(torch.nn.Sequential(torch.nn.Linear(2, 2)), path)
+    built = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    torch.save(built, path)
 
-    assert main(["inspect", str(path)]) == 2
-    assert "torch.nn.modules.container.Sequential" in capsys.readouterr().err
+    assert main(["inspect", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "kept as inert placeholders, never built: torch.nn.modules.container.Sequential" in err
+    assert "--allow-global" not in err  # torch's own classes need no building: the tensors are read
+    with pytest.warns(slimtorch.PlaceholderWarning):
+        report = slimtorch.load_model(path, torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    assert torch.equal(report.model[0].weight, built[0].weight)
 
 
-def test_allow_global_trusts_one_named_class(tmp_path):
+def test_a_class_off_the_list_is_an_inert_placeholder_unless_allowed(tmp_path):
     path = tmp_path / "with_path.pt"
     torch.save({"w": torch.ones(2), "data_dir": pathlib.PosixPath("/data")}, path)
 
-    with pytest.raises(slimtorch.UnsafeCheckpointError, match=r"pathlib\.PosixPath"):
-        slimtorch.open(path)
-    source = slimtorch.open(path, allow_globals=["pathlib.PosixPath"])
-
+    with pytest.warns(
+        slimtorch.PlaceholderWarning, match=r"1 pickled object.*pathlib\.PosixPath.*--allow-global"
+    ):
+        source = slimtorch.open(path)
     assert torch.equal(source.get("w"), torch.ones(2))
-    assert {o.name for o in source.objects} == {"data_dir"}
+    assert [(o.name, o.type) for o in source.objects] == [("data_dir", "pathlib.PosixPath (placeholder)")]
+    assert slimtorch.load_objects(path)["data_dir"] == {
+        "__placeholder__": "pathlib.PosixPath",
+        "state": {"args": ["/", "data"]},
+    }
+
+    source = slimtorch.open(path, allow_globals=["pathlib.PosixPath"])
+    assert [(o.name, o.type, o.summary) for o in source.objects] == [
+        ("data_dir", "PosixPath", "PosixPath('/data')")
+    ]
 
 
 def test_allow_global_that_cannot_be_imported_is_a_clear_error(tmp_path, capsys):

@@ -497,3 +497,24 @@ def test_missing_output_is_a_usage_error(training, capsys):
 
     assert usage.value.code == 2
     assert "--output" in capsys.readouterr().err
+
+
+def test_a_file_the_header_outweighs_says_so_instead_of_growing_silently(tmp_path) -> None:
+    # lpips' 6 KB state dict: five 1x1 convolutions of 64 to 384 weights; the slim header (a checksum and
+    # a record per tensor, the provenance) makes it larger, and nothing in it is large enough to quantize
+    path = tmp_path / "tiny.pth"
+    tensors = {
+        f"lin{i}.model.1.weight": torch.randn(1, c, 1, 1) for i, c in enumerate((64, 192, 384, 256, 256))
+    }
+    torch.save(tensors, path, _use_new_zipfile_serialization=False)  # as lpips saved it: legacy, no zip
+    report = slimtorch.shrink(path, tmp_path / "tiny.safetensors", quantize="int8")
+    assert report.after_bytes > report.before_bytes
+    note = next(n for n in report.notes if n.startswith("the output is"))
+    assert "more than the source's" in note and "no tensor has the 4,096 elements" in note
+
+    big = tmp_path / "big.pth"
+    torch.save({"w": torch.randn(256, 256)}, big)
+    report = slimtorch.shrink(big, tmp_path / "big.safetensors", quantize="int8")
+    assert report.after_bytes < report.before_bytes and not any(
+        n.startswith("the output is") for n in report.notes
+    )

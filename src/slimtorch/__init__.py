@@ -41,6 +41,7 @@ from slimtorch.errors import (
     CheckpointNotFoundError,
     FormatError,
     OptionError,
+    PlaceholderWarning,
     SlimtorchError,
     UnsafeCheckpointError,
     deprecated,
@@ -142,7 +143,10 @@ def open(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> 
     Reads torch.save files (zip and legacy, nested training checkpoints included), safetensors files,
     TorchScript archives and Hugging Face model folders (single file or sharded). The format is told by
     content, not by extension. No code from the file ever runs: pickles go through torch's ``weights_only``
-    unpickler, and a file that needs any other global raises :class:`UnsafeCheckpointError` naming it.
+    unpickler. numpy arrays, scalars and dtypes are read as data; any other class or function off torch's
+    list is kept as an inert placeholder, never built nor imported (a :class:`PlaceholderWarning` names
+    them), so the tensors always open; a global that can run code (``os.system``, ``builtins.eval``)
+    raises :class:`UnsafeCheckpointError` naming it.
 
     Args:
         path: a file, a Hugging Face model folder, or a Hub repo id (``org/name[@revision]``) found in the
@@ -174,6 +178,7 @@ __all__ = [
     "ModelInput",
     "ObjectInfo",
     "OptionError",
+    "PlaceholderWarning",
     "QuantizeOptions",
     "QuantizeReport",
     "RecoverOptions",

@@ -53,6 +53,11 @@ class FormatError(CheckpointError):
     """The file is not a checkpoint slimtorch reads, or it is truncated, corrupt or self-contradictory."""
 
 
+class PlaceholderWarning(UserWarning):
+    """A pickle named classes slimtorch kept as inert placeholders instead of building them (the CLI shows
+    it as one ``note:`` line)."""
+
+
 class UnsafeCheckpointError(CheckpointError):
     """Reading the file would need a Python global that is not on the safe list.
 

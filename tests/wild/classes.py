@@ -266,3 +266,248 @@ def crystal_graphs() -> tuple[list]:
 def crystal_rows(out: Any, args: tuple[Any, ...]) -> torch.Tensor:
     """Each crystal's features (what the readout sees) and its energy per atom."""
     return torch.cat([out["crystal_fea"], out["e"][:, None]], dim=1)
+
+
+# -- antibody language models: token ids of real antibody sequences --------------------------------------
+ANTIBODY_CHAINS = (
+    # trastuzumab heavy and light variable domains, and a mouse heavy chain (public sequences)
+    (
+        "[HEAVY]",
+        "[HUMAN]",
+        "EVQLVESGGGLVQPGGSLRLSCAASGFNIKDTYIHWVRQAPGKGLEWVARIYPTNGYTRYADSVKGRFTISADTSKNTAYLQMNSLRAEDTAVYYCSRWGGDGFYAMDYWGQGTLVTVSS",
+    ),
+    (
+        "[LIGHT]",
+        "[HUMAN]",
+        "DIQMTQSPSSLSASVGDRVTITCRASQDVNTAVAWYQQKPGKAPKLLIYSASFLYSGVPSRFSGSRSGTDFTLTISSLQPEDFATYYCQQHYTTPPTFGQGTKVEIK",
+    ),
+    (
+        "[HEAVY]",
+        "[MOUSE]",
+        "QVQLQQPGAELVKPGASVKLSCKASGYTFTSYWMHWVKQRPGQGLEWIGEINPSNGRTNYNEKFKSKATLTVDKSSSTAYMQLSSLTSEDSAVYYCAR",
+    ),
+)
+
+
+def antibody_ids(vocab: Path, tags: bool, length: int = 64) -> tuple[torch.Tensor, ...]:
+    """The chains as the package's vocab.txt numbers them, cut to ``length`` tokens: ``[CLS] sequence
+    [SEP]`` (AntiBERTy's runner), or IgLM's prompt (chain tag, species tag, sequence) with ``tags``."""
+    index = {token: i for i, token in enumerate(vocab.read_text().split())}
+    rows = []
+    for chain, species, sequence in ANTIBODY_CHAINS:
+        tokens = [chain, species, *sequence] if tags else ["[CLS]", *sequence[: length - 2], "[SEP]"]
+        rows.append([index[t] for t in tokens[:length]])
+    width = max(map(len, rows))
+    return (torch.tensor([row + [index["[PAD]"]] * (width - len(row)) for row in rows]),)
+
+
+def token_rows(out: Any, args: tuple[Any, ...]) -> torch.Tensor:
+    """Each token's logits, padding left out: (tokens, vocab)."""
+    logits = out.logits if hasattr(out, "logits") else out.prediction_logits
+    return logits[args[0] != 0]
+
+
+# iglm: a Hugging Face folder from transformers 4.5 (pickled pytorch_model.bin, GPT-2)
+IGLM = package_file("iglm", "trained_models/IgLM-S")
+
+
+def iglm() -> nn.Module:
+    import transformers
+
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config.from_pretrained(IGLM)).eval()
+
+
+def iglm_original() -> nn.Module:
+    import transformers
+
+    return transformers.GPT2LMHeadModel.from_pretrained(IGLM).eval()
+
+
+def iglm_ids() -> tuple[torch.Tensor, ...]:
+    return antibody_ids(IGLM.parent / "vocab.txt", tags=True)
+
+
+# antiberty: its own class (a BertPreTrainedModel with heads of its own) over a Hugging Face folder
+ANTIBERTY = package_file("antiberty", "trained_models/AntiBERTy_md_smooth")
+
+
+@functools.cache
+def _antiberty_class() -> type[nn.Module]:
+    base = package_code.module("antiberty.model.AntiBERTy").AntiBERTy
+
+    class AntiBERTy(base):  # type: ignore[misc, valid-type]
+        """The package's class, unchanged but for ``init_weights``: its __init__ calls it, and with
+        transformers 5 that fails (``all_tied_weights_keys``); the weights come from the file anyway."""
+
+        def init_weights(self) -> None:
+            return None
+
+    AntiBERTy.__module__, AntiBERTy.__qualname__ = base.__module__, base.__qualname__
+    return AntiBERTy
+
+
+def antiberty() -> nn.Module:
+    import transformers
+
+    config = transformers.BertConfig.from_json_file(ANTIBERTY / "config.json")
+    return _antiberty_class()(config).eval()
+
+
+def antiberty_original() -> nn.Module:
+    """``AntiBERTyRunner``'s model: the class, and the file through ``load_state_dict`` (its legacy
+    ``position_ids`` buffer, which BertModel now computes, left out)."""
+    state = dict(torch_load(ANTIBERTY / "pytorch_model.bin"))
+    state.pop("bert.embeddings.position_ids", None)
+    return loaded(antiberty(), state)
+
+
+def antiberty_ids() -> tuple[torch.Tensor, ...]:
+    return antibody_ids(ANTIBERTY.parent / "vocab.txt", tags=False)
+
+
+# lpips: the learned linear layers of the AlexNet variant, a 6 KB legacy torch.save file
+LPIPS = package_file("lpips", "weights/v0.1/alex.pth")
+LPIPS_CHANNELS = (64, 192, 384, 256, 256)
+
+
+@functools.cache
+def _lpips_layer() -> type[nn.Module]:
+    return package_code.definitions("lpips", "lpips.py", ["NetLinLayer"], {"nn": nn})["NetLinLayer"]
+
+
+class LPIPSHeads(nn.Module):
+    """The part of ``lpips.LPIPS`` this file holds: one ``NetLinLayer`` (the package's own) per AlexNet
+    stage, each averaged over space and summed, as ``LPIPS.forward`` does with ``spatial=False``. Its
+    inputs are the squared differences of the two images' unit-normalized features (AlexNet's weights
+    come from torchvision, which these tests cannot use)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layer = _lpips_layer()
+        for i, channels in enumerate(LPIPS_CHANNELS):
+            setattr(self, f"lin{i}", layer(channels, use_dropout=True))
+
+    def forward(self, *differences: torch.Tensor) -> torch.Tensor:
+        stages = [getattr(self, f"lin{i}")(d).mean([2, 3], keepdim=True) for i, d in enumerate(differences)]
+        return torch.cat(stages, dim=1).flatten(1)
+
+
+def lpips() -> nn.Module:
+    return LPIPSHeads().eval()
+
+
+def lpips_differences(seed: int = 7) -> tuple[torch.Tensor, ...]:
+    """Squared differences of unit-normalized feature maps, as LPIPS makes them from two images' AlexNet
+    features (here, two random feature maps per stage at AlexNet's sizes for a 64x64 image)."""
+    generator = torch.Generator().manual_seed(seed)
+    sizes = (15, 7, 3, 3, 3)
+    found = []
+    for channels, size in zip(LPIPS_CHANNELS, sizes, strict=True):
+        a, b = (torch.randn(4, channels, size, size, generator=generator).relu() for _ in range(2))
+        unit = [f / (f.pow(2).sum(1, keepdim=True).sqrt() + 1e-10) for f in (a, b)]
+        found.append((unit[0] - unit[1]) ** 2)
+    return tuple(found)
+
+
+# pickled objects: a Lightning checkpoint's hyper-parameters, a chemprop checkpoint's numpy scalers
+IGFOLD = package_file("igfold", "trained_models/IgFold/igfold_1.ckpt")
+ADMET = package_file("admet_ai", "resources/models/admet_regression/model_0.pt")
+
+
+class _Inert:
+    """The test's own stand-in for a class it does not build (the reference reading: torch's weights_only
+    unpickler with these on its list, independent of slimtorch's placeholders)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+@functools.cache
+def reference_objects(path: Path) -> Any:
+    """The checkpoint as torch.load reads it with weights_only, numpy's and argparse's globals real and
+    every other global an inert stand-in: what the file holds, read without slimtorch."""
+    import argparse
+
+    real = {"numpy.ndarray": np.ndarray, "numpy.dtype": np.dtype, "argparse.Namespace": argparse.Namespace}
+    real["numpy.core.multiarray._reconstruct"] = np._core.multiarray._reconstruct
+    real["numpy.core.multiarray.scalar"] = np._core.multiarray.scalar
+    names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    allowed = [(real[n], n) if n in real else (type(n.rpartition(".")[2], (_Inert,), {}), n) for n in names]
+    allowed += [
+        (kind, f"numpy.dtypes.{kind.__name__}") for kind in vars(np.dtypes).values() if isinstance(kind, type)
+    ]
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def igfold_objects(kept: Mapping[str, Any]) -> str | None:
+    """The hyper-parameters IgFold is rebuilt from: its plain values as they are, the BertConfig kept as a
+    placeholder holding its sizes, the tokenizer a placeholder too."""
+    config = kept["hyper_parameters"]["config"]
+    original = reference_objects(IGFOLD)["hyper_parameters"]["config"]
+    plain = {k: v for k, v in original.items() if isinstance(v, (int, float, str, bool))}
+    if {k: config.get(k) for k in plain} != plain:
+        return f"plain hyper-parameters differ: {sorted(k for k in plain if config.get(k) != plain[k])[:5]}"
+    bert = config.get("bert_config", {})
+    if bert.get("__placeholder__") != "transformers.models.bert.configuration_bert.BertConfig":
+        return f"bert_config is {str(bert)[:80]}"
+    if bert["state"].get("hidden_size") != original["bert_config"].state["hidden_size"]:
+        return "bert_config lost its hidden_size"
+    if config.get("tokenizer", {}).get("__placeholder__", "").rpartition(".")[2] != "BertTokenizer":
+        return "the tokenizer is not kept as a placeholder"
+    return None
+
+
+def admet_objects(kept: Mapping[str, Any]) -> str | None:
+    """chemprop rebuilds its model from ``args`` and scales its outputs back with ``data_scaler``: the
+    scaler's numpy arrays must come back as the same arrays, the args as their plain values."""
+    original = reference_objects(ADMET)
+    for key in ("means", "stds"):
+        want, got = original["data_scaler"][key], kept["data_scaler"][key]
+        if (
+            not isinstance(got, np.ndarray)
+            or got.dtype != want.dtype
+            or not np.array_equal(got, want, equal_nan=True)
+        ):
+            return f"data_scaler.{key} came back as {type(got).__name__} {str(got)[:60]}"
+    args = kept["args"]
+    if args.get("__placeholder__") != "argparse.Namespace":
+        return f"args is {str(args)[:80]}"
+    for name in ("hidden_size", "depth", "dataset_type", "task_names"):
+        if args["state"].get(name) != getattr(original["args"], name):
+            return f"args.{name} differs"
+    return None
+
+
+# pocketnet: a graph network whose readout attends over each candidate point's neighbour atoms by hand
+POCKETNET = package_file("pocketnet", "weights/v3_fold0.pt")
+
+
+def pocketnet() -> nn.Module:
+    """``pocketnet.api._load``'s model: ``PocketNet(hidden, layers)``, the sizes read off the file."""
+    state = torch_load(POCKETNET)
+    layers = len([k for k in state if k.startswith("layers.") and k.endswith("msg.0.weight")])
+    return package_code.module("pocketnet.model").PocketNet(state["emb.weight"].shape[1], layers).eval()
+
+
+def pocketnet_inputs(seed: int = 9, atoms: int = 400, points: int = 24) -> tuple[torch.Tensor, ...]:
+    """A protein-sized blob: atoms 1.5 A apart on average in a 12 A ball, their types drawn from
+    pocketnet's vocabulary, candidate points on the ball's surface with their pocket features."""
+    feat = package_code.module("pocketnet.feat")
+    generator = torch.Generator().manual_seed(seed)
+    direction = torch.randn(atoms, 3, generator=generator)
+    radius = 12.0 * torch.rand(atoms, 1, generator=generator) ** (1 / 3)
+    xyz = direction / direction.norm(dim=1, keepdim=True) * radius
+    types = torch.randint(1, feat.N_TYPES, (atoms,), generator=generator)
+    surface = torch.randn(points, 3, generator=generator)
+    pts = surface / surface.norm(dim=1, keepdim=True) * 13.5
+    return types, xyz, pts, torch.rand(points, feat.N_PF, generator=generator)
+
+
+def pocket_rows(out: Any, args: tuple[Any, ...]) -> torch.Tensor:
+    """The points' pocket logits and the atoms' as two rows, each less its mean: what ranks pockets, with
+    the offset every logit shares (which would make any cosine near 1) taken off."""
+    return torch.stack([torch.cat([out[0] - out[0].mean(), out[1] - out[1].mean()])])

@@ -29,15 +29,25 @@ from torch import nn
 
 from tests.wild import inputs
 from tests.wild.classes import (
+    ADMET,
+    ANTIBERTY,
     CHGNET,
     CREPE,
     FCPE,
+    IGFOLD,
+    IGLM,
+    LPIPS,
     MINILM,
     PESTO,
     PESTO_RENAME,
+    POCKETNET,
     RESEMBLYZER,
     SILERO_16K,
     SILERO_JIT,
+    admet_objects,
+    antiberty,
+    antiberty_ids,
+    antiberty_original,
     bert,
     bert_original,
     chgnet,
@@ -47,7 +57,13 @@ from tests.wild.classes import (
     crystal_rows,
     fcpe,
     fcpe_config,
+    igfold_objects,
+    iglm,
+    iglm_ids,
+    iglm_original,
     loaded,
+    lpips,
+    lpips_differences,
     mtcnn_outputs,
     onet,
     package_file,
@@ -55,10 +71,14 @@ from tests.wild.classes import (
     pesto_frames,
     pesto_original,
     pnet,
+    pocket_rows,
+    pocketnet,
+    pocketnet_inputs,
     rnet,
     sentence_embeddings,
     silero_16k_original,
     silero_jit_original,
+    token_rows,
     torch_load,
     vad_probabilities,
     voice_encoder_original,
@@ -77,11 +97,12 @@ class WildModel:
     """what the file is, in a few words"""
     path: Path
     origin: str
-    """where the class comes from: the package's own code, or a re-implementation"""
-    build: Callable[[], nn.Module]
-    """the class, with random (or meta) weights"""
-    original: Callable[[], nn.Module]
-    """the checkpoint loaded the way its package loads it: the reference"""
+    """where the class comes from: the package's own code, or a re-implementation; for a file-only
+    checkpoint, why its class is not built"""
+    build: Callable[[], nn.Module] | None
+    """the class, with random (or meta) weights; None: a file-only checkpoint (file commands only, its
+    tensors compared one by one, its non-tensor values checked by ``objects``)"""
+    original: Callable[[], nn.Module] | None
     example: Callable[[], tuple[Any, ...]] = tuple
     """realistic positional inputs"""
     keywords: Mapping[str, Any] = field(default_factory=dict)
@@ -92,6 +113,13 @@ class WildModel:
     """what ``slimtorch.load_model`` needs for this file (strict, prefix, rename)"""
     refusals: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """command -> words its one-line refusal must hold, for the commands this model may be refused"""
+    objects: Callable[[Mapping[str, Any]], str | None] | None = None
+    """a check of what ``slimtorch.load_objects`` gives back from the lossless shrink (None when right,
+    else what is wrong): the non-tensor values a package needs to rebuild its model"""
+
+    @property
+    def file_only(self) -> bool:
+        return self.build is None
 
     def __str__(self) -> str:
         return self.name
@@ -99,6 +127,7 @@ class WildModel:
     @property
     def factory(self) -> str:
         """The class as the command line names it (``--model``)."""
+        assert self.build is not None, f"{self.name} is file-only"
         return f"{self.build.__module__}:{self.build.__qualname__}"
 
 
@@ -233,5 +262,87 @@ MODELS: tuple[WildModel, ...] = (
         },
     ),
 )
+
+# Added by issue 45 (round 3): kinds the suite lacked.
+MODELS += (
+    WildModel(
+        name="iglm",
+        package="iglm==0.1.0",
+        what="Hugging Face folder from transformers 4.5: pickled pytorch_model.bin, GPT-2 (3 layers)",
+        path=IGLM,
+        origin="transformers GPT2LMHeadModel (the folder's architectures), on prompts of real antibodies",
+        build=iglm,
+        original=iglm_original,
+        example=iglm_ids,
+        rows=token_rows,
+    ),
+    WildModel(
+        name="antiberty",
+        package="antiberty==0.1.3",
+        what="its own class over a Hugging Face folder: a BertPreTrainedModel with heads of its own",
+        path=ANTIBERTY,
+        origin="package class (antiberty/model/AntiBERTy.py; init_weights skipped: transformers 5 breaks it)",
+        build=antiberty,
+        original=antiberty_original,
+        example=antiberty_ids,
+        rows=token_rows,
+    ),
+    WildModel(
+        name="lpips-alex",
+        package="lpips==0.1.4",
+        what="6 KB legacy torch.save state dict: LPIPS's learned 1x1 convolutions",
+        path=LPIPS,
+        origin="package class (lpips/lpips.py NetLinLayer), stages averaged and summed as LPIPS.forward",
+        build=lpips,
+        original=lambda: loaded(lpips(), torch_load(LPIPS)),
+        example=lpips_differences,
+        # convolutions to one channel: int8-dynamic has no kernel for them, and no channel can go (each
+        # layer's input is the model's, its output the score)
+        refusals={"quantize": NO_INT8_DYNAMIC, "prune": ("no prunable channel group", "prune.weights")},
+    ),
+)
+
+MODELS += (
+    WildModel(
+        name="pocketnet",
+        package="pocketnet==0.3.0",
+        what="state dict of a graph network whose readout is attention by hand (masked softmax, einsum)",
+        path=POCKETNET,
+        origin="package class (pocketnet/model.py PocketNet), on a protein-sized blob of atoms",
+        build=pocketnet,
+        original=lambda: loaded(pocketnet(), torch_load(POCKETNET)),
+        example=pocketnet_inputs,
+        rows=pocket_rows,
+        # its graph is built from the atoms' distances (knn, masks): shapes no fake tensor knows
+        refusals={"memory": ("cannot simulate", "nonzero"), "steady-state": ("cannot simulate", "nonzero")},
+    ),
+)
+
+# Pickled objects the suite lacked; their classes are not built here (file commands only).
+MODELS += (
+    WildModel(
+        name="igfold",
+        package="igfold==0.4.0",
+        what="Lightning checkpoint: state_dict, hyper_parameters pickling a BertConfig and a BertTokenizer "
+        "whose inner classes transformers 5 no longer has",
+        path=IGFOLD,
+        origin="file only: IgFold's model needs pytorch-lightning, einops and invariant point attention",
+        build=None,
+        original=None,
+        objects=igfold_objects,
+    ),
+    WildModel(
+        name="admet-ai",
+        package="admet-ai==1.4.0",
+        what="chemprop 1 checkpoint: args (argparse.Namespace), state_dict, scalers holding numpy arrays",
+        path=ADMET,
+        origin="file only: chemprop's MPN runs on RDKit molecule graphs",
+        build=None,
+        original=None,
+        objects=admet_objects,
+    ),
+)
+MODEL_ONLY = tuple(model for model in MODELS if not model.file_only)
+"""The checkpoints whose class is built: every model command runs on them."""
 
 BY_NAME = {model.name: model for model in MODELS}

@@ -21,7 +21,8 @@ import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 
 from slimtorch._version import __version__
 from slimtorch.cli import (
@@ -42,7 +43,7 @@ from slimtorch.cli import (
     slim_cmd,
 )
 from slimtorch.cli.untrusted_text import printable
-from slimtorch.errors import SlimtorchError
+from slimtorch.errors import PlaceholderWarning, SlimtorchError
 
 COMMANDS = (
     inspect_cmd,
@@ -91,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         completion_cmd.complete(parser)
     args = parser.parse_args(argv)
     try:
-        code = args.run(args) or 0
+        with _notes():
+            code = args.run(args) or 0
         sys.stdout.flush()  # a reader gone while the last lines sat in the buffer is caught here too
         return code
     except BrokenPipeError:
@@ -106,6 +108,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print("slimtorch: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def _notes() -> Iterator[None]:
+    """A :class:`PlaceholderWarning` is one ``slimtorch: note:`` line on stderr, each said once (a command
+    may open one file twice); every other warning goes where it went."""
+    said: set[str] = set()
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if not issubclass(category, PlaceholderWarning):
+            return shown(message, category, filename, lineno, file, line)
+        if str(message) not in said:
+            said.add(str(message))
+            print(f"slimtorch: note: {printable(str(message))}", file=sys.stderr)
+        return None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", PlaceholderWarning)
+        warnings.showwarning = show
+        yield
 
 
 def _one_line(exc: BaseException, args: argparse.Namespace) -> str:

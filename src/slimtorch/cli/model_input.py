@@ -175,6 +175,12 @@ def _note_left_out(loaded: ModelInput) -> None:
     """Nothing is left out silently: what the load skipped goes to stderr (stdout may be --json)."""
     if not loaded.ignored:
         return
-    shown = "; ".join(loaded.ignored[:NOTED_NAMES])
-    more = f"; and {len(loaded.ignored) - NOTED_NAMES} more" if len(loaded.ignored) > NOTED_NAMES else ""
-    print(f"slimtorch: note: the load left out {printable(shown)}{more}", file=sys.stderr)
+    by_reason: dict[str, list[str]] = {}
+    for line in loaded.ignored:  # "name (reason)": one reason said once, for all the names it covers
+        name, _, reason = line.partition(" (")
+        by_reason.setdefault(f" ({reason}" if reason else "", []).append(name)
+    parts = []
+    for reason, names in by_reason.items():
+        more = f" and {len(names) - NOTED_NAMES} more" if len(names) > NOTED_NAMES else ""
+        parts.append(", ".join(names[:NOTED_NAMES]) + more + reason)
+    print(f"slimtorch: note: the load left out {printable('; '.join(parts))}", file=sys.stderr)

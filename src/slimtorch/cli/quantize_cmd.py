@@ -41,7 +41,8 @@ too), and saves a slim file in which they stay quantized: load it back with slim
 factory) and the float model's factory, and the layers come back quantized, their codes mapped from the
 file. From a Hugging Face folder to a folder, the output is one transformers' from_pretrained reads too
 (--layout hf, the default there): Linear (and int8 Embedding) layers in the compressed-tensors format,
-int4 codes on its symmetric grid; layers it cannot express written dense. --layout slim keeps the
+int4 groups with a zero point each (asymmetric, as accurate as the slim layout); layers it cannot
+express written dense. --layout slim keeps the
 slim layout, which from_pretrained refuses. Every layer left float that holds a real share of the
 weights is listed with the reason; a --skip pattern that matches no module, or a model with nothing to
 quantize, is an error.
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         samples = loaded.samples(max(1, args.samples))
         original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the quantized one, in turns
         # int4 codes on the grid compressed-tensors reads as they are, for a Hugging Face folder
-        report = quantize(model, options, calibration=samples, progress=bar, symmetric=layout == "hf")
+        report = quantize(model, options, calibration=samples, progress=bar, integer_zero=layout == "hf")
         if original is not None:
             stage(f"timing the quantized model against the original ({args.runs} rounds)")
         latency = (
@@ -133,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
         del original
         stage(f"saving {args.output}")
         provenance = source_provenance(f"quantize {args.scheme}", loaded.folder)
-        saved = save_model(model, out, extra_files=extra, layout=layout, metadata=provenance)
+        # a folder written back keeps every tensor of its file, under the file's names
+        carry = loaded.rest if folder_out else None
+        saved = save_model(model, out, extra_files=extra, layout=layout, metadata=provenance, carry=carry)
     files = saved.files
     report.notes.extend(saved.notes)
     size = sum(Path(f).stat().st_size for f in files if f.endswith(".safetensors"))

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from torch import nn
-from torch.utils._pytree import GetAttrKey, MappingKey, SequenceKey, tree_flatten_with_path
+from torch.utils._pytree import GetAttrKey, MappingKey, SequenceKey, tree_flatten, tree_flatten_with_path
 
 from slimtorch.deploy import fidelity, onnx_model, runner
 from slimtorch.deploy import text as text_bundle
@@ -43,6 +43,7 @@ from slimtorch.format.verbs import Report, resolve
 from slimtorch.graph.capture import as_args, random_like, without_cache
 from slimtorch.models.examples import forward_names
 from slimtorch.quant import QuantizedWeight, dequantize, model_bytes, quantize
+from slimtorch.sources.objects import short_repr
 
 __all__ = [
     "FORMATS",
@@ -187,6 +188,10 @@ def export(
         inputs = _samples(args, how.samples, how.dynamic_batch)
     seconds: dict[str, float] = {}
 
+    constants = _constant_outputs(_call(model, inputs[0], kwargs, 0))
+    if constants:  # a graph returns tensors only (AntiBERTy's loss is the number 0 without labels)
+        bound = _TensorOutputs(bound)
+        notes += (f"left out of the graph: {constants}, not tensors (the model returns them as they are)",)
     say("capturing the model with torch.export")
     start = time.perf_counter()
     traced = text_bundle.trace_inputs(text) if text else _export_args(args, how.dynamic_batch)
@@ -358,6 +363,25 @@ class _Bound(nn.Module):
         if self.names:
             return self.model(**dict(zip(self.names, args, strict=True)), **self.kwargs)
         return self.model(*args, **self.kwargs)
+
+
+class _TensorOutputs(nn.Module):
+    """The model with its output's non-tensor leaves left out: the tensors, flat, in the order
+    :func:`_flatten` names them."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        return tuple(v for v in tree_flatten(self.model(*args))[0] if isinstance(v, torch.Tensor))
+
+
+def _constant_outputs(output: Any) -> str:
+    """The output's leaves that are not tensors (None is no leaf), as ``name = value``; "" for none."""
+    found = [(path, v) for path, v in tree_flatten_with_path(output)[0] if not isinstance(v, torch.Tensor)]
+    shown = [f"{'_'.join(_key(k) for k in path) or 'output'} = {short_repr(v, 40)}" for path, v in found[:3]]
+    return ", ".join(shown) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
 
 
 def _by_name(

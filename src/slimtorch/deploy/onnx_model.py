@@ -87,9 +87,14 @@ def quantize_int8(source: Path, target: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def _translation_error(program: torch.export.ExportedProgram, exc: BaseException) -> ExportError:
-    text = " ".join(str(exc).split())
-    ops = _ops_named(program, text)
+    # the exporter's own message is a generic page of advice in terminal colours; its cause names the node
+    found = exc.__cause__ if exc.__cause__ is not None and str(exc.__cause__).strip() else exc
+    text = " ".join(_ANSI.sub("", str(found)).split())
+    ops = _ops_named(program, " ".join(_ANSI.sub("", f"{exc} {text}").split()))
     if ops:
         op, nodes = next(iter(ops.items()))
         where = sorted({module_of(n) for n in nodes if module_of(n)})

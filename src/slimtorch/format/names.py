@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -241,12 +242,19 @@ class IgnoreRules:
       two parts of the name, because a library may also have moved them (every layer's
       ``rotary_emb.inv_freq`` became one at the top);
     - Hugging Face's ``_keys_to_ignore_on_load_unexpected`` / ``_missing`` regexes, searched in the name,
-      gathered from every submodule as transformers does.
+      gathered from every submodule as transformers does;
+    - under a transformers model (``PreTrainedModel``), any tensor its class lacks: ``from_pretrained``
+      reports those and loads the rest (an ALBERT folder's pooler under ``AlbertForMaskedLM``, a
+      pre-training head under a classifier), and so does slimtorch, with the same one line for each in
+      the load report. Tensors such a model lacks in the file still refuse (``from_pretrained`` would
+      initialise them at random). Any other model keeps torch's strict default.
     """
 
     buffers: Mapping[str, str]
     unexpected: tuple[tuple[str, re.Pattern[str]], ...]
     missing: tuple[tuple[str, re.Pattern[str]], ...]
+    pretrained: tuple[tuple[str, str], ...] = ()
+    """(name prefix, class name) of each outermost transformers model in the model: "" for the root."""
 
     @classmethod
     def of(cls, model: nn.Module) -> IgnoreRules:
@@ -258,25 +266,46 @@ class IgnoreRules:
         """
         buffers: dict[str, str] = {}
         patterns: dict[str, dict[str, re.Pattern[str]]] = {"unexpected": {}, "missing": {}}
+        pretrained: list[tuple[str, str]] = []
+        transformers = sys.modules.get("transformers")  # a transformers model means it is imported already
+        base = getattr(transformers, "PreTrainedModel", None) if transformers is not None else None
         for prefix, module in model.named_modules(remove_duplicate=False):
+            # the outermost ones only (named_modules gives a parent before its children)
+            if base is not None and isinstance(module, base) and not _under(prefix, pretrained):
+                pretrained.append((prefix, type(module).__name__))
             for attr in module._non_persistent_buffers_set:
                 if module._buffers.get(attr) is not None:
                     name = f"{prefix}.{attr}" if prefix else attr
                     buffers.setdefault(_tail(name), name)
             for which, found in patterns.items():
                 _add_patterns(module, which, found)
-        return cls(buffers, tuple(patterns["unexpected"].items()), tuple(patterns["missing"].items()))
+        return cls(
+            buffers,
+            tuple(patterns["unexpected"].items()),
+            tuple(patterns["missing"].items()),
+            tuple(pretrained),
+        )
 
     def unexpected_reason(self, name: str) -> str | None:
         """Why the file's tensor (under the model's name ``name``) may be skipped; None: it may not."""
         buffer = self.buffers.get(_tail(name))
         if buffer is not None:
             return f"the model computes its buffer {buffer!r} itself (not persistent)"
-        return _reason(self.unexpected, name, "_keys_to_ignore_on_load_unexpected")
+        declared = _reason(self.unexpected, name, "_keys_to_ignore_on_load_unexpected")
+        if declared is not None:
+            return declared
+        for prefix, kind in self.pretrained:
+            if not prefix or name.startswith(f"{prefix}."):
+                return f"{kind} has no such tensor: skipped, as transformers' from_pretrained skips it"
+        return None
 
     def missing_reason(self, name: str) -> str | None:
         """Why the model's ``name`` may keep its own value when the file lacks it; None: it may not."""
         return _reason(self.missing, name, "_keys_to_ignore_on_load_missing")
+
+
+def _under(prefix: str, found: list[tuple[str, str]]) -> bool:
+    return any(not outer or prefix.startswith(f"{outer}.") for outer, _ in found)
 
 
 def _tail(name: str) -> str:

@@ -117,6 +117,21 @@ class ObjectInfo:
         return {"name": self.name, "type": self.type, "summary": self.summary}
 
 
+@dataclass(frozen=True)
+class FileRest:
+    """What of a loaded file the model does not hold: the wrapper prefix its names were read under
+    (``bert.``) and the file names it did not load (a custom head beside a transformers body, a pooler
+    its class lacks). A command writing the folder back writes these too, so that the output still fits
+    the class the file was made for, not only the one slimtorch built."""
+
+    path: Path | None = None
+    prefix: str = ""
+    names: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.prefix or self.names)
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"``."""
     return str(dtype).removeprefix("torch.")

@@ -48,7 +48,8 @@ BUFFER_NAMES = {
     "masked_bias",
 }
 _OPTIMIZER_KEY = re.compile(r"optim", re.IGNORECASE)
-_TRAINING_KEY = re.compile(r"sched|scaler|rng|random|loops|amp", re.IGNORECASE)
+# a gradient scaler's state (``scaler``, ``grad_scaler``), not a ``data_scaler`` a model's outputs need
+_TRAINING_KEY = re.compile(r"sched|^(grad_|amp_)?scaler$|rng|random|loops|amp", re.IGNORECASE)
 
 Advance = Callable[[int], None]
 

@@ -370,9 +370,34 @@ def _reshape(source: TensorSource, model: nn.Module) -> None:
     if not recorded:
         return
     try:
-        apply_delta(model, StructuralDelta.from_json(recorded))
+        apply_delta(model, _rebased(StructuralDelta.from_json(recorded), model))
     except SlimtorchError as exc:
         raise FormatError(source.path, str(exc)) from None
+
+
+def _rebased(delta: StructuralDelta, model: nn.Module) -> StructuralDelta:
+    """``delta`` with its module names under the model's own prefix, as the tensors' names are matched:
+    a folder written under its file's names (``bert.encoder...``, custom heads beside) loads into the
+    transformers body (``encoder...``), and one written from that body into the class around it. The
+    delta as it is where every name is the model's, or where no one prefix makes them so (the error then
+    names the first)."""
+    modules = {name for name, _ in model.named_modules()}
+    named = [*delta.attributes, *delta.quantized, *(key.rpartition(".")[0] for key in delta.shapes)]
+    missing = next((name for name in named if name not in modules), None)
+    if missing is None:
+        return delta
+    candidates = [("", module[: -len(missing)]) for module in modules if module.endswith(f".{missing}")]
+    parts = missing.split(".")
+    candidates += [(".".join(parts[:i]) + ".", "") for i in range(1, len(parts))]
+    for strip, add in candidates:
+        moved = [add + name.removeprefix(strip) for name in named if name.startswith(strip)]
+        if len(moved) == len(named) and all(name in modules for name in moved):
+            return StructuralDelta(
+                {add + key.removeprefix(strip): shape for key, shape in delta.shapes.items()},
+                {add + key.removeprefix(strip): value for key, value in delta.attributes.items()},
+                {add + key.removeprefix(strip): value for key, value in delta.quantized.items()},
+            )
+    return delta
 
 
 def stager_for(device: torch.device | None) -> Stager | None:

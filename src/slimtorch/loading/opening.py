@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.source import FileRest
 from slimtorch.loading.options import LoadReport
 from slimtorch.models import hub, sentence
 from slimtorch.models.examples import Example, check_accepts, example_for, forward_names, fresh
@@ -46,6 +47,8 @@ class ModelInput:
     origin: str = "the default"
     """where the example's shape came from"""
     _example: Example = field(default_factory=Example, repr=False)
+    rest: FileRest = field(default_factory=FileRest)
+    """what of the file the model does not hold (:class:`FileRest`)"""
 
     @property
     def example(self) -> dict[str, Any] | tuple[Any, ...]:
@@ -133,9 +136,10 @@ def open_model(
         if recipe.folder is not None:  # names transformers itself renames on load, after the user's own
             given = list(rename.items()) if isinstance(rename, Mapping) else list(rename)
             rename = [*given, *_transformers_renames(path, recipe.build, allow_globals)]
-        model, ignored = _loaded(path, recipe.build, strict, prefix, rename, allow_globals)
+        model, ignored, rest = _loaded(path, recipe.build, strict, prefix, rename, allow_globals)
     model.eval()
-    return _with_example(model, source, recipe, path, ignored, input_shape, check_example)
+    opened = _with_example(model, source, recipe, path, ignored, input_shape, check_example)
+    return replace(opened, rest=rest) if path is not None else opened
 
 
 def open_meta_model(
@@ -212,7 +216,15 @@ def _loaded(
     from slimtorch.loading.loader import load_model  # looked up at each call: tests watch what it gets
 
     report = load_model(path, build, strict=strict, allow_globals=allow_globals, prefix=prefix, rename=rename)
-    return report.model, _left_out(report)  # type: ignore[return-value]
+    return report.model, _left_out(report), _rest_of(path, report)  # type: ignore[return-value]
+
+
+def _rest_of(path: Path, report: LoadReport) -> FileRest:
+    """The report's file names the model did not load: outside the prefix, not the model's, or skipped
+    (an ignored name is the file's when unexpected, the model's when the file lacks it)."""
+    names = [*report.outside_prefix, *report.unmatched]
+    names += [s.name for s in report.ignored if s.name.startswith(report.prefix) and s.name not in names]
+    return FileRest(path, report.prefix, tuple(dict.fromkeys(names)))
 
 
 def _transformers_renames(

@@ -32,12 +32,17 @@ CONV = {cls.SCHEME: cls for cls in (Int8WeightConv, Int4WeightConv)}
 SCHEMES = tuple(LINEAR)
 
 
-def codec_chain(scheme: str, group_size: int, symmetric: bool = False) -> list:
+INT4_GRIDS = ("", "symmetric", "integer_zero")
+"""Where int4 groups put their zero points: anywhere (the slim layout), at code 8 (``symmetric``), or on a
+code of each group's own (``integer_zero``): the last two are what compressed-tensors reads as stored."""
+
+
+def codec_chain(scheme: str, group_size: int, grid: str = "") -> list:
     """The codec stage a scheme's weights go through (int4 groups follow rows, as its kernels want;
-    ``symmetric``: on the grid compressed-tensors reads, zero point at code 8)."""
+    ``grid``: one of :data:`INT4_GRIDS`)."""
     if scheme.startswith("int8"):
         return ["int8"]
-    return [("int4", {"group_size": group_size, "flat": False, **({"symmetric": True} if symmetric else {})})]
+    return [("int4", {"group_size": group_size, "flat": False, **({grid: True} if grid else {})})]
 
 
 def quantized_from(
@@ -46,20 +51,20 @@ def quantized_from(
     group_size: int,
     hessian: torch.Tensor | None = None,
     matrices: Sequence[str] = (),
-    symmetric: bool = False,
+    grid: str = "",
 ) -> QuantizedWeight:
     """The quantized twin of an ``nn.Linear``, ``nn.Embedding`` or convolution, its weight encoded by the
     codecs; with the layer's input moments ``hessian``, int4 codes are chosen by GPTQ instead of
     rounding. An ``nn.LSTM`` / ``nn.GRU`` has the ``matrices`` named coded, the others kept float.
-    ``symmetric`` puts int4 codes on the symmetric grid (what a Hugging Face folder's int4 needs)."""
-    chain = codec_chain(scheme, group_size, symmetric)
+    ``grid`` puts int4 zero points where a Hugging Face folder's int4 needs them (:data:`INT4_GRIDS`)."""
+    chain = codec_chain(scheme, group_size, grid)
     if is_recurrent(module):
         coded = encode_matrices(module, matrices, scheme, chain)
         return RECURRENT_LAYERS[scheme](module, coded)
     weight = float_weight(module).detach()
     encoded = None
     if hessian is not None and scheme == "int4-weight":
-        encoded = gptq_int4(weight, hessian, group_size, symmetric)
+        encoded = gptq_int4(weight, hessian, group_size, grid)
     encoded = encoded or encode(weight, chain)
     return _build(module, scheme, encoded)
 

@@ -291,7 +291,7 @@ def _twins(
                     options.group_size,
                     hessian,
                     target.matrices,
-                    options.symmetric,
+                    options.int4_grid,
                 )
                 kept.append(target)
             except CodecError as exc:  # inf or nan in a weight: a scale cannot hold them

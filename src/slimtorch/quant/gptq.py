@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from slimtorch.format.codecs import Encoded
-from slimtorch.format.codecs.lossy import fits_fp16, symmetric_scale
+from slimtorch.format.codecs.lossy import fits_fp16, symmetric_scale, zero_points, zeros_at
 from slimtorch.format.source import dtype_name
 from slimtorch.quant.readers import wrapping_forward
 
@@ -69,12 +69,11 @@ class InputMoments:
         return self.sums[name] / max(self.rows[name], 1)
 
 
-def gptq_int4(
-    weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool = False
-) -> Encoded | None:
+def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, grid: str = "") -> Encoded | None:
     """The int4 codec's parts for ``weight`` (out, in), codes chosen by GPTQ; None when ``in`` is not a
     whole number of groups or ``H`` cannot be inverted (the caller then rounds to nearest).
-    ``symmetric``: zero points on the symmetric grid (code 8), as the codec's ``symmetric`` option."""
+    ``grid``: ``"symmetric"`` (zero points at code 8) or ``"integer_zero"`` (each on a code of its own),
+    as the codec's options of those names."""
     rows, cols = weight.shape
     if cols % group_size:
         return None
@@ -97,7 +96,7 @@ def gptq_int4(
         for i in range(stop - start):
             g, first = divmod(start + i, group_size)
             if first == 0:
-                scales[g], zeros[g] = _group_range(work[i : i + group_size], symmetric)
+                scales[g], zeros[g] = _group_range(work[i : i + group_size], grid)
                 inverse_scale = torch.where(scales[g] > 0, scales[g], 1).reciprocal_()
             code = codes[start + i]
             torch.mul(work[i] - zeros[g], inverse_scale, out=code).round_().clamp_(0, 15)
@@ -109,30 +108,35 @@ def gptq_int4(
     codes = codes.to(torch.uint8).t().contiguous()
     scales, zeros = scales.t().contiguous(), zeros.t().contiguous()
     side = torch.float16 if fits_fp16(scales, zeros) else torch.float32
-    if symmetric and side != torch.float16:
-        return None  # symmetric codes need float16 scales (see the codec); the caller's encode refuses
-    parts = {
-        "q4": codes[:, 0::2] | (codes[:, 1::2] << 4),
-        "scale": scales.to(side),
-        "zero": zeros.to(side),
-    }
+    if grid and not fits_fp16(scales, scales):
+        return None  # these grids need float16 scales (see the codec); the caller's encode refuses
+    if grid == "integer_zero":  # float16 scales, float32 zero points: both exact (see the codec)
+        scale_part, zero_part = scales.half(), zeros
+    else:
+        scale_part, zero_part = scales.to(side), zeros.to(side)
+    parts = {"q4": codes[:, 0::2] | (codes[:, 1::2] << 4), "scale": scale_part, "zero": zero_part}
     stage = {
         "codec": "int4",
         "dtype": dtype_name(weight.dtype),
         "shape": [rows, cols],
         "group_size": group_size,
         "flat": False,
-        **({"symmetric": True} if symmetric else {}),
+        **({grid: True} if grid else {}),
     }
     return Encoded(parts, [stage])
 
 
-def _group_range(values: torch.Tensor, symmetric: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _group_range(values: torch.Tensor, grid: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero point of each output's group (``values`` is (group, outputs)), already rounded to
     float16 where the codec will store them so (codes are chosen against the values decoding uses)."""
     low, high = values.amin(dim=0), values.amax(dim=0)
+    if grid == "integer_zero":  # the grid holds 0 exactly, at the zero point's code
+        low, high = low.clamp(max=0), high.clamp(min=0)
     scale, zero = (high - low) / 15, low
-    if symmetric:
+    if grid == "integer_zero":
+        scale = scale.half().float() if fits_fp16(scale.unsqueeze(1), scale.unsqueeze(1)) else scale
+        return scale, zeros_at(zero_points(zero, scale), scale)
+    if grid == "symmetric":
         scale = symmetric_scale(low, high)
         scale = scale.half().float() if fits_fp16(scale.unsqueeze(1), scale.unsqueeze(1)) else scale
         return scale, scale * -8

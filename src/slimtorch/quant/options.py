@@ -37,14 +37,25 @@ class QuantizeOptions:
     weight-only ones with ``-bf16``; ``"quantized_rnn"`` for LSTM / GRU); None times the candidates on
     first use and keeps the fastest."""
     symmetric: bool = False
-    """int4 codes on the symmetric grid (zero point at code 8), the form compressed-tensors reads: what a
-    Hugging Face folder written by :func:`slimtorch.save_model` needs to hold them quantized
-    (``slimtorch quantize`` sets it for such folders). No effect on int8."""
+    """int4 codes on the symmetric grid (zero point at code 8), one of the forms compressed-tensors reads
+    as stored (vLLM's int4 kernels want it). No effect on int8."""
+    integer_zero: bool = False
+    """int4 zero points each on a code of its own group (asymmetric groups, written as
+    compressed-tensors' ``weight_zero_point``): what a Hugging Face folder written by
+    :func:`slimtorch.save_model` needs to hold them quantized, as accurate as the slim layout
+    (``slimtorch quantize`` and ``slim`` set it for such folders). No effect on int8."""
+
+    @property
+    def int4_grid(self) -> str:
+        """Where int4 zero points go (:data:`slimtorch.quant.build.INT4_GRIDS`)."""
+        return "symmetric" if self.symmetric else "integer_zero" if self.integer_zero else ""
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
             raise OptionError(f"unknown scheme {self.scheme!r} (known: {', '.join(SCHEMES)})")
         check_group_size(self.group_size)
+        if self.symmetric and self.integer_zero:
+            raise OptionError("int4 zero points are symmetric or integer, not both")
         if isinstance(self.skip, str):  # one pattern, not its characters
             raise OptionError(f"skip takes a list of patterns, not the string {self.skip!r}")
         object.__setattr__(self, "skip", tuple(self.skip))

@@ -41,7 +41,7 @@ from slimtorch.format.policy import (
 )
 from slimtorch.format.progress import Progress
 from slimtorch.format.sensitive import higher_precision, rounding_error
-from slimtorch.format.source import dtype_name
+from slimtorch.format.source import FileRest, dtype_name
 from slimtorch.format.verbs import resolve
 from slimtorch.inspection.breakdown import inspect
 from slimtorch.models.hub import config_model
@@ -179,9 +179,15 @@ def save_model(
     extra_files: Mapping[str, Path] | None = None,
     metadata: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
+    carry: FileRest | None = None,
     **overrides: Any,
 ) -> ShrinkReport:
     """Save a model's weights and, if it was pruned or quantized, how its structure changed: no pickle.
+
+    ``carry`` (a Hugging Face folder written back, ``hf`` layout): what of the file the model was loaded
+    from it does not hold (:class:`~slimtorch.format.source.FileRest`): the model's tensors are written
+    under the file's names (its prefix), and the file's other tensors as they are, so the output fits the
+    class the file was made for (a body slimtorch built, and the custom heads around it) as well.
 
     Options and ``overrides`` are :func:`save`'s (``quantize="int8"``, ``dtype="bf16"`` ...). Layers
     quantized by :func:`slimtorch.quantize` are stored as their codes, scales and zero points, untouched.
@@ -201,8 +207,35 @@ def save_model(
     meta = config_model(config) if config is not None and options.layout != "slim" else None
     folder, policy = choose_layout(config, options.layout, Path(path), TensorPolicy.of(options), meta)
     state, coded, structure = _model_tensors(model, folder, meta)
+    if carry and folder.layout == "hf":
+        state, coded = _carried(state, coded, carry, folder)
     written = _Written(metadata, structure, extras, coded, None)
     return _save(state, path, options, policy, folder, written, progress)
+
+
+def _carried(
+    state: dict[str, torch.Tensor], coded: dict[str, Encoded], carry: FileRest, folder: Folder
+) -> tuple[dict[str, torch.Tensor], dict[str, Encoded]]:
+    """The model's tensors under the file's prefix, and the file's tensors the model did not load, read
+    from it as they are stored (lazily: each is read when it is written)."""
+    prefix = carry.prefix
+    state = {f"{prefix}{name}": tensor for name, tensor in state.items()}
+    coded = {f"{prefix}{name}": encoded for name, encoded in coded.items()}
+    folder.dynamic = frozenset(f"{prefix}{name}" for name in folder.dynamic)
+    if carry.names and carry.path is not None:
+        with open_checkpoint(carry.path) as source:
+            present = set(source.names())
+            kept = [
+                name for name in carry.names if name in present and name not in state and name not in coded
+            ]
+            state.update({name: source.get(name).clone() for name in kept})  # the file closes next
+        if kept:
+            folder.notes.append(
+                f"{len(kept)} tensor(s) of the source file that the model does not hold "
+                f"({', '.join(kept[:3])}{' ...' if len(kept) > 3 else ''}), written as they are: the "
+                "folder still fits the class it was made for"
+            )
+    return state, coded
 
 
 def resolve_save_options(

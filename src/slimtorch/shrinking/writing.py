@@ -24,9 +24,17 @@ from slimtorch.format.hf_layout import (
     weight_names,
     write_config,
 )
-from slimtorch.format.policy import TensorPolicy, convert, encode_tensor, finish_coded, quantizable
+from slimtorch.format.policy import (
+    QUANTIZE_MIN_ELEMENTS,
+    TensorPolicy,
+    convert,
+    encode_tensor,
+    finish_coded,
+    quantizable,
+)
 from slimtorch.format.progress import Progress, task
 from slimtorch.format.source import dtype_name
+from slimtorch.format.units import format_bytes
 from slimtorch.format.writer import SlimWriter
 from slimtorch.inspection.breakdown import Bucket
 from slimtorch.shrinking.folders import Folder
@@ -235,6 +243,14 @@ def report_of(
             f"names lost the training wrapper prefix {plan.renamed_prefix!r} (keep it with --keep-names)"
         )
     notes += folder.notes if folder else []
+    if source != "<state_dict>" and 0 < before_bytes < written:  # a save has no file to compare with
+        small = all(r.before_bytes < QUANTIZE_MIN_ELEMENTS * parse_dtype(r.dtype).itemsize for r in results)
+        notes.append(
+            f"the output is {format_bytes(written)}, more than the source's {format_bytes(before_bytes)}: "
+            f"the format's own {format_bytes(overhead)} (a checksum and a record per tensor, the provenance) "
+            "outweigh what this file could save"
+            + (f"; no tensor has the {QUANTIZE_MIN_ELEMENTS:,} elements a codec quantizes" if small else "")
+        )
     return ShrinkReport(
         source=source,
         files=[str(f) for f in files],

@@ -95,7 +95,7 @@ def quantize(
         model,
         candidate.scheme,
         calibration=context.calibration(),
-        symmetric=context.folder is not None,  # int4 as compressed-tensors holds it, for the HF folder
+        integer_zero=context.folder is not None,  # int4 as compressed-tensors holds it, for the HF folder
         progress=context.progress,
     )
     short = candidate.scheme.removesuffix("-weight").removesuffix("-dynamic")  # type: ignore[union-attr]

@@ -22,7 +22,7 @@ from slimtorch.format.source import TensorSource
 from slimtorch.sources.dcp import looks_like_dcp, open_dcp
 from slimtorch.sources.hf_folder import open_hf_folder
 from slimtorch.sources.hub_cache import resolve_model_path
-from slimtorch.sources.objects import plain_objects
+from slimtorch.sources.objects import plain_objects, restore_values
 from slimtorch.sources.pickled import resolve_globals, unpickle
 from slimtorch.sources.safetensors_file import looks_like_safetensors, open_safetensors
 from slimtorch.sources.torch_legacy import SIGNATURE as LEGACY_SIGNATURE
@@ -130,8 +130,10 @@ def _is_tar(path: Path) -> bool:
 
 def load_objects(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> dict[str, Any]:
     """The non-tensor values of a checkpoint, nested as saved: what ``slimtorch shrink`` kept in a slim
-    file, or the plain data of a torch.save file (what :func:`plain_objects` keeps). Formats without
-    such values (safetensors, TorchScript) give ``{}``.
+    file, or the plain data of a torch.save file (what :func:`plain_objects` keeps). numpy arrays, scalars
+    and dtypes come back as numpy's; an object whose class was kept as a placeholder comes back as
+    ``{"__placeholder__": "module.Class", "state": {...}}``. Formats without such values (safetensors,
+    TorchScript) give ``{}``.
 
     Example:
         >>> import slimtorch
@@ -141,4 +143,4 @@ def load_objects(path: str | os.PathLike[str], *, allow_globals: Iterable[str] =
     """
     with open_checkpoint(path, allow_globals=allow_globals) as source:
         tree = source.tree
-    return plain_objects(tree).values
+    return restore_values(plain_objects(tree).values)

@@ -77,6 +77,40 @@ def can_be_allowed(name: str) -> bool:
     return importlib.machinery.PathFinder.find_spec(top, _installed_path()) is not None
 
 
+def importable_global(name: str) -> bool:
+    """Whether ``--allow-global name`` would find it: its module's file is installed (found level by level
+    without importing anything; never in the current directory) and, where the module is imported
+    already, it has that attribute. A class the pickle names under a module since renamed or removed is
+    not suggested.
+
+    Example:
+        >>> importable_global("pathlib.PosixPath"), importable_global("pathlib.NoSuchPath")
+        (True, False)
+    """
+    if not can_be_allowed(name):
+        return False
+    module_name, _, attr = name.rpartition(".")
+    module = sys.modules.get(module_name)
+    if module is not None:
+        return hasattr(module, attr)
+    search: list[str] | None = _installed_path()
+    parts = module_name.split(".")
+    for depth, part in enumerate(parts):
+        loaded = sys.modules.get(".".join(parts[: depth + 1]))
+        if loaded is not None:
+            search = list(getattr(loaded, "__path__", []) or [])
+            if depth + 1 < len(parts) and not search:
+                return False
+            continue
+        spec = importlib.machinery.PathFinder.find_spec(part, search)
+        if spec is None:
+            return False
+        search = list(spec.submodule_search_locations or [])
+        if depth + 1 < len(parts) and not search:
+            return False
+    return True
+
+
 def resolve_globals(names: Iterable[str]) -> list[tuple[Any, str]]:
     """Import the globals a user explicitly trusts (``--allow-global pkg.mod.Name``), from installed
     packages only: a module file in the current directory is never imported, whatever ``sys.path`` says.

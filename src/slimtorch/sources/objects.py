@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,9 +30,11 @@ per reference."""
 _SHOWN_ITEMS = 8  # items of a container that short_repr shows
 MAX_LISTED = 100  # names of left-out values listed; the rest are counted
 # Top-level entries that only training needs (what shrink drops with the optimizer): optimizer and scheduler
-# states, gradient scalers, random generator states, Lightning's loops and callbacks.
+# states, gradient scalers (``scaler``, ``grad_scaler``: not a ``data_scaler``, which a model's outputs are
+# scaled back with), random generator states, Lightning's loops and callbacks.
 TRAINING_KEY = re.compile(
-    r"optim|sched|scaler|(^|_)rng($|_)|random_state|^loops$|^callbacks$|(^|_)amp(_|$)", re.IGNORECASE
+    r"optim|sched|^(grad_|amp_)?scaler$|(^|_)rng($|_)|random_state|^loops$|^callbacks$|(^|_)amp(_|$)",
+    re.IGNORECASE,
 )
 _MISSING = object()
 
@@ -123,8 +126,14 @@ class _Walk:
         self._budget -= cost
         if value is None or isinstance(value, (bool, str)):
             return value if type(value) in (type(None), bool, str) else _builtin(value)
+        numpy = _numpy_value(value)  # first: numpy's float64 and bool_ pass for float and int
+        if numpy is not None:
+            return self._numpy(name, value, numpy)
         if isinstance(value, (int, float)):
             return _builtin(value)
+        if _is_placeholder(value):  # its class was never built: its name, and its state where it is plain
+            state = self.value(name, dict(value.__dict__), depth + 1) if value.__dict__ else {}
+            return {PLACEHOLDER: type(value).source, "state": {} if state is _MISSING else state}
         if not isinstance(value, (dict, list, tuple)):
             kind = type(value)
             module = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
@@ -144,6 +153,22 @@ class _Walk:
             )
         finally:
             self._open.discard(id(value))
+
+    def _numpy(self, name: _Name, value: Any, kind: str) -> Any:
+        """A numpy array, scalar or dtype as a tagged dict (:data:`NUMPY_ARRAY`), read back by
+        :func:`restore_values`; numbers only (an array of objects or text is left out, named)."""
+        if kind == "dtype":
+            return {NUMPY_DTYPE: value.str}
+        if value.dtype.kind not in "biuf":
+            return self._drop(name, value, f"a numpy {kind} of {value.dtype} (only numbers are kept)")
+        if kind == "scalar":
+            return {NUMPY_SCALAR: value.dtype.str, "value": value.item()}
+        if value.size > self._budget:
+            return self._drop(
+                name, value, f"too large ({MAX_VALUES:,} values per entry, {MAX_TOTAL_VALUES:,} in all)"
+            )
+        self._budget -= value.size
+        return {NUMPY_ARRAY: value.dtype.str, "shape": list(value.shape), "values": value.ravel().tolist()}
 
     def _dict(self, name: _Name, value: dict, depth: int) -> Any:
         out = {}
@@ -185,6 +210,67 @@ class _Walk:
             self.unlisted += 1
 
 
+NUMPY_ARRAY = "__numpy_array__"
+"""The key of a numpy array kept as plain data: ``{NUMPY_ARRAY: dtype, "shape": [...], "values": [...]}``
+(dtype as numpy spells it with its byte order, ``"<f4"``; values flat, in C order)."""
+NUMPY_SCALAR = "__numpy_scalar__"
+"""``{NUMPY_SCALAR: dtype, "value": number}``: a numpy scalar (``np.float32(0.5)``) kept as plain data."""
+NUMPY_DTYPE = "__numpy_dtype__"
+"""``{NUMPY_DTYPE: dtype}``: a numpy dtype kept as plain data."""
+PLACEHOLDER = "__placeholder__"
+"""``{PLACEHOLDER: "module.Class", "state": {...}}``: an object slimtorch did not build (a class off the
+unpickler's allow-list, kept as an inert placeholder), with what of its state is plain data."""
+
+
+def _numpy_value(value: Any) -> str | None:
+    """``"array"``, ``"scalar"`` or ``"dtype"`` for a numpy value; None for anything else (numpy is asked
+    only where it is imported: without it, no value can be one of its)."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    if isinstance(value, np.ndarray):
+        return "array"
+    if isinstance(value, np.generic):
+        return "scalar"
+    if isinstance(value, np.dtype):
+        return "dtype"
+    return None
+
+
+def _is_placeholder(value: Any) -> bool:
+    placeholder = getattr(sys.modules.get("slimtorch.sources.pickled"), "Placeholder", None)
+    return placeholder is not None and isinstance(value, placeholder)
+
+
+def restore_values(values: Any) -> Any:
+    """The values :func:`plain_objects` kept, with numpy's arrays, scalars and dtypes made numpy's again
+    (placeholders stay dicts: their classes were never built). A new tree; ``values`` is unchanged.
+
+    Example:
+        >>> restore_values({"mean": {NUMPY_ARRAY: "<f4", "shape": [2], "values": [0.5, 1.0]}})
+        {'mean': array([0.5, 1. ], dtype=float32)}
+    """
+    if isinstance(values, list):
+        return [restore_values(item) for item in values]
+    if not isinstance(values, dict):
+        return values
+    if set(values) == {NUMPY_ARRAY, "shape", "values"} or set(values) <= {NUMPY_SCALAR, "value", NUMPY_DTYPE}:
+        import numpy as np
+
+        try:
+            if NUMPY_ARRAY in values:
+                return np.array(values["values"], dtype=np.dtype(values[NUMPY_ARRAY])).reshape(
+                    values["shape"]
+                )
+            if NUMPY_SCALAR in values and "value" in values:
+                return np.dtype(values[NUMPY_SCALAR]).type(values["value"])
+            if set(values) == {NUMPY_DTYPE}:
+                return np.dtype(values[NUMPY_DTYPE])
+        except (TypeError, ValueError):
+            return values  # not one of ours after all: a user's dict with such keys stays as it is
+    return {key: restore_values(child) for key, child in values.items()}
+
+
 def _json_cost(value: Any) -> int:
     """Values' worth of JSON a long string or integer makes, charged each time it is met (it may be shared
     by every entry of the checkpoint)."""
@@ -224,6 +310,10 @@ def _bounded_repr(value: Any, limit: int, depth: int) -> str:
         return f"<an integer of {value.bit_length():,} bits>"
     if isinstance(value, (list, tuple, set, frozenset, dict)):
         return _container_repr(value, limit, depth)
+    if _numpy_value(value) == "array":  # numpy's own repr spans lines
+        shape = "x".join(map(str, value.shape)) or "scalar"
+        first = _container_repr(value.ravel()[: _SHOWN_ITEMS + 1].tolist(), limit, 1)
+        return f"array({value.dtype} {shape}: {first})"
     state = getattr(value, "__dict__", None)
     if isinstance(state, dict):  # an instance's own __repr__ may print all of it (argparse.Namespace does)
         if depth <= 0:

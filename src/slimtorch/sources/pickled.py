@@ -22,17 +22,24 @@ from typing import Any, BinaryIO
 import torch
 from torch import _weights_only_unpickler as weights_only
 
-from slimtorch.errors import CheckpointError, FormatError, UnsafeCheckpointError
+from slimtorch.errors import CheckpointError, FormatError, PlaceholderWarning, UnsafeCheckpointError
 from slimtorch.format.source import ObjectInfo, StorageLocation, TensorInfo, check_tensor_fits
 from slimtorch.format.untrusted import untrusted
-from slimtorch.sources.allowed_globals import can_be_allowed
+from slimtorch.sources.allowed_globals import can_be_allowed, importable_global, never_allowed
 from slimtorch.sources.allowed_globals import resolve_globals as resolve_globals  # where readers get it
 from slimtorch.sources.objects import short_repr
-from slimtorch.sources.pickle_budget import MAX_NESTING, check_pickle
+from slimtorch.sources.pickle_budget import (
+    MAX_NESTING,
+    MAX_OPCODES,
+    MAX_PICKLE_BYTES,
+    check_pickle,
+    global_name,
+)
 
 ROOT = "<root>"
 """The name of the tensor a file holds when ``torch.save`` was given one tensor, not a dict."""
 _REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
 @dataclass(frozen=True)
@@ -85,14 +92,20 @@ def unpickle(
     persistent_load: Callable[[Any], Any] | None = None,
     *,
     trusted: Iterable[tuple[Any, str]] = (),
+    placeholders: bool = True,
 ) -> Any:
     """Unpickle with torch's weights_only unpickler; map its refusals and failures to our errors.
 
-    ``trusted`` adds (object, dotted name) pairs to the allow-list for this call only.
+    ``trusted`` adds (object, dotted name) pairs to the allow-list for this call only. With
+    ``placeholders``, numpy's arrays, scalars and dtypes are read as numpy builds them, and any other class
+    or function the pickle names that torch's list lacks becomes an inert :class:`Placeholder` (see
+    :func:`stand_ins`): the tensors always open. What can run code (:func:`never_allowed`) still refuses.
     """
     trusted = list(trusted)
     if isinstance(stream, bytes):
         stream = io.BytesIO(stream)
+    if placeholders:
+        trusted += stand_ins(path, stream, {name for _, name in trusted})
     check_pickle(path, stream, {name for _, name in trusted}, can_be_allowed)
     unpickler = weights_only.Unpickler(stream, encoding="utf-8")
     if persistent_load is not None:
@@ -102,7 +115,7 @@ def unpickle(
             # torch warns of any protocol but 2 on stderr; the opcodes were checked above, and a warning
             # would make the CLI's one line two
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return unpickler.load()
+            result = unpickler.load()
     except CheckpointError:
         raise
     except pickle.UnpicklingError as exc:
@@ -131,6 +144,34 @@ def unpickle(
         raise FormatError(
             path, f"corrupt or truncated pickle: {_first_line(str(exc)) or type(exc).__name__}"
         ) from exc
+    if any(isinstance(obj, type) and issubclass(obj, Placeholder) for obj, _ in trusted):
+        _say_placeholders(path, placeholders_in(result))
+    return result
+
+
+def _say_placeholders(path: str | Path, found: dict[str, int]) -> None:
+    """One warning naming the classes kept as placeholders, and how to build one where that is possible."""
+    if not found:
+        return
+    names = sorted(found, key=lambda name: (-found[name], name))
+    shown = ", ".join(f"{name} ({found[name]})" if found[name] > 1 else name for name in names[:4])
+    more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+    # torch's own classes (a whole pickled nn.Module) need no building: their tensors are read as they are
+    importable = [name for name in names if not name.startswith("torch.") and importable_global(name)]
+    how = (
+        f"; to build them instead (only for a file you trust): --allow-global {importable[0]}"
+        if importable
+        else ""
+        if all(name.startswith("torch.") for name in names)
+        else "; none of their classes is installed here, so they cannot be built"
+    )
+    warnings.warn(
+        PlaceholderWarning(
+            f"{path}: {sum(found.values()):,} pickled object(s) kept as inert placeholders, never built: "
+            f"{shown}{more}{how}"
+        ),
+        stacklevel=3,
+    )
 
 
 def _first_line(text: str) -> str:
@@ -209,7 +250,8 @@ def flatten(obj: Any, *, path: str | Path = "<pickle>") -> Flattened:
                 # Reversed, so the stack pops children in their original order.
                 stack.extend((child_name, child, depth + 1) for child_name, child in reversed(named))
                 continue
-            summaries[id(value)] = (type(value).__name__, short_repr(value))
+            kind = f"{value.source} (placeholder)" if isinstance(value, Placeholder) else type(value).__name__
+            summaries[id(value)] = (kind, short_repr(value))
         objects.append(ObjectInfo(name, *summaries[id(value)]))
     return Flattened(tensors, objects)
 
@@ -248,8 +290,47 @@ def _children(value: Any) -> list[tuple[Any, Any]] | None:
         return list(enumerate(value))
     state = getattr(value, "__dict__", None)
     if isinstance(value, ScriptObject) and isinstance(state, dict):
+        if isinstance(value, Placeholder):
+            if _module_state(state):
+                # a whole pickled nn.Module: its tensors by the names its state_dict would give them
+                parts = [state.get(part) for part in ("_parameters", "_buffers", "_modules")]
+                return [
+                    (k, v)
+                    for part in parts
+                    if isinstance(part, dict)
+                    for k, v in part.items()
+                    if v is not None
+                ]
+            if not _holds_tensor(state):
+                return None  # one value, shown as its class and state: a Namespace, a path, a config
         return list(state.items())
     return None
+
+
+def _holds_tensor(tree: Any, limit: int = 10_000) -> bool:
+    """Whether ``tree`` holds a tensor within its first ``limit`` values (past them, it is assumed to)."""
+    stack, seen = [tree], set()
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            return True
+        limit -= 1
+        if limit < 0:
+            return True
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(getattr(value, "__dict__", None), dict) and isinstance(value, ScriptObject):
+            stack.extend(value.__dict__.values())
+    return False
+
+
+def _module_state(state: dict) -> bool:
+    return isinstance(state.get("_parameters"), dict) and isinstance(state.get("_modules"), dict)
 
 
 def _is_scalar_sequence(value: list | tuple) -> bool:
@@ -265,6 +346,114 @@ class ScriptObject:
             self.__dict__.update(state)
         else:
             self.__dict__["state"] = state
+
+
+class Placeholder(ScriptObject):
+    """An object a pickle describes but slimtorch did not build: a class or function off torch's allow-list
+    and not trusted with ``--allow-global``. Each such global becomes a subclass named as it is (its
+    ``__module__`` and ``__qualname__``), :attr:`source` the dotted name; calling or creating one keeps the
+    arguments as ``args``, and its state lands in ``__dict__`` as plain data. No code of the file's classes
+    runs, nor is their module imported: the pickle's tensors open, and its values can be inspected."""
+
+    source = ""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Placeholder:
+        made = object.__new__(cls)
+        if args:
+            made.__dict__["args"] = args
+        return made
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # a call (REDUCE) passes the arguments here too
+        pass
+
+    def __repr__(self) -> str:
+        return f"<placeholder {self.source}>"
+
+
+def placeholders_in(tree: Any, limit: int = 100_000) -> dict[str, int]:
+    """Dotted name -> how many :class:`Placeholder` objects of it ``tree`` holds (a bounded walk)."""
+    found: dict[str, int] = {}
+    stack, seen = [tree], set()
+    while stack and limit > 0:
+        value = stack.pop()
+        limit -= 1
+        if id(value) in seen or isinstance(value, (torch.Tensor, str, bytes, int, float)):
+            continue
+        seen.add(id(value))
+        if isinstance(value, Placeholder):
+            found[value.source] = found.get(value.source, 0) + 1
+            stack.extend(value.__dict__.values())  # what it holds, whether or not flatten walks it
+            continue
+        children = _children(value)
+        if children:
+            stack.extend(child for _, child in children)
+    return found
+
+
+def _numpy_globals() -> dict[str, Any]:
+    """numpy's own names for what it pickles (arrays, scalars, dtypes), under numpy 1's module names and 2's:
+    data, allowed by default. An array is made empty, then given the pickle's bytes by its state (numpy
+    checks their length against its shape), so it holds no more memory than the pickle itself."""
+    import numpy as np
+
+    def reconstruct(subtype: Any, shape: Any, dtype: Any) -> Any:
+        if subtype is not np.ndarray or tuple(shape) != (0,):
+            raise ValueError(f"numpy array pickled as {short_repr(subtype)} of shape {short_repr(shape)}")
+        return np.ndarray.__new__(np.ndarray, (0,), dtype)
+
+    found = {"numpy.ndarray": np.ndarray, "numpy.dtype": np.dtype}
+    # a dtype is built as np.dtype(...) and then given its state, as an instance of its own class
+    found.update(
+        {f"numpy.dtypes.{name}": kind for name, kind in vars(np.dtypes).items() if name.endswith("DType")}
+    )
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        found[f"{module}._reconstruct"] = reconstruct
+        found[f"{module}.scalar"] = np._core.multiarray.scalar
+    return found
+
+
+def stand_ins(path: str | Path, stream: BinaryIO, trusted: set[str]) -> list[tuple[Any, str]]:
+    """Allow-list entries for a pickle's globals torch's list lacks: numpy's own (:func:`_numpy_globals`),
+    and a :class:`Placeholder` subclass for every other one that cannot run code (what can, like
+    ``os.system``, stays refused, with its name). ``stream`` is read from its position and put back."""
+    start = stream.tell()
+    names: set[str] = set()
+    try:
+        with untrusted(path, "pickle"):
+            for count, (opcode, arg, position) in enumerate(pickletools.genops(stream)):
+                if count > MAX_OPCODES or position - start > MAX_PICKLE_BYTES:
+                    break  # the budget check that follows refuses it
+                if opcode.name == "GLOBAL":
+                    module, _, attr = str(arg).partition(" ")
+                    names.add(global_name(module, attr))
+    except (ValueError, EOFError, CheckpointError, UnicodeDecodeError):
+        pass  # a corrupt pickle: the budget check or the unpickler says what is wrong with it
+    finally:
+        stream.seek(start)
+    allowed = set(weights_only._get_allowed_globals()) | set(weights_only._get_user_allowed_globals())
+    wanted = sorted(names - allowed - trusted)
+    every_numpy = _numpy_globals() if wanted else {}
+    numpy = {name: obj for name, obj in every_numpy.items() if name in wanted}
+    if numpy:  # the dtype classes the pickle never names but builds: a dtype's state is given to one
+        numpy.update({name: obj for name, obj in every_numpy.items() if name.startswith("numpy.dtypes.")})
+    foreign = [name for name in wanted if name not in numpy and not _refused(name)]
+    if len(foreign) > MAX_SCRIPT_CLASSES:
+        raise FormatError(
+            path, f"refused pickle: more than {MAX_SCRIPT_CLASSES:,} classes it does not say how to build"
+        )
+    made: list[tuple[Any, str]] = [(obj, name) for name, obj in numpy.items()]
+    for name in foreign:
+        module, _, attr = name.rpartition(".")
+        namespace = {"__module__": module, "__qualname__": attr, "source": name}
+        made.append((type(attr, (Placeholder,), namespace), name))
+    return made
+
+
+def _refused(name: str) -> bool:
+    """Globals that stay refused: what can run code, and what torch's unpickler blocks by module."""
+    if len(name) > 200 or not _DOTTED.fullmatch(name):  # a placeholder's name is printed: short, plain
+        return True
+    return never_allowed(name) or name.split(".", 1)[0] in weights_only._blocklisted_modules
 
 
 MAX_SCRIPT_CLASSES = 10_000
