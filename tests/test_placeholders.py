@@ -156,3 +156,14 @@ def test_what_runs_code_is_still_refused_not_kept(tmp_path) -> None:
     )
     with pytest.raises(slimtorch.UnsafeCheckpointError, match=r"posix\.system"):
         slimtorch.open(path)
+
+
+def test_a_pickle_naming_more_classes_than_a_checkpoint_would_is_refused(tmp_path) -> None:
+    # each placeholder is a class on torch's list, which it searches for every object built: 10,001 of
+    # them is a hang bomb, not a checkpoint
+    globals_ = b"".join(b"cfake_mod\nC%d\n" % i for i in range(10_001))
+    payload = b"\x80\x02(" + globals_ + b"l."
+    path = tmp_path / "many.pt"
+    path.write_bytes(payload)
+    with pytest.raises(slimtorch.FormatError, match="more than 10,000 classes"):
+        slimtorch.open(path)

@@ -188,7 +188,8 @@ def export(
         inputs = _samples(args, how.samples, how.dynamic_batch)
     seconds: dict[str, float] = {}
 
-    constants = _constant_outputs(_call(model, inputs[0], kwargs, 0))
+    first = _call(model, inputs[0], kwargs, 0)  # the reference on the example, run once
+    constants = _constant_outputs(first)
     if constants:  # a graph returns tensors only (AntiBERTy's loss is the number 0 without labels)
         bound = _TensorOutputs(bound)
         notes += (f"left out of the graph: {constants}, not tensors (the model returns them as they are)",)
@@ -199,7 +200,7 @@ def export(
     program = export_program(bound, traced, {}, dynamic_batch=how.dynamic_batch, sequence=sequence)
     seconds["capture"] = time.perf_counter() - start
     say("running the model in PyTorch")
-    expected = [_outputs(_call(model, a, kwargs, i), text) for i, a in enumerate(inputs)]
+    expected = [_outputs(first if i == 0 else _call(model, a, kwargs, i), text) for i, a in enumerate(inputs)]
     names_out = [name for name, _ in expected[0]]
     wanted = [{n: _numpy(t) for n, t in e} for e in expected]
     with BundleWriter(out) as bundle:
