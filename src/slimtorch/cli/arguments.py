@@ -319,7 +319,8 @@ def add_allow_global(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="trust one more pickle global, e.g. mypkg.Config (repeatable; only for files you trust)",
+        help="build one more pickle global for real, e.g. mypkg.Config, instead of keeping it as an inert "
+        "placeholder (repeatable; only for files you trust)",
     )
 
 
