@@ -167,3 +167,17 @@ def test_a_pickle_naming_more_classes_than_a_checkpoint_would_is_refused(tmp_pat
     path.write_bytes(payload)
     with pytest.raises(slimtorch.FormatError, match="more than 10,000 classes"):
         slimtorch.open(path)
+
+
+def test_restoring_numpy_values_from_a_file_takes_numbers_only() -> None:
+    from slimtorch.sources.objects import restore_values
+
+    kept = {
+        "mean": {"__numpy_array__": "<f4", "shape": [2], "values": [0.5, 1.0]},
+        # a slim file's metadata is hostile too: a gigabyte-wide void per value is not an array to build
+        "bomb": {"__numpy_array__": "V1000000000", "shape": [3], "values": [0, 0, 0]},
+        "misshapen": {"__numpy_array__": "<f4", "shape": [10**12], "values": [1.0]},
+    }
+    restored = restore_values(kept)
+    assert restored["mean"].dtype == np.float32 and restored["mean"].tolist() == [0.5, 1.0]
+    assert restored["bomb"] == kept["bomb"] and restored["misshapen"] == kept["misshapen"]

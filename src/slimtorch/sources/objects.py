@@ -254,20 +254,21 @@ def restore_values(values: Any) -> Any:
         return [restore_values(item) for item in values]
     if not isinstance(values, dict):
         return values
-    if set(values) == {NUMPY_ARRAY, "shape", "values"} or set(values) <= {NUMPY_SCALAR, "value", NUMPY_DTYPE}:
+    keys = set(values)
+    if keys in ({NUMPY_ARRAY, "shape", "values"}, {NUMPY_SCALAR, "value"}, {NUMPY_DTYPE}):
         import numpy as np
 
         try:
-            if NUMPY_ARRAY in values:
-                return np.array(values["values"], dtype=np.dtype(values[NUMPY_ARRAY])).reshape(
-                    values["shape"]
-                )
-            if NUMPY_SCALAR in values and "value" in values:
-                return np.dtype(values[NUMPY_SCALAR]).type(values["value"])
-            if set(values) == {NUMPY_DTYPE}:
-                return np.dtype(values[NUMPY_DTYPE])
-        except (TypeError, ValueError):
-            return values  # not one of ours after all: a user's dict with such keys stays as it is
+            dtype = np.dtype(values[(keys & {NUMPY_ARRAY, NUMPY_SCALAR, NUMPY_DTYPE}).pop()])
+            if keys == {NUMPY_DTYPE}:
+                return dtype
+            if dtype.kind in "biuf":  # numbers only, as they were written: no void of a gigabyte a value
+                if NUMPY_SCALAR in keys:
+                    return dtype.type(values["value"])
+                return np.array(values["values"], dtype=dtype).reshape(values["shape"])
+        except (TypeError, ValueError, OverflowError):
+            pass
+        return values  # not one of ours after all: a user's dict with such keys stays as it is
     return {key: restore_values(child) for key, child in values.items()}
 
 

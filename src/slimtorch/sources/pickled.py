@@ -178,14 +178,22 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
-def globals_in(data: bytes, path: str | Path = "<pickle>") -> set[str]:
-    """Dotted names of every GLOBAL a protocol <= 3 pickle mentions, without unpickling it."""
-    found = set()
-    with untrusted(path, "pickle"):
-        for opcode, arg, _ in pickletools.genops(data):
-            if opcode.name == "GLOBAL":
-                module, _, name = str(arg).partition(" ")
-                found.add(f"{module}.{name}")
+def globals_in(data: bytes | BinaryIO, path: str | Path = "<pickle>") -> set[str]:
+    """Dotted names of every GLOBAL a protocol <= 3 pickle mentions, as torch's unpickler names them
+    (Python 2 names mapped), without unpickling it. A stream is read from its position and put back;
+    the scan stops past the pickle budget (:func:`check_pickle` refuses such a pickle)."""
+    stream = io.BytesIO(data) if isinstance(data, bytes) else data
+    start, found = stream.tell(), set()
+    try:
+        with untrusted(path, "pickle"):
+            for count, (opcode, arg, position) in enumerate(pickletools.genops(stream)):
+                if count > MAX_OPCODES or position - start > MAX_PICKLE_BYTES:
+                    break
+                if opcode.name == "GLOBAL":
+                    module, _, name = str(arg).partition(" ")
+                    found.add(global_name(module, name))
+    finally:
+        stream.seek(start)
     return found
 
 
@@ -416,20 +424,10 @@ def stand_ins(path: str | Path, stream: BinaryIO, trusted: set[str]) -> list[tup
     """Allow-list entries for a pickle's globals torch's list lacks: numpy's own (:func:`_numpy_globals`),
     and a :class:`Placeholder` subclass for every other one that cannot run code (what can, like
     ``os.system``, stays refused, with its name). ``stream`` is read from its position and put back."""
-    start = stream.tell()
-    names: set[str] = set()
     try:
-        with untrusted(path, "pickle"):
-            for count, (opcode, arg, position) in enumerate(pickletools.genops(stream)):
-                if count > MAX_OPCODES or position - start > MAX_PICKLE_BYTES:
-                    break  # the budget check that follows refuses it
-                if opcode.name == "GLOBAL":
-                    module, _, attr = str(arg).partition(" ")
-                    names.add(global_name(module, attr))
-    except (ValueError, EOFError, CheckpointError, UnicodeDecodeError):
-        pass  # a corrupt pickle: the budget check or the unpickler says what is wrong with it
-    finally:
-        stream.seek(start)
+        names = globals_in(stream, path)
+    except CheckpointError:
+        names = set()  # a corrupt pickle: the budget check or the unpickler says what is wrong with it
     allowed = set(weights_only._get_allowed_globals()) | set(weights_only._get_user_allowed_globals())
     wanted = sorted(names - allowed - trusted)
     every_numpy = _numpy_globals() if wanted else {}
