@@ -468,17 +468,18 @@ def test_single_shard_folder_is_model_safetensors_without_an_index(tmp_path):
 
 # -- atomic writes -----------------------------------------------------------------------------------------
 def _interrupt_while_writing(monkeypatch, after_calls: int = 0) -> None:
-    """The next write_safetensors after ``after_calls`` good ones writes half a file, then Ctrl-C."""
-    real, calls = writer.write_safetensors, []
+    """The next shard finished after ``after_calls`` good ones is cut to half its bytes, then Ctrl-C."""
+    real, calls = writer._ShardFile.finish, []
 
-    def write(path, tensors, metadata):
-        calls.append(path)
+    def finish(self, metadata):
+        calls.append(self.path)
         if len(calls) <= after_calls:
-            return real(path, tensors, metadata)
-        path.write_bytes(b"\x00" * 100)
+            return real(self, metadata)
+        self.close()
+        self.path.write_bytes(b"\x00" * 100)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(writer, "write_safetensors", write)
+    monkeypatch.setattr(writer._ShardFile, "finish", finish)
 
 
 def _fail_rename(monkeypatch) -> None:

@@ -5,6 +5,7 @@ output at cosine 0.99 and int4 at 0.95 (loaded back into the real class)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.wild.matrix import run, verdict
 from tests.wild.models import MODELS, WildModel
@@ -42,3 +43,29 @@ def test_int4_shrink_keeps_the_real_output_at_cosine_095(model: WildModel, workd
     outcome = run(model, "shrink-int4", workdir)
     assert verdict(model, outcome) is None, verdict(model, outcome)
     assert outcome.size_after < outcome.size_before or outcome.size_before < TINY
+
+
+@every_model
+def test_shrink_in_the_writers_large_file_paths_keeps_every_tensor_bit_for_bit(
+    model: WildModel, workdir, monkeypatch
+) -> None:
+    """The streaming writer's large-file paths on real files (issue 46): the room kept as spaces (as above
+    64 MiB) in a lossless shrink, whose tensors must equal those of a shrink written the usual way, and the
+    header's room too small (its data moved once) in an int8 shrink, which must hold the same names."""
+    import slimtorch
+    from slimtorch.format import writer
+
+    usual, roomy, moved = (workdir / f"{model.name}-{k}" for k in ("usual", "roomy", "moved"))  # folders
+    slimtorch.shrink(model.path, usual)
+    monkeypatch.setattr(writer, "STREAM_COMPACT", 0)
+    slimtorch.shrink(model.path, roomy)
+    monkeypatch.setattr(writer, "_header_room", lambda expected: 8)
+    slimtorch.shrink(model.path, moved, quantize="int8")
+
+    expected, written = slimtorch.load(usual).tensors, slimtorch.load(roomy).tensors
+    assert written.keys() == expected.keys() and written
+    for name, value in written.items():
+        assert torch.equal(value, expected[name]), name
+    weights = [sum(f.stat().st_size for f in folder.glob("*.safetensors")) for folder in (usual, roomy)]
+    assert weights[1] > weights[0]  # the header's spaces are there
+    assert slimtorch.load(moved).tensors.keys() == written.keys()

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from slimtorch.memory import MemoryReport
 
 MAX_ACCUMULATION = 1024
+MAX_CONTEXT = 1 << 24  # tokens: slimtorch.memory.generation.MAX_CONTEXT
 """the most micro-batches of --accumulation: each is simulated, and the peak is reached by the second"""
 
 HELP = "predict a training loop's (or inference's) peak memory, and what it is made of, without running it"
@@ -53,6 +54,7 @@ examples:
   slimtorch memory ./llama-folder --batch 1 --input-shape 1,2048 --precision bf16-mixed
   slimtorch memory ./llama-folder --batch 1 2 4 8 --checkpointing blocks --budget 80GB --chart mem.png
   slimtorch memory Qwen/Qwen2.5-0.5B --batch 8 --input-shape 1,512   (from the local Hugging Face cache)
+  slimtorch memory ./llama-folder --mode generate --precision bf16 --context 4096 32768 --budget 24GB
   slimtorch memory mypkg.models:resnet50 --batch 64 --input-shape 1,3,224,224 --optimizer sgd --device cpu
 """
 
@@ -68,7 +70,19 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         metavar="N",
         help="batch sizes (default: the input's)",
     )
-    parser.add_argument("--mode", choices=("train", "inference"), default="train", help="default train")
+    parser.add_argument(
+        "--mode",
+        choices=("train", "inference", "generate"),
+        default="train",
+        help="default train; generate: a causal LM's weights plus the KV cache of --context tokens",
+    )
+    parser.add_argument(
+        "--context",
+        type=integer(1, MAX_CONTEXT),
+        nargs="+",
+        metavar="TOKENS",
+        help="--mode generate: tokens per sequence in the KV cache (prompt + new tokens); default 2048",
+    )
     parser.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adamw", help="default adamw")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="default fp32")
     parser.add_argument(
@@ -112,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
     from slimtorch.cli.views.memory_chart import write_chart
     from slimtorch.memory import StepOptions, estimate
 
+    if args.mode == "generate":
+        return _generation(args)
+    if args.context:
+        raise SlimtorchError("--context sizes the KV cache of --mode generate; add --mode generate")
     if args.chart:
         check_output(args.chart, model_inputs(args.model))
     loaded = meta_model(args)
@@ -141,6 +159,56 @@ def run(args: argparse.Namespace) -> int:
     _render(args, report, fits)
     if chart is not None:
         output_console().print(as_text(f"wrote {chart}"))
+    return 0
+
+
+GENERATE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _generation(args: argparse.Namespace) -> int:
+    """--mode generate: weights + KV cache per context, and the longest context within --budget."""
+    import torch
+    from rich.table import Table
+
+    from slimtorch.cli.views.inspect_view import output_console
+    from slimtorch.memory.generation import generation_memory
+
+    if args.precision not in GENERATE_DTYPES:
+        raise SlimtorchError(
+            f"--mode generate takes --precision fp32, bf16 or fp16 (the weights' and the cache's dtype), "
+            f"not {args.precision}"
+        )
+    if args.chart or args.parallel or len(args.batch or ()) > 1:
+        raise SlimtorchError("--mode generate takes one --batch, and no --chart or --parallel")
+    loaded = meta_model(args)
+    dtype = getattr(torch, GENERATE_DTYPES[args.precision])
+    batch = (args.batch or [1])[0]
+    report = generation_memory(
+        loaded.model, list(args.context or [2048]), batch=batch, dtype=dtype, budget=args.budget
+    )
+    if args.json:
+        print_json(report.to_dict())
+        return 0
+    console = output_console()
+    title = as_text(f"{args.model}: generate, batch {batch}, {args.precision} weights and KV cache")
+    table = Table(title=title, title_justify="left", header_style="dim")
+    for column in ("context (tokens)", "KV cache", "weights + KV cache"):
+        table.add_column(column, justify="right")
+    for row in report.contexts:
+        table.add_row(f"{row.context:,}", format_bytes(row.kv_cache_bytes), format_bytes(row.total_bytes))
+    console.print(table)
+    console.print(
+        f"weights {format_bytes(report.weights_bytes)}; the KV cache grows by "
+        f"{format_bytes(report.kv_bytes_per_token)} a token; a long prompt's prefill adds its activations "
+        "for that step (--mode inference --input-shape 1,LENGTH sizes them)",
+        highlight=False,
+    )
+    if report.largest_context is not None:
+        console.print(
+            f"budget {format_bytes(report.budget_bytes or 0)}: the longest context whose weights and KV "
+            f"cache fit is {report.largest_context:,} tokens",
+            highlight=False,
+        )
     return 0
 
 

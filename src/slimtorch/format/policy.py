@@ -39,7 +39,7 @@ import torch
 from slimtorch.errors import OptionError
 from slimtorch.format.codecs import CodecError, Encoded, encode
 from slimtorch.format.codecs.chain import extend
-from slimtorch.format.codecs.lossy import check_group_size
+from slimtorch.format.codecs.lossy import ErrorStats, check_group_size
 from slimtorch.format.container import DTYPES
 from slimtorch.format.hf_layout import int4_fits
 from slimtorch.format.names import unmatched_pattern
@@ -245,8 +245,12 @@ def convert(name: str, x: torch.Tensor, policy: TensorPolicy) -> torch.Tensor:
     return converted
 
 
-def encode_tensor(name: str, x: torch.Tensor, category: str, policy: TensorPolicy) -> Encoded:
-    """Encode one tensor (already converted by :func:`convert`) by the rules above."""
+def encode_tensor(
+    name: str, x: torch.Tensor, category: str, policy: TensorPolicy, measure: ErrorStats | None = None
+) -> Encoded:
+    """Encode one tensor (already converted by :func:`convert`) by the rules above; an int8 codec fills
+    ``measure`` with its stored values' error against ``x`` as it goes (its blocks counted: 0 if it did not
+    run)."""
     x = x.detach().contiguous()
     if x.dtype not in _STORABLE:
         return encode(x, ["bytes"])
@@ -254,7 +258,7 @@ def encode_tensor(name: str, x: torch.Tensor, category: str, policy: TensorPolic
     encoded = None
     if quantizable(name, x, category, policy):
         try:
-            encoded = _quantized(x, policy.stored_as.get(name, policy.quantize), policy, sparse)
+            encoded = _quantized(x, policy.stored_as.get(name, policy.quantize), policy, sparse, measure)
         except CodecError:
             encoded = None  # inf or nan in the weight: a scale cannot hold them, store it exactly
     if encoded is None:
@@ -266,14 +270,16 @@ def encode_tensor(name: str, x: torch.Tensor, category: str, policy: TensorPolic
     return encoded
 
 
-def _quantized(x: torch.Tensor, kind: str, policy: TensorPolicy, sparse: bool) -> Encoded | None:
+def _quantized(
+    x: torch.Tensor, kind: str, policy: TensorPolicy, sparse: bool, measure: ErrorStats | None = None
+) -> Encoded | None:
     if kind == "float16":
         # Cast back to the weight's dtype on load; a weight already 16-bit stays as it is.
         return encode(x, [("cast", {"to": "float16"})]) if x.dtype.itemsize > 2 else None
     if kind == "int8" and policy.layout == "hf" and policy.quantize == "int4":
         return None  # one compressed-tensors format a folder: int8 codes beside int4 ones would go dense
     if kind == "int8":
-        return _sparse_codes(encode(x, ["int8"]), sparse)
+        return _sparse_codes(encode(x, [("int8", {"measure": measure})]), sparse)
     group = policy.group_size
     if policy.layout == "hf":  # compressed-tensors' int4: a zero point a group, whole groups along rows
         fits = int4_fits(tuple(x.shape), group)

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, as_rows, row_blocks
+from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, as_rows, extremes, row_blocks
 
 DOMINANT = 5.0
 MIN_COMPARED = 4
@@ -66,16 +66,18 @@ def rounding_error(x: torch.Tensor, quantize: str, group_size: int = INT4_GROUP_
         return 0.0
     total = 0.0
     for block in row_blocks(*rows.shape):
-        values = rows[block].to(torch.float32)
+        values = rows[block]  # extremes in the tensor's own dtype (exact): no float32 copy of the block
         if quantize == "int8":
-            steps = values.abs().amax(dim=1) / 127
-            total += float(steps.double().square().sum()) * values.shape[1]
+            low, high = extremes(values, 1)
+            steps = torch.maximum(high, -low).to(torch.float64) / 127
+            total += float(steps.square().sum()) * values.shape[1]
         else:
-            flat = values.reshape(-1)
+            flat = values.to(torch.float32).reshape(-1)  # float32's reductions of 32 values are faster
             pad = -flat.numel() % group_size
             groups = torch.cat((flat, flat[-1:].expand(pad))).reshape(-1, group_size)
-            steps = (groups.amax(dim=1) - groups.amin(dim=1)) / 15
-            total += float(steps.double().square().sum()) * group_size
+            low, high = extremes(groups, 1)
+            steps = (high.to(torch.float64) - low.to(torch.float64)) / 15
+            total += float(steps.square().sum()) * group_size
     return math.sqrt(total / rows.numel() / 12)
 
 

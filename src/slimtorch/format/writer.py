@@ -8,9 +8,12 @@ same place removes (concurrent writes to one output are not supported: the last 
 OUT is never a symbolic link (replacing it would replace the link, not write where it points), and a
 folder is replaced only when it holds nothing but what slimtorch writes.
 
-Shards are flushed as they fill up, so memory holds at most one shard of encoded parts; parts stored as is
-are written straight from the source's memory map. How many shards a save makes is known only at its end,
-so each shard's header leaves room for the count, filled in (and the header resealed) before the commit.
+Each tensor's parts go to disk as soon as it is added (:class:`_ShardFile`), so memory holds one tensor's
+encoded parts, never a shard's or the model's; parts stored as is are written straight from the source's
+memory map. The header, known only at the end, is written into room left before the data; a small file is
+moved down over room it did not use (it comes out as if written in one go). How many shards a save makes is
+known only at its end, so each shard's header leaves room for the count, filled in (and the header
+resealed) before the commit.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import re
 import shutil
 import struct
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -85,7 +89,10 @@ class SlimWriter:
         extra_files: Mapping[str, Path] | None = None,
         objects: Mapping[str, Any] | None = None,
         card: Card | None = None,
+        expected_tensors: int | None = None,
     ) -> None:
+        """``expected_tensors`` (how many :meth:`add` calls will come, if known) sizes the room left for
+        each shard's header: a guess too small costs one move of the shard's data, never a wrong file."""
         self.out = Path(out)
         self.card = card
         self.single = self.out.suffix == ".safetensors"
@@ -109,8 +116,8 @@ class SlimWriter:
         if not self.single:
             check_replaceable(self.out, self.extra_files)  # before any work, not only at the end
             self._staging.mkdir()
-        self._pending: list[tuple[Entry, dict[str, torch.Tensor]]] = []
-        self._pending_bytes = 0
+        self._room = _header_room(expected_tensors)
+        self._shard: _ShardFile | None = None  # the shard being written
         self._shards: list[tuple[Path, list[str]]] = []  # staged file, physical keys
         self._owners: dict[str, str] = {}  # physical key -> the tensor it belongs to
         self.bytes_written = 0
@@ -147,20 +154,29 @@ class SlimWriter:
         entry = Entry(
             name, dtype, tuple(shape), encoded.stages, keys, {r: crc32_chunks(t) for r, t in parts.items()}
         )
-        nbytes = encoded.nbytes
-        if self.shard_bytes and self._pending and self._pending_bytes + nbytes > self.shard_bytes:
-            self._flush()
-        self._pending.append((entry, {keys[role]: tensor for role, tensor in parts.items()}))
-        self._pending_bytes += nbytes
+        self._shard_for(encoded.nbytes).add(entry, {keys[role]: t for role, t in parts.items()})
         return entry
 
+    def _shard_for(self, nbytes: int) -> _ShardFile:
+        """The shard the next ``nbytes`` go to: a new one when they would overflow ``shard_bytes``."""
+        shard, limit = self._shard, self.shard_bytes
+        if limit and shard is not None and shard.entries and shard.nbytes + nbytes > limit:
+            self._flush()
+        if self._shard is None:
+            number = len(self._shards) + 1
+            self._shard = _ShardFile(
+                self._staging if self.single else self._staging / f"shard-{number}.tmp", self._room
+            )
+        return self._shard
+
     def _flush(self, last: bool = False) -> None:
-        """Write the queued tensors as the next shard; before the ``last`` one the shard count is not known
-        yet (0), and :meth:`_count_shards` fills it in."""
+        """Finish the shard being written (an empty one if nothing was added); before the ``last`` one the
+        shard count is not known yet (0), and :meth:`_count_shards` fills it in."""
         number = len(self._shards) + 1
-        here = {entry.name for entry, _ in self._pending}
+        shard, self._shard = self._shard or self._shard_for(0), None
+        here = {entry.name for entry in shard.entries}
         layout = Layout(
-            tensors={entry.name: entry for entry, _ in self._pending},
+            tensors={entry.name: entry for entry in shard.entries},
             # Each shard lists the ties to its own tensors, so that it stays readable on its own.
             ties={name: target for name, target in self.ties.items() if target in here},
             copies={name: target for name, target in self.copies.items() if target in here},
@@ -171,16 +187,13 @@ class SlimWriter:
             objects=self.objects,
             shards=number if last else 0,
         )
-        tensors = {key: t for _, parts in self._pending for key, t in parts.items()}
-        target = self._staging if self.single else self._staging / f"shard-{number}.tmp"
-        self.bytes_written += write_safetensors(target, tensors, layout.to_metadata())
-        self._shards.append((target, list(tensors)))
-        self._pending, self._pending_bytes = [], 0
+        self.bytes_written += shard.finish(layout.to_metadata())
+        self._shards.append((shard.path, shard.keys))
 
     # -- finishing -------------------------------------------------------------------------------------
     def commit(self) -> list[Path]:
         """Write what is queued and move the checkpoint into place; returns the files written."""
-        if self._pending or not self._shards:
+        if self._shard is not None or not self._shards:
             self._flush(last=True)
         self._count_shards()
         if self.single:
@@ -246,6 +259,9 @@ class SlimWriter:
 
     def abort(self) -> None:
         """Remove everything staged; the previous checkpoint, if any, is untouched."""
+        if self._shard is not None:
+            self._shard.close()
+            self._shard = None
         if self._staging.is_dir():
             shutil.rmtree(self._staging, ignore_errors=True)
         else:
@@ -269,33 +285,112 @@ def _storable(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def write_safetensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> int:
-    """Write a sealed safetensors file, streaming each tensor's bytes; fsyncs before returning the byte count.
+STREAM_COMPACT = 64 << 20
+"""A shard with less data than this is moved down over header room it did not use, so a small file is as
+small as if written in one go; a larger one keeps the spaces (under 0.1% of it)."""
+_COPY_STEP = 16 << 20
 
-    Tensors are laid out by decreasing item size so every tensor is aligned to its dtype without padding
-    (safetensors forbids holes between tensors). The header ends in :data:`HEADER_ROOM` spaces.
+
+def _header_room(expected_tensors: int | None) -> int:
+    """Bytes left for a shard's header before its data: a generous guess from the tensor count (a slim
+    entry and its parts' safetensors entries take a few hundred bytes), 8-byte aligned."""
+    room = (64 << 10) + 2048 * (expected_tensors if expected_tensors is not None else 512)
+    return room + (-(8 + room) % 8)
+
+
+class _ShardFile:
+    """One safetensors file written as its tensors arrive, then sealed with its header.
+
+    After the room left for the header, a part whose length is a multiple of 8 bytes goes straight to disk,
+    which keeps the data 8-byte aligned; any other part waits in a side file and follows at the end, parts
+    of wider items first. Every part then starts aligned to its dtype with no gap between parts (safetensors
+    allows none), and memory holds only the part being written.
     """
-    order = sorted(tensors, key=lambda key: -tensors[key].element_size())
-    entries: dict[str, Any] = {}
-    offset = 0
-    for key in order:
-        t = tensors[key]
-        nbytes = t.numel() * t.element_size()
-        entries[key] = {
-            "dtype": SAFETENSORS_NAMES[t.dtype],
-            "shape": list(t.shape),
-            "data_offsets": [offset, offset + nbytes],
+
+    def __init__(self, path: Path, room: int) -> None:
+        self.path, self.room = path, room
+        self.entries: list[Entry] = []
+        self.keys: list[str] = []
+        self.nbytes = 0  # encoded bytes added
+        self._headers: dict[str, dict[str, Any]] = {}
+        self._offset = 0  # data bytes on disk
+        self._waiting: list[tuple[str, torch.dtype, list[int], int, int]] = []  # and where in the side file
+        self._side: Any = None
+        self._stream = open(path, "w+b")  # noqa: SIM115 (closed by finish or close)
+        self._stream.seek(8 + room)
+
+    def add(self, entry: Entry, parts: Mapping[str, torch.Tensor]) -> None:
+        self.entries.append(entry)
+        for key, tensor in parts.items():
+            data = tensor_bytes(tensor)
+            if len(data) % 8:
+                if self._side is None:
+                    self._side = tempfile.TemporaryFile(dir=self.path.parent)  # noqa: SIM115
+                self._waiting.append((key, tensor.dtype, list(tensor.shape), self._side.tell(), len(data)))
+                self._side.write(data)
+            else:
+                self._record(key, tensor.dtype, list(tensor.shape), len(data))
+                self._stream.write(data)
+            self.keys.append(key)
+        self.nbytes += sum(t.numel() * t.element_size() for t in parts.values())
+
+    def _record(self, key: str, dtype: torch.dtype, shape: list[int], nbytes: int) -> None:
+        self._headers[key] = {
+            "dtype": SAFETENSORS_NAMES[dtype],
+            "shape": shape,
+            "data_offsets": [self._offset, self._offset + nbytes],
         }
-        offset += nbytes
-    raw = _header_bytes({"__metadata__": dict(metadata), **entries})
-    with open(path, "wb") as stream:
-        stream.write(struct.pack("<Q", len(raw)))
-        stream.write(raw)
-        for key in order:
-            stream.write(tensor_bytes(tensors[key]))
+        self._offset += nbytes
+
+    def finish(self, metadata: Mapping[str, str]) -> int:
+        """Append the waiting parts, write the header (moving the data if its room did not fit it), fsync and
+        close; returns the file's byte count."""
+        stream = self._stream
+        if self._side is not None:
+            self._side.flush()
+            side = self._side.fileno()
+            for key, dtype, shape, start, nbytes in sorted(self._waiting, key=lambda w: -w[1].itemsize):
+                self._record(key, dtype, shape, nbytes)
+                _copy_range(side, start, stream, nbytes)
+        stream.flush()
+        raw = _header_bytes({"__metadata__": dict(metadata), **self._headers})
+        if len(raw) > self.room or (len(raw) < self.room and self._offset < STREAM_COMPACT):
+            _move(stream.fileno(), 8 + self.room, 8 + len(raw), self._offset)
+            os.ftruncate(stream.fileno(), 8 + len(raw) + self._offset)
+            self.room = len(raw)
+        stream.seek(0)
+        stream.write(struct.pack("<Q", self.room))
+        stream.write(raw.ljust(self.room))
         stream.flush()
         os.fsync(stream.fileno())
-    return 8 + len(raw) + offset
+        self.close()
+        return 8 + self.room + self._offset
+
+    def close(self) -> None:
+        self._stream.close()
+        if self._side is not None:
+            self._side.close()  # a temporary file: gone once closed
+            self._side = None
+
+
+def _copy_range(source: int, start: int, stream: Any, nbytes: int) -> None:
+    """Append ``nbytes`` of file descriptor ``source`` from ``start`` to ``stream``."""
+    done = 0
+    while done < nbytes:
+        chunk = os.pread(source, min(_COPY_STEP, nbytes - done), start + done)
+        if not chunk:
+            raise SlimtorchError(f"{stream.name}: the side file ended early")
+        stream.write(chunk)
+        done += len(chunk)
+
+
+def _move(fd: int, source: int, target: int, nbytes: int) -> None:
+    """Move ``nbytes`` inside a file from offset ``source`` to ``target`` (the ranges may overlap): front to
+    back when moving down, back to front when moving up."""
+    steps = range(0, nbytes, _COPY_STEP)
+    for at in steps if target < source else reversed(steps):
+        size = min(_COPY_STEP, nbytes - at)
+        os.pwrite(fd, os.pread(fd, size, source + at), target + at)
 
 
 def seal_header(header: Mapping[str, Any]) -> dict[str, Any]:

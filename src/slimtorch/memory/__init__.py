@@ -9,6 +9,8 @@
 - :func:`rank_memory` (and ``estimate(..., parallel="fsdp", world_size=N)``): each rank's peak under DDP,
   ZeRO-1 or FSDP2; :func:`smallest_world_size`: the fewest ranks that fit a budget.
 - :func:`measure_host`: what the CPU allocator adds to the live tensors of a real run (RSS growth).
+- :func:`generation_memory`: a causal language model's weights plus the KV cache ``generate`` keeps at a
+  context, and the longest context a budget holds.
 
 Each verb takes its options (:class:`StepOptions`, :class:`BatchSizeOptions`, :class:`FitOptions`) or
 their fields as keywords, and returns a report (:class:`MemoryReport`, :class:`BatchSizeResult`,
@@ -23,6 +25,7 @@ from slimtorch.memory.batch_size import BatchSizeResult, find_batch_size, is_out
 from slimtorch.memory.device import default_device
 from slimtorch.memory.estimating import CATEGORIES, MemoryReport, StepMemory, estimate, measure_peak, profile
 from slimtorch.memory.fitting import FitPlan, fit
+from slimtorch.memory.generation import GenerationMemory, generation_memory
 from slimtorch.memory.options import OPTIMIZERS, PRECISIONS, BatchSizeOptions, FitOptions, StepOptions
 from slimtorch.memory.parallel import (
     ParallelStep,
@@ -41,6 +44,7 @@ __all__ = [
     "BatchSizeResult",
     "FitOptions",
     "FitPlan",
+    "GenerationMemory",
     "HostMemory",
     "MemoryReport",
     "ParallelStep",
@@ -52,6 +56,7 @@ __all__ = [
     "estimate",
     "find_batch_size",
     "fit",
+    "generation_memory",
     "is_out_of_memory",
     "measure_host",
     "measure_peak",

@@ -45,7 +45,6 @@ from slimtorch.format.source import FileRest, dtype_name
 from slimtorch.format.verbs import resolve
 from slimtorch.inspection.breakdown import inspect
 from slimtorch.models.hub import config_model
-from slimtorch.quant.modules import QuantizedWeight
 from slimtorch.shrinking.folders import (
     Folder,
     choose_layout,
@@ -317,6 +316,10 @@ def _model_tensors(
     """A model's state dict, the coded parts of its quantized layers (stored as they are), and its
     structural delta. In the ``hf`` layout a quantized layer compressed-tensors cannot express is written
     as its dequantized weight, and its delta entry dropped: it loads as a float layer."""
+    # here, not at the top: the quantized layers import torch's compiler (1.7 s), which a shrink of a file
+    # never needs
+    from slimtorch.quant.modules import QuantizedWeight
+
     state = model.state_dict()
     coded, structure = {}, delta_of(model)
     dynamic: set[str] = set()
@@ -355,7 +358,7 @@ def _without_quantized(delta: StructuralDelta | None, layer: str) -> StructuralD
     return replace(delta, quantized=quantized)
 
 
-def _dense_note(layer: str, module: QuantizedWeight) -> str:
+def _dense_note(layer: str, module: Any) -> str:
     return (
         f"{layer} ({module.kind}) written dense, dequantized: compressed-tensors has no form for it; it "
         "loads as a float layer holding the same values"

@@ -16,6 +16,7 @@ import torch
 
 from slimtorch.format.codecs import REGISTRY, Encoded, decode
 from slimtorch.format.codecs.chain import parse_dtype
+from slimtorch.format.codecs.lossy import ErrorStats, decoded_blocks
 from slimtorch.format.hf_layout import (
     CtScheme,
     ct_form,
@@ -74,6 +75,7 @@ def write(
             extra_files=companions,
             objects=plan.objects.values,
             card=lambda card, written: model_card(card, provenance, delta, written),
+            expected_tensors=len(plan.items),
         )
         try:
             with task(progress, "shrinking", sum(item.before_bytes for item in plan.items)) as advance:
@@ -112,11 +114,12 @@ def _add_all(
     floated = []
     for item, original in _fetched([i for i in plan.items if i.encoded is None]):
         value = convert(item.name, original.detach().cpu(), policy)
-        encoded = encode_tensor(item.name, value, item.category, policy)
+        measured = ErrorStats()
+        encoded = encode_tensor(item.name, value, item.category, policy, measured)
         _add(writer, item.name, encoded, value.dtype, tuple(value.shape), bits, schemes, frozenset())
         if hf and policy.quantize and _float_in_hf(item, value, encoded, policy):
             floated.append(item.name)
-        results.append(_result(item, original, value, encoded))
+        results.append(_result(item, original, value, encoded, measured))
         advance(item.before_bytes)
     if floated:
         folder.notes.append(_floated_note(floated))
@@ -183,12 +186,17 @@ def _floated_note(names: list[str]) -> str:
     )
 
 
-def _result(item: Item, original: torch.Tensor, value: torch.Tensor, encoded: Encoded) -> TensorResult:
+def _result(
+    item: Item, original: torch.Tensor, value: torch.Tensor, encoded: Encoded, measured: ErrorStats
+) -> TensorResult:
+    """What was stored; the error as the int8 codec ``measured`` it while encoding, else compared now."""
     converted = value.dtype != original.dtype
     lossy = converted or any(
         not REGISTRY[s["codec"]].lossless for s in encoded.stages if s["codec"] in REGISTRY
     )
-    error = _error(original, encoded, value) if lossy else None
+    error = None
+    if lossy:
+        error = measured.result if measured.blocks and not converted else _error(original, encoded, value)
     return TensorResult(
         item.name,
         item.category,
@@ -206,14 +214,17 @@ def _fetched(items: list[Item]) -> Iterator[tuple[Item, torch.Tensor]]:
 
 
 def _error(original: torch.Tensor, encoded: Any, value: torch.Tensor) -> tuple[float, float] | None:
-    """Max abs and relative L2 error of the stored tensor against the original (floats only)."""
+    """Max abs and relative L2 error of the stored tensor against the original (floats only), compared a
+    block of rows at a time: a decoded copy of a whole 2 GB embedding would outweigh the rest of a shrink."""
     if not original.dtype.is_floating_point or original.numel() == 0:
         return None
-    decoded = decode(encoded.parts, encoded.stages, value.dtype, tuple(value.shape))
-    reference = original.to(torch.float32)
-    diff = decoded.to(torch.float32, copy=True).sub_(reference)
-    norm = float(torch.linalg.vector_norm(reference))
-    return float(diff.abs().max()), float(torch.linalg.vector_norm(diff)) / norm if norm else 0.0
+    reference_rows = original.reshape(original.shape[0], -1) if original.dim() >= 2 else None
+    stats = ErrorStats()
+    for block, decoded in decoded_blocks(encoded.parts, encoded.stages, value.dtype, tuple(value.shape)):
+        part = original if reference_rows is None else reference_rows[block]
+        reference = part.reshape(decoded.shape[0], -1).to(torch.float32)
+        stats.add(decoded.reshape(reference.shape).to(torch.float32, copy=True), reference)
+    return stats.result
 
 
 def report_of(
