@@ -26,9 +26,14 @@ Measured per case: wall time (median, and the spread min-max), CPU time of the c
 peak RssAnon: the child's anonymous resident memory, sampled every 10 ms by this process (the page cache and
 the file's mapped pages are not in it). Every shrink must stay within 1.5 GiB of it at every size.
 
-Not measured here yet (see the issue's note): loading the int4 file into a meta-built ``LlamaForCausalLM`` and
-generating, against torchao's and onnxruntime's int4 CPU kernels; ``--device cuda`` (no GPU was lent to the
-run that built this, so no CUDA number is claimed anywhere).
+With ``--generate`` (the 1 GB size): the folder's int4 file is made once with ``slimtorch quantize
+--scheme int4-weight --layout slim`` (about 8 minutes here), then ``slimtorch load_model`` into a
+``LlamaForCausalLM`` built from the config and ``generate`` at batch 1 (time to ready, first token cold,
+tokens per second once warm, peak RSS) against torchao's CPU int4 path (``PrototypeInt4WeightOnlyConfig`` on
+the bf16 model transformers loads), without targets.
+
+Not measured here yet: an 8B-class int4 file, onnxruntime's ``MatMulNBits`` at this scale, and ``--device
+cuda`` (not built: no CUDA number is claimed anywhere).
 """
 
 from __future__ import annotations
@@ -192,6 +197,50 @@ def torchao_int8(folder: str) -> None:
     quantize_(model, Int8WeightOnlyConfig())
 
 
+GENERATE_PROMPT, GENERATE_NEW = 16, 16
+
+
+def generation(case: str, folder: str) -> dict[str, float]:
+    """Time to a ready model, the first token (cold: the first call of each shape pays for any kernel
+    choice) and the steady rate of the next tokens of ``generate`` at batch 1: slimtorch's int4 file
+    (``slimtorch quantize --scheme int4-weight --layout slim`` of the folder) loaded into a
+    ``LlamaForCausalLM`` built from the config, or torchao's CPU int4 path on the bf16 model."""
+    import torch
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    started = time.perf_counter()
+    config = AutoConfig.from_pretrained(folder)
+    config.dtype = torch.bfloat16
+    if case.startswith("slimtorch"):
+        import slimtorch
+
+        model = slimtorch.load_model(quantized_file(Path(folder)), lambda: LlamaForCausalLM(config)).model
+    else:
+        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+        from torchao.quantization import quantize_
+
+        model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+        quantize_(model, PrototypeInt4WeightOnlyConfig(group_size=128, set_inductor_config=False))
+    model.eval()
+    ready = time.perf_counter() - started
+    ids = torch.randint(0, VOCAB, (1, GENERATE_PROMPT), generator=torch.Generator().manual_seed(0))
+
+    def timed(new: int) -> float:
+        begun = time.perf_counter()
+        model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        return time.perf_counter() - begun
+
+    with torch.no_grad():
+        first = timed(1)
+        timed(2)  # the first decoding step's shape, once
+        prefill, whole = timed(1), timed(GENERATE_NEW + 1)
+    return {"ready_s": ready, "first_token_s": first, "tokens_per_s": GENERATE_NEW / (whole - prefill)}
+
+
+def quantized_file(folder: Path) -> Path:
+    return folder / "int4-slim.safetensors"
+
+
 def run_case(case: str, folder: str, out: str) -> None:
     source = str(Path(folder) / "model.safetensors")
     if case == "read + write":
@@ -212,6 +261,8 @@ def run_case(case: str, folder: str, out: str) -> None:
         slimtorch.shrink(source, out + ".safetensors", quantize=quantize)
     elif case == "torchao quantize_ int8":
         torchao_int8(folder)
+    elif case in GENERATE_CASES:
+        print(json.dumps(generation(case, folder)))
     else:
         raise SystemExit(f"unknown case {case!r}")
 
@@ -226,6 +277,17 @@ CASES = [
     "slimtorch inspect",
     "torchao quantize_ int8",
 ]
+GENERATE_CASES = ["slimtorch load_model int4 + generate", "torchao int4 + generate"]
+
+
+def prepare_quantized(folder: Path) -> Path:
+    """The folder's int4 slim file, made once by ``slimtorch quantize`` (its layers come back quantized)."""
+    path = quantized_file(folder)
+    if not path.exists():
+        print(f"  making {path} with slimtorch quantize (once)", flush=True)
+        command = [sys.executable, "-m", "slimtorch", "quantize", str(folder), "-o", str(path)]
+        subprocess.run([*command, "--scheme", "int4-weight", "--layout", "slim"], check=True)
+    return path
 
 
 def anon_bytes(pid: int) -> int:
@@ -244,7 +306,11 @@ def measure(case: str, folder: Path, scratch: Path) -> dict[str, Any]:
     out = scratch / "out"
     command = [sys.executable, __file__, "--child", case, "--folder", str(folder), "--out", str(out)]
     started = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the child's output goes to files, read after it ends: a pipe would fill (64 KiB of a library's
+    # warnings) and block the child while this process waits for it
+    stdout_file = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed once read, below)
+    stderr_file = tempfile.TemporaryFile("w+")  # noqa: SIM115
+    child = subprocess.Popen(command, stdout=stdout_file, stderr=stderr_file, text=True)
     peak, done = 0, threading.Event()
 
     def sample() -> None:
@@ -259,14 +325,25 @@ def measure(case: str, folder: Path, scratch: Path) -> dict[str, Any]:
     wall = time.perf_counter() - started
     done.set()
     sampler.join()
-    stderr = child.stderr.read() if child.stderr else ""
+    stdout_file.seek(0)
+    stderr_file.seek(0)
+    stdout, stderr = stdout_file.read(), stderr_file.read()
+    stdout_file.close()
+    stderr_file.close()
+    extra = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip().startswith("{") else {}
     child.returncode = os.waitstatus_to_exitcode(status)
     for leftover in scratch.iterdir():
         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     os.sync()  # untimed: the next case does not pay for this one's writeback
     if child.returncode:
         return {"error": stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {child.returncode}"}
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_anon": peak}
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_anon": peak,
+        **extra,
+        "peak_rss": usage.ru_maxrss * 1024,
+    }
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -280,7 +357,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "max_s": max(walls),
         "cpu_s": statistics.median(r["cpu_s"] for r in good),
         "peak_anon": max(r["peak_anon"] for r in good),
+        "peak_rss": max(r["peak_rss"] for r in good),
         "runs": len(good),
+        **{
+            key: statistics.median(r[key] for r in good)
+            for key in ("ready_s", "first_token_s", "tokens_per_s")
+            if key in good[0]
+        },
     }
 
 
@@ -309,6 +392,21 @@ def table(size: float, file_bytes: int, rows: dict[str, dict[str, Any]]) -> None
             ratio,
         )
     Console(width=150).print(out)
+    generated = {case: row for case, row in rows.items() if "tokens_per_s" in row}
+    if generated:
+        gen = Table(title=f"int4 generate at batch 1, {GENERATE_PROMPT}-token prompt (medians)")
+        for column in ("case", "ready s", "first token s", "tokens/s", "peak RSS", "peak RssAnon"):
+            gen.add_column(column, justify="left" if column == "case" else "right")
+        for case, row in generated.items():
+            gen.add_row(
+                case,
+                f"{row['ready_s']:.1f}",
+                f"{row['first_token_s']:.2f}",
+                f"{row['tokens_per_s']:.2f}",
+                f"{row['peak_rss'] / MIB:,.0f} MiB",
+                f"{row['peak_anon'] / MIB:,.0f} MiB",
+            )
+        Console(width=150).print(gen)
 
 
 def checks(results: dict[str, dict[str, Any]], judged: str) -> list[dict[str, Any]]:
@@ -337,6 +435,11 @@ def main() -> int:
     parser.add_argument("--cases", default="", help="comma-separated substrings of the cases to run")
     parser.add_argument("--dir", default=None, help="where the files go (default: a folder in /tmp, kept)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target fails")
+    parser.add_argument(
+        "--generate",
+        action="store_true",
+        help="also load an int4 file and generate on the 1 GB model (its int4 file made once: ~10 minutes)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -352,6 +455,9 @@ def main() -> int:
         folder = base / f"llama-{size:g}gb"
         path = write_checkpoint(folder, size)
         cases = [c for c in wanted if size < 16 or c in ("plain int4 loop", "slimtorch shrink int4-weight")]
+        if args.generate and size <= 1:
+            prepare_quantized(folder)
+            cases += GENERATE_CASES
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
         with tempfile.TemporaryDirectory(dir=base) as scratch:
             for round_ in range(args.runs):
@@ -374,7 +480,10 @@ def main() -> int:
     RESULTS.parent.mkdir(exist_ok=True)
     machine = {"platform": platform.platform(), "cpu": platform.processor(), "cores": os.cpu_count()}
     kept = json.loads(RESULTS.read_text()).get("results", {}) if RESULTS.exists() else {}
-    merged = {**kept, **results}  # sizes not run this time keep their last measurement
+    merged = dict(kept)  # sizes and cases not run this time keep their last measurement
+    for size, result in results.items():
+        rows = {**merged.get(size, {}).get("rows", {}), **result["rows"]}
+        merged[size] = {**result, "rows": rows}
     RESULTS.write_text(json.dumps({"machine": machine, "results": merged, "checks": found}, indent=2))
     return 1 if args.check and passed < len(found) else 0
 

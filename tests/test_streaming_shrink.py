@@ -81,6 +81,7 @@ def test_a_header_larger_than_its_room_moves_the_data_and_the_file_stays_right(t
 
 def test_a_large_file_keeps_the_unused_header_room_as_spaces_and_every_reader_takes_it(tmp_path, monkeypatch):
     monkeypatch.setattr(writer, "STREAM_COMPACT", 0)  # as a file of gigabytes is written: no move down
+    monkeypatch.setattr(writer, "UNUSED_ROOM_SHARE", float("inf"))
     state = _odd_state()
     path = tmp_path / "roomy.safetensors"
 
@@ -94,6 +95,18 @@ def test_a_large_file_keeps_the_unused_header_room_as_spaces_and_every_reader_ta
     loaded = slimtorch.load(path).tensors
     assert all(torch.equal(loaded[name], value) for name, value in state.items())
     assert set(safetensors.torch.load_file(path)) == set(state)
+
+
+def test_a_large_file_of_tiny_tensors_is_moved_down_rather_than_kept_mostly_spaces(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer, "STREAM_COMPACT", 0)
+    state = {f"t{i}": torch.randn(3) for i in range(50)}  # 50 x 2 KiB of room for 600 bytes of data
+    path = tmp_path / "tiny.safetensors"
+
+    slimtorch.save(state, path)
+
+    assert path.stat().st_size < writer._header_room(len(state)) / 4
+    loaded = slimtorch.load(path).tensors
+    assert all(torch.equal(loaded[name], value) for name, value in state.items())
 
 
 def test_a_small_file_comes_out_as_if_written_in_one_go(tmp_path):

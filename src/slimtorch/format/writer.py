@@ -287,7 +287,9 @@ def _storable(tensor: torch.Tensor) -> torch.Tensor:
 
 STREAM_COMPACT = 64 << 20
 """A shard with less data than this is moved down over header room it did not use, so a small file is as
-small as if written in one go; a larger one keeps the spaces (under 0.1% of it)."""
+small as if written in one go; a larger one keeps the spaces unless they pass :data:`UNUSED_ROOM_SHARE` of
+its data (many tiny tensors), where one move of the data costs less than the spaces would."""
+UNUSED_ROOM_SHARE = 0.001
 _COPY_STEP = 16 << 20
 
 
@@ -354,7 +356,10 @@ class _ShardFile:
                 _copy_range(side, start, stream, nbytes)
         stream.flush()
         raw = _header_bytes({"__metadata__": dict(metadata), **self._headers})
-        if len(raw) > self.room or (len(raw) < self.room and self._offset < STREAM_COMPACT):
+        unused = self.room - len(raw)
+        if unused < 0 or (
+            unused and (self._offset < STREAM_COMPACT or unused > UNUSED_ROOM_SHARE * self._offset)
+        ):
             _move(stream.fileno(), 8 + self.room, 8 + len(raw), self._offset)
             os.ftruncate(stream.fileno(), 8 + len(raw) + self._offset)
             self.room = len(raw)
