@@ -52,7 +52,8 @@ def _split(groups: int, call: Callable[[slice], None]) -> None:
     shares = [slice(start, min(groups, start + step)) for start in range(0, groups, step)]
     for future in [_pool().submit(call, share) for share in shares[1:]]:
         future.result()
-    call(shares[0]) if shares else None
+    if shares:
+        call(shares[0])
 
 
 def searched_ranges(
