@@ -8,6 +8,8 @@ scheme with inductor (what users get); the tests per layer kind read that one co
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -24,6 +26,8 @@ from slimtorch.quant.modules import (
     Int8DynamicLinear,
     Int8Embedding,
     Int8WeightLinear,
+    _traced_kernel,
+    constant_when_compiled,
     int8_dynamic_kernels,
 )
 from slimtorch.quant.recurrent import Int4WeightRecurrent, Int8DynamicRecurrent, Int8WeightRecurrent
@@ -322,3 +326,27 @@ def test_a_sharing_scope_broken_by_a_graph_break_still_gives_eager_outputs_and_c
         for x in (torch.randn(3, WIDTH), torch.randn(3, WIDTH) + 1):
             assert relative_error(compiled(x), model(x)) <= TOLERANCE
             assert sharing.TRACED_SCOPES == []
+
+
+def test_the_traced_kernel_is_marked_as_torchs_decorator_marks_without_importing_dynamo() -> None:
+    """``constant_when_compiled`` sets the mark ``torch.compiler.assume_constant_result`` sets (so the
+    traced kernel stays a constant of the graph), and a fresh process that loads quantized layers imports
+    neither dynamo nor sympy's shapes (1.7 s of each ``slimtorch load`` of a quantized file)."""
+
+    def theirs() -> int:
+        return 1
+
+    def ours() -> int:
+        return 1
+
+    torch.compiler.assume_constant_result(theirs)
+    constant_when_compiled(ours)
+    assert vars(ours) == vars(theirs) and vars(ours)
+    assert vars(_traced_kernel) == vars(theirs)
+    script = (
+        "import sys, slimtorch.quant.build, slimtorch.loading.loader\n"
+        "print(sorted(m for m in ('torch._dynamo', 'torch.fx.experimental.symbolic_shapes') if m in sys.modules))"
+    )
+    imported = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert imported.returncode == 0, imported.stderr[-2000:]
+    assert imported.stdout.strip() == "[]"

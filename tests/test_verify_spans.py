@@ -421,3 +421,43 @@ def test_a_large_file_is_probed_near_its_end_before_its_first_check(tmp_path, mo
     slimtorch.load_model(path, build, verify="before-use").wait()
     assert watched[0]._back_first
     assert probed and probed[0][1] == 1 << 20 and probed[0][0] >= 1 and probed[0][2] == 1
+
+
+@pytest.mark.parametrize("verify", ["eager", "before-use"])
+def test_a_check_added_after_the_cold_reader_left_is_run_by_whoever_waits_for_it(
+    tmp_path, monkeypatch, verify
+) -> None:
+    """A quantized layer's codes are checked as the load decodes them, added after the file-wide spans: on
+    a cold page cache the one reading thread may have run out of spans and left by then. The waiter runs
+    those checks itself (it waited forever: ``slimtorch load`` of an int8 MLP hung in CI, whose files
+    read as cold)."""
+    monkeypatch.setattr(residency, "cold", lambda tensors: True)
+    path = tmp_path / "int8.safetensors"
+    torch.manual_seed(0)
+    model = MLP().eval()
+    slimtorch.quantize(model, "int8-dynamic")
+    slimtorch.save_model(model, path)
+    readers: list[threading.Thread] = []
+    late: list[int] = []
+    original_work, original_add = Verification._work, Verification.add
+
+    def work(self: Verification) -> None:
+        readers.append(threading.current_thread())
+        original_work(self)
+
+    def add(self: Verification, checks, tensor, modules, order) -> None:
+        for reader in readers:
+            reader.join(20)  # the reader has left before this check is added
+        late.append(len(checks))
+        original_add(self, checks, tensor, modules, order)
+
+    monkeypatch.setattr(Verification, "_work", work)
+    monkeypatch.setattr(Verification, "add", add)
+    done: list[slimtorch.LoadReport] = []
+    loading = threading.Thread(target=lambda: done.append(slimtorch.load_model(path, MLP, verify=verify).wait()))
+    loading.start()
+    loading.join(60)
+    assert not loading.is_alive(), "the load waited for a check nobody runs"
+    assert sum(late) > 0 and len(readers) == 1 and not readers[0].is_alive()
+    x = torch.ones(1, 64)
+    assert torch.allclose(done[0].model(x), model(x), atol=1e-5)

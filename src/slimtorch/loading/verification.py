@@ -132,7 +132,10 @@ class Verification:
         """:meth:`start` was called: the last check done finishes the verification."""
         self._watching = False
         self._cold = False
-        """The checked bytes were not in the page cache: one thread reads them, everyone else waits."""
+        """The checked bytes were not in the page cache: one thread reads them, everyone else waits (while
+        it runs: a check added after it ran out of work is run by whoever waits for it)."""
+        self._workers = 0
+        """Checking threads still claiming work (one leaves when :meth:`_claim` finds nothing left)."""
         self._faults = 0
         self._faulted_bytes = 0
         """The checking threads' page faults, and the bytes their checks read (:meth:`_small_pages`)."""
@@ -252,6 +255,8 @@ class Verification:
             return
         self._cold = residency.cold([g.tensor for g in self._groups]) if cold is None else cold
         workers = 1 if self._cold else min(max(1, self.threads - 1), self._checks())
+        with self._lock:
+            self._workers += workers
         for _ in range(workers):
             threading.Thread(target=self._work, name="slimtorch-verify").start()
 
@@ -323,9 +328,14 @@ class Verification:
             self._faulted_bytes += read
 
     def _claim(self, group: CheckGroup | None) -> tuple[CheckGroup, Check] | None:
-        """The next check nobody runs yet: of ``group``, or (None) the first group in the model's order,
-        or, while a large watched file is still being loaded (:meth:`_from_back`), the last one."""
+        """The next check nobody runs yet: of ``group``, or (None, a checking thread) the first group in
+        the model's order, or, while a large watched file is still being loaded (:meth:`_from_back`), the
+        last one. A checking thread that finds none leaves (counted here, under the lock: a check added
+        later is then run by whoever waits for it). On a cold page cache a waiter claims nothing while the
+        one reading thread is there: that thread takes every group in turn, the waiter's among them."""
         with self._lock:
+            if group is not None and self._cold and self._workers:
+                return None
             if group is None:
                 while self._cursor < len(self._groups) and self._groups[self._cursor].exhausted:
                     self._cursor += 1
@@ -336,6 +346,7 @@ class Verification:
                         group = self._groups[self._back - 1]
                 if group is None:
                     if self._cursor == len(self._groups):
+                        self._workers -= 1
                         return None
                     group = self._groups[self._cursor]
             elif group.exhausted:
@@ -402,7 +413,7 @@ class Verification:
         :func:`~slimtorch.loading.residency.cold`)."""
         clock = time.perf_counter()
         for group in groups:
-            while not self._cold and (job := self._claim(group)) is not None:
+            while (job := self._claim(group)) is not None:
                 self._run(*job)
             group.done.wait()
         with self._lock:

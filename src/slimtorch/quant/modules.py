@@ -28,7 +28,6 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.nn import functional as F
 
 from slimtorch.format.codecs import Encoded
@@ -357,6 +356,8 @@ class Int8DynamicLinear(_QuantizedLinear):
 
         On all-MiniLM-L6-v2 at batch 1 (``benchmarks/int8_latency.py``): 7.8 ms a forward against 8.5
         with every layer one operator (the Python around each call, and a pass over its output, gone)."""
+        from torch.fx.experimental.symbolic_shapes import statically_known_true  # imported when compiling
+
         rows = x.numel() // self.in_features
         if self.kernel not in (None, *TRACED_KERNELS) or not statically_known_true(rows < 1 << 62):
             # the forced kernel is read here, not in the helper, so that the graph is guarded on it;
@@ -549,7 +550,15 @@ TRACED_KERNELS = ("int_mm", "onednn")  # onednn-u7's rows carry zero points: one
 """The int8-dynamic kernels a compiled graph calls itself (:meth:`Int8DynamicLinear.compiled_forward`)."""
 
 
-@torch.compiler.assume_constant_result
+def constant_when_compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compiler.assume_constant_result(fn)`` without importing dynamo, which that does (1.1 s of
+    every fresh process loading a quantized model, compiled or not): the same mark on ``fn``, which dynamo
+    reads when it traces a call (a test holds it to torch's own)."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+@constant_when_compiled
 def _traced_kernel(handle: int, rows: int, dtype: torch.dtype, device: torch.device) -> str:
     """:meth:`Int8DynamicLinear.kernel_at` of the layer ``handle`` names, answered while dynamo traces
     (it calls this for real, and its answer is a constant of the graph)."""
