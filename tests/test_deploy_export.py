@@ -366,3 +366,32 @@ def test_the_onnx_report_as_json_fits_its_schema(tmp_path) -> None:
     assert data["passed"] is True and data["tolerance"]["meaning"] == "given: within 1e-3"
     assert set(data["errors"][0]) == set(schema["properties"]["errors"]["items"]["properties"])
     assert set(data["inputs"][0]) == set(schema["properties"]["inputs"]["items"]["properties"])
+
+
+class _Recording(nn.Module):
+    """A linear layer that keeps every input it is called with outside tracing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_exporting() and not torch.jit.is_tracing():
+            self.seen.append(x.detach().clone())
+        return self.linear(x)
+
+
+def test_the_random_inputs_verified_on_are_the_same_whatever_ran_before(tmp_path) -> None:
+    """Two exports of one model and example verify on the same drawn inputs, whatever torch's global
+    random state: a verdict on a model whose output jumps with its input (a distance cutoff) is
+    repeatable (a wild checkpoint passed on one run's draw and failed on the next)."""
+    seen = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        model = _Recording().eval()
+        model.linear.load_state_dict(nn.Linear(4, 2).state_dict() | {"bias": torch.zeros(2)})
+        export(model, torch.ones(1, 4), tmp_path / f"bundle-{seed}", samples=3, dynamic_batch=True)
+        seen.append([x for x in model.seen if not torch.equal(x, torch.ones(1, 4))])
+    assert len(seen[0]) >= 3 and len(seen[0]) == len(seen[1])
+    assert all(torch.equal(a, b) for a, b in zip(*seen, strict=True))

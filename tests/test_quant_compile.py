@@ -345,7 +345,8 @@ def test_the_traced_kernel_is_marked_as_torchs_decorator_marks_without_importing
     assert vars(_traced_kernel) == vars(theirs)
     script = (
         "import sys, slimtorch.quant.build, slimtorch.loading.loader\n"
-        "print(sorted(m for m in ('torch._dynamo', 'torch.fx.experimental.symbolic_shapes') if m in sys.modules))"
+        "heavy = ('torch._dynamo', 'torch.fx.experimental.symbolic_shapes')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
     )
     imported = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert imported.returncode == 0, imported.stderr[-2000:]

@@ -454,7 +454,9 @@ def test_a_check_added_after_the_cold_reader_left_is_run_by_whoever_waits_for_it
     monkeypatch.setattr(Verification, "_work", work)
     monkeypatch.setattr(Verification, "add", add)
     done: list[slimtorch.LoadReport] = []
-    loading = threading.Thread(target=lambda: done.append(slimtorch.load_model(path, MLP, verify=verify).wait()))
+    loading = threading.Thread(
+        target=lambda: done.append(slimtorch.load_model(path, MLP, verify=verify).wait())
+    )
     loading.start()
     loading.join(60)
     assert not loading.is_alive(), "the load waited for a check nobody runs"

@@ -61,14 +61,18 @@ def as_args(example_inputs: Sequence[Any] | Any) -> tuple[Any, ...]:
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
-def random_like(value: Any) -> Any:
+def random_like(value: Any, generator: torch.Generator | None = None) -> Any:
     """Another input like ``value``: fresh normal noise for a float tensor, ids below the largest seen for
-    an integer one (token ids stay in the vocabulary); anything else as it is."""
+    an integer one (token ids stay in the vocabulary); anything else as it is. Drawn on the CPU from
+    ``generator`` (a CPU one; None: torch's global one), then moved to ``value``'s device."""
     if not isinstance(value, torch.Tensor):
         return value
     if value.is_floating_point():
-        return torch.randn_like(value)
-    return torch.randint_like(value, int(value.max()) + 1 if value.numel() else 1)
+        drawn = torch.randn(value.shape, generator=generator, dtype=value.dtype)
+    else:
+        high = int(value.max()) + 1 if value.numel() else 1
+        drawn = torch.randint(0, high, value.shape, generator=generator, dtype=value.dtype)
+    return drawn.to(value.device)
 
 
 def without_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
