@@ -27,8 +27,11 @@ demo: $(STAMP)
 	$(BIN)/slimtorch export examples/digits.py:DigitsCNN --input-shape 1,1,8,8 --dynamic-batch -o demo-out/digits-bundle
 	$(BIN)/slimtorch footprint demo-out/digits-bundle --no-baseline
 
+# two workers (the CI machine's two cores), each test file on one of them: a file's module-scoped set-up
+# (the hostile corpora, the fresh-process writers) runs once; `make test PYTEST_ARGS=-n0` runs serially
+PYTEST_ARGS ?= -n 2 --dist loadfile
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples

@@ -26,14 +26,22 @@ Measured per case: wall time (median, and the spread min-max), CPU time of the c
 peak RssAnon: the child's anonymous resident memory, sampled every 10 ms by this process (the page cache and
 the file's mapped pages are not in it). Every shrink must stay within 1.5 GiB of it at every size.
 
-With ``--generate`` (the 1 GB size): the folder's int4 file is made once with ``slimtorch quantize
---scheme int4-weight --layout slim`` (about 8 minutes here), then ``slimtorch load_model`` into a
-``LlamaForCausalLM`` built from the config and ``generate`` at batch 1 (time to ready, first token cold,
-tokens per second once warm, peak RSS) against torchao's CPU int4 path (``PrototypeInt4WeightOnlyConfig`` on
-the bf16 model transformers loads), without targets.
+With ``--generate`` (every size run): the folder's int4 file is made once, timed as the case ``slimtorch
+quantize int4 (mapped)``: ``load_model`` of the bf16 file into a ``LlamaForCausalLM`` built from the config
+(weights mapped, not read into memory), ``slimtorch.quantize(model, "int4-weight")`` (groups of 128, no
+calibration: GPTQ on calibration samples, ``slimtorch quantize``'s default with data, takes hours at this
+size on 2 cores) and ``save_model``. Then ``load_model`` of that file and ``generate`` at batch 1: time to
+ready, first token cold, tokens per second once warm, and peak RSS (file pages included) against the int4
+file's size (target <= 1.1x at the largest size), beside torchao's CPU int4 path
+(``PrototypeInt4WeightOnlyConfig`` on the bf16 model transformers loads; not at 16 GB, where the bf16 model
+alone nearly fills this machine's 24 GB). ``--generate-runs`` sets its rounds (default ``--runs``).
 
-Not measured here yet: an 8B-class int4 file, onnxruntime's ``MatMulNBits`` at this scale, and ``--device
-cuda`` (not built: no CUDA number is claimed anywhere).
+With ``--decode``: one Llama-2-7B decoder layer's seven int4 weight products at batch 1, in fresh processes:
+slimtorch's int4 layers, onnxruntime's ``MatMulNBits`` (the layer as an ONNX graph of MatMuls, quantized by
+its ``MatMulNBitsQuantizer``) and torchao's CPU int4 path: a decode step's cost without attention.
+
+Not measured here yet: a whole model through onnxruntime, and ``--device cuda`` (not built: no CUDA number
+is claimed anywhere).
 """
 
 from __future__ import annotations
@@ -210,11 +218,11 @@ def generation(case: str, folder: str) -> dict[str, float]:
 
     started = time.perf_counter()
     config = AutoConfig.from_pretrained(folder)
-    config.dtype = torch.bfloat16
     if case.startswith("slimtorch"):
         import slimtorch
 
-        model = slimtorch.load_model(quantized_file(Path(folder)), lambda: LlamaForCausalLM(config)).model
+        model = slimtorch.load_model(quantized_file(Path(folder)), lambda: bf16_model(config)).model
+        model.generation_config.pad_token_id = model.generation_config.eos_token_id
     else:
         from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
         from torchao.quantization import quantize_
@@ -237,8 +245,135 @@ def generation(case: str, folder: str) -> dict[str, float]:
     return {"ready_s": ready, "first_token_s": first, "tokens_per_s": GENERATE_NEW / (whole - prefill)}
 
 
+DECODE_SHAPES = {  # one Llama-2-7B decoder layer's linear layers: name -> (out, in)
+    "q": (HIDDEN, HIDDEN),
+    "k": (HIDDEN, HIDDEN),
+    "v": (HIDDEN, HIDDEN),
+    "o": (HIDDEN, HIDDEN),
+    "gate": (MLP, HIDDEN),
+    "up": (MLP, HIDDEN),
+    "down": (HIDDEN, MLP),
+}
+DECODE_LAYERS = 32  # Llama-2-7B's layers: a decode step's weight products are this many layers' worth
+DECODE_CASES = [
+    "slimtorch int4 decode layer",
+    "onnxruntime MatMulNBits decode layer",
+    "torchao int4 decode layer",
+]
+DECODE_CALLS = 30
+
+
+def decode_layer(case: str) -> dict[str, float]:
+    """One decoder layer's seven weight products at batch 1 (a decode step's, attention left out), int4
+    weights in groups of 128, the median of :data:`DECODE_CALLS` calls after a warm-up (each tool's kernel
+    choice done). slimtorch and torchao in bfloat16 (a bf16 model's activations); onnxruntime's
+    ``MatMulNBits`` in float32 with ``accuracy_level=4`` (int8 activations, its fastest CPU path), on
+    ``torch.get_num_threads()`` threads like the others. The tokens per second of a 32-layer 7B model follow
+    from it as an upper bound (no attention, no lm_head)."""
+    import numpy
+    import torch
+    from torch import nn
+
+    generator = torch.Generator().manual_seed(0)
+    linears = nn.ModuleDict(
+        {name: nn.Linear(i, o, bias=False, dtype=torch.bfloat16) for name, (o, i) in DECODE_SHAPES.items()}
+    )
+    for layer in linears.values():
+        layer.weight.data = (torch.randn(layer.weight.shape, generator=generator) * 0.02).to(torch.bfloat16)
+    x = torch.randn(1, HIDDEN, generator=generator)
+
+    def step(run: Any) -> float:
+        for _ in range(3):
+            run()
+        times = []
+        for _ in range(DECODE_CALLS):
+            begun = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - begun)
+        return statistics.median(times)
+
+    if case.startswith("onnxruntime"):
+        import onnx
+        import onnxruntime
+        from onnx import TensorProto, helper, numpy_helper
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        nodes, weights, outputs = [], [], []
+        for name, layer in linears.items():
+            source = "act" if name == "down" else "x"
+            weight = layer.weight.detach().float().t().contiguous().numpy()
+            weights.append(numpy_helper.from_array(weight, f"w_{name}"))
+            nodes.append(helper.make_node("MatMul", [source, f"w_{name}"], [f"y_{name}"]))
+            outputs.append(helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, None))
+        nodes.append(helper.make_node("Mul", ["y_gate", "y_up"], ["act"]))
+        graph = helper.make_graph(
+            nodes,
+            "decode",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, HIDDEN])],
+            outputs,
+            weights,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=128, is_symmetric=False, accuracy_level=4)
+        quantizer.process()
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        session = onnxruntime.InferenceSession(
+            quantizer.model.model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        assert any(
+            n.op_type == "MatMulNBits"
+            for n in onnx.load_from_string(quantizer.model.model.SerializeToString()).graph.node
+        )
+        feed = {"x": x.numpy().astype(numpy.float32)}
+        seconds = step(lambda: session.run(None, feed))
+    else:
+        if case.startswith("slimtorch"):
+            import slimtorch
+
+            slimtorch.quantize(linears, "int4-weight", group_size=128)
+        else:
+            from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+            from torchao.quantization import quantize_
+
+            quantize_(linears, PrototypeInt4WeightOnlyConfig(group_size=128, set_inductor_config=False))
+        h = x.to(torch.bfloat16)
+
+        def run() -> None:
+            for name in ("q", "k", "v", "o"):
+                linears[name](h)
+            linears["down"](linears["gate"](h) * linears["up"](h))
+
+        with torch.no_grad():
+            seconds = step(run)
+    return {"layer_ms": seconds * 1e3, "tokens_per_s_7b": 1 / (DECODE_LAYERS * seconds)}
+
+
+def bf16_model(config: Any) -> Any:
+    """The config's ``LlamaForCausalLM`` with bfloat16 parameters, as the file stores them (the class's
+    constructor makes float32 ones whatever the config's dtype says: a load into it doubles the weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+
+
 def quantized_file(folder: Path) -> Path:
-    return folder / "int4-slim.safetensors"
+    return folder / "int4-mapped.safetensors"
+
+
+def make_int4(folder: str) -> None:
+    """The int4 model file: the bf16 file mapped into a meta-built ``LlamaForCausalLM``, quantized to
+    int4-weight (groups of 128, round to nearest after the clipping search, no calibration), saved."""
+    from transformers import AutoConfig
+
+    import slimtorch
+
+    config = AutoConfig.from_pretrained(folder)
+    source = Path(folder) / "model.safetensors"
+    model = slimtorch.load_model(source, lambda: bf16_model(config)).model
+    slimtorch.quantize(model, "int4-weight")
+    slimtorch.save_model(model, quantized_file(Path(folder)))
 
 
 def run_case(case: str, folder: str, out: str) -> None:
@@ -261,6 +396,10 @@ def run_case(case: str, folder: str, out: str) -> None:
         slimtorch.shrink(source, out + ".safetensors", quantize=quantize)
     elif case == "torchao quantize_ int8":
         torchao_int8(folder)
+    elif case in DECODE_CASES:
+        print(json.dumps(decode_layer(case)))
+    elif case == MAKE_INT4:
+        make_int4(folder)
     elif case in GENERATE_CASES:
         print(json.dumps(generation(case, folder)))
     else:
@@ -278,16 +417,8 @@ CASES = [
     "torchao quantize_ int8",
 ]
 GENERATE_CASES = ["slimtorch load_model int4 + generate", "torchao int4 + generate"]
-
-
-def prepare_quantized(folder: Path) -> Path:
-    """The folder's int4 slim file, made once by ``slimtorch quantize`` (its layers come back quantized)."""
-    path = quantized_file(folder)
-    if not path.exists():
-        print(f"  making {path} with slimtorch quantize (once)", flush=True)
-        command = [sys.executable, "-m", "slimtorch", "quantize", str(folder), "-o", str(path)]
-        subprocess.run([*command, "--scheme", "int4-weight", "--layout", "slim"], check=True)
-    return path
+MAKE_INT4 = "slimtorch quantize int4 (mapped)"
+LOAD_RSS_LIMIT = 1.1  # peak RSS of load_model + generate, over the int4 file's size (the largest size run)
 
 
 def anon_bytes(pid: int) -> int:
@@ -361,13 +492,21 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "runs": len(good),
         **{
             key: statistics.median(r[key] for r in good)
-            for key in ("ready_s", "first_token_s", "tokens_per_s")
+            for key in ("ready_s", "first_token_s", "tokens_per_s", "layer_ms", "tokens_per_s_7b")
             if key in good[0]
         },
+        **(
+            {
+                "layer_ms_min": min(r["layer_ms"] for r in good),
+                "layer_ms_max": max(r["layer_ms"] for r in good),
+            }
+            if "layer_ms" in good[0]
+            else {}
+        ),
     }
 
 
-def table(size: float, file_bytes: int, rows: dict[str, dict[str, Any]]) -> None:
+def table(size: float, file_bytes: int, rows: dict[str, dict[str, Any]], int4_bytes: int | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -394,8 +533,12 @@ def table(size: float, file_bytes: int, rows: dict[str, dict[str, Any]]) -> None
     Console(width=150).print(out)
     generated = {case: row for case, row in rows.items() if "tokens_per_s" in row}
     if generated:
-        gen = Table(title=f"int4 generate at batch 1, {GENERATE_PROMPT}-token prompt (medians)")
-        for column in ("case", "ready s", "first token s", "tokens/s", "peak RSS", "peak RssAnon"):
+        title = f"int4 generate at batch 1, {GENERATE_PROMPT}-token prompt (medians)"
+        if int4_bytes:
+            title += f"; slimtorch's int4 file: {int4_bytes / MIB:,.0f} MiB"
+        gen = Table(title=title)
+        columns = ("case", "ready s", "first token s", "tokens/s", "peak RSS", "RSS / int4", "peak RssAnon")
+        for column in columns:
             gen.add_column(column, justify="left" if column == "case" else "right")
         for case, row in generated.items():
             gen.add_row(
@@ -404,9 +547,30 @@ def table(size: float, file_bytes: int, rows: dict[str, dict[str, Any]]) -> None
                 f"{row['first_token_s']:.2f}",
                 f"{row['tokens_per_s']:.2f}",
                 f"{row['peak_rss'] / MIB:,.0f} MiB",
+                f"{row['peak_rss'] / int4_bytes:.2f}x" if int4_bytes else "-",
                 f"{row['peak_anon'] / MIB:,.0f} MiB",
             )
         Console(width=150).print(gen)
+
+
+def decode_table(rows: dict[str, dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Table(
+        title="one Llama-2-7B decoder layer's int4 weight products at batch 1 (medians of fresh processes)"
+    )
+    for column in ("case", "ms a layer", "spread", "7B tokens/s (products only)", "vs slimtorch"):
+        out.add_column(column, justify="left" if column == "case" else "right")
+    ours = rows.get(DECODE_CASES[0], {}).get("layer_ms")
+    for case, row in rows.items():
+        if "error" in row:
+            out.add_row(case, "-", "-", "-", f"failed: {row['error'][:60]}")
+            continue
+        spread = f"{row['layer_ms_min']:.2f}-{row['layer_ms_max']:.2f}"
+        ratio = f"{row['layer_ms'] / ours:.2f}x" if ours else "-"
+        out.add_row(case, f"{row['layer_ms']:.2f}", spread, f"{row['tokens_per_s_7b']:.2f}", ratio)
+    Console(width=150).print(out)
 
 
 def checks(results: dict[str, dict[str, Any]], judged: str) -> list[dict[str, Any]]:
@@ -422,9 +586,29 @@ def checks(results: dict[str, dict[str, Any]], judged: str) -> list[dict[str, An
             if "peak_anon" in row:
                 value = row["peak_anon"] / GIB
                 found.append({"what": f"{size} GB: {case} peak RssAnon (GiB)", "value": value, "limit": 1.5})
+    generated = [k for k, r in results.items() if "peak_rss" in r["rows"].get(GENERATE_CASES[0], {})]
+    if generated:
+        size = max(generated, key=float)
+        value = results[size]["rows"][GENERATE_CASES[0]]["peak_rss"] / results[size]["int4_file_bytes"]
+        what = f"{size} GB: load_model int4 + generate peak RSS / int4 file"
+        found.append({"what": what, "value": value, "limit": LOAD_RSS_LIMIT})
     for check in found:
         check["pass"] = check["value"] <= check["limit"]
     return found
+
+
+Runs = dict[str, list[dict[str, Any]]]
+
+
+def rounds(runs: Runs, cases: list[str], count: int, size: float, folder: Path, scratch: Path) -> None:
+    """``count`` rounds of ``cases``, each in a fresh process, each round starting one case further down."""
+    for round_ in range(count if cases else 0):
+        order = cases[round_ % len(cases) :] + cases[: round_ % len(cases)]
+        for case in order:
+            runs.setdefault(case, []).append(measure(case, folder, scratch))
+            last = runs[case][-1]
+            shown = f"{last['wall_s']:.1f} s" if "wall_s" in last else last["error"][:80]
+            print(f"  {size:g} GB, round {round_ + 1}/{count}: {case}: {shown}", flush=True)
 
 
 def main() -> int:
@@ -438,7 +622,13 @@ def main() -> int:
     parser.add_argument(
         "--generate",
         action="store_true",
-        help="also load an int4 file and generate on the 1 GB model (its int4 file made once: ~10 minutes)",
+        help="also make each size's int4 model file (once) and load it to generate, against torchao",
+    )
+    parser.add_argument("--generate-runs", type=int, default=0, help="rounds of the generate cases")
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="also time one 7B decoder layer's int4 products at batch 1: slimtorch, onnxruntime, torchao",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
@@ -455,21 +645,26 @@ def main() -> int:
         folder = base / f"llama-{size:g}gb"
         path = write_checkpoint(folder, size)
         cases = [c for c in wanted if size < 16 or c in ("plain int4 loop", "slimtorch shrink int4-weight")]
-        if args.generate and size <= 1:
-            prepare_quantized(folder)
-            cases += GENERATE_CASES
-        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
+        runs: Runs = {}
         with tempfile.TemporaryDirectory(dir=base) as scratch:
-            for round_ in range(args.runs):
-                order = cases[round_ % len(cases) :] + cases[: round_ % len(cases)]
-                for case in order:
-                    runs[case].append(measure(case, folder, Path(scratch)))
-                    last = runs[case][-1]
-                    shown = f"{last['wall_s']:.1f} s" if "wall_s" in last else last["error"][:80]
-                    print(f"  {size:g} GB, round {round_ + 1}/{args.runs}: {case}: {shown}", flush=True)
+            rounds(runs, cases, args.runs, size, folder, Path(scratch))
+            if args.generate:
+                if not quantized_file(folder).exists():
+                    rounds(runs, [MAKE_INT4], 1, size, folder, Path(scratch))
+                generate = GENERATE_CASES if size < 16 else GENERATE_CASES[:1]
+                rounds(runs, generate, args.generate_runs or args.runs, size, folder, Path(scratch))
         rows = {case: summarize(r) for case, r in runs.items()}
         results[f"{size:g}"] = {"file_bytes": path.stat().st_size, "layers": layers_for(size), "rows": rows}
-        table(size, path.stat().st_size, rows)
+        if quantized_file(folder).exists():
+            results[f"{size:g}"]["int4_file_bytes"] = quantized_file(folder).stat().st_size
+        table(size, path.stat().st_size, rows, results[f"{size:g}"].get("int4_file_bytes"))
+    decoded: dict[str, dict[str, Any]] = {}
+    if args.decode:
+        runs = {}
+        with tempfile.TemporaryDirectory(dir=base) as scratch:
+            rounds(runs, DECODE_CASES, args.runs, 0, base, Path(scratch))
+        decoded = {case: summarize(r) for case, r in runs.items()}
+        decode_table(decoded)
     judged = max((k for k in results if float(k) <= JUDGED_SIZE), key=float, default=next(iter(results)))
     found = checks(results, judged)
     for check in found:
@@ -484,7 +679,11 @@ def main() -> int:
     for size, result in results.items():
         rows = {**merged.get(size, {}).get("rows", {}), **result["rows"]}
         merged[size] = {**result, "rows": rows}
-    RESULTS.write_text(json.dumps({"machine": machine, "results": merged, "checks": found}, indent=2))
+    record = {"machine": machine, "results": merged, "checks": found}
+    record["decode"] = decoded or (
+        json.loads(RESULTS.read_text()).get("decode", {}) if RESULTS.exists() else {}
+    )
+    RESULTS.write_text(json.dumps(record, indent=2))
     return 1 if args.check and passed < len(found) else 0
 
 

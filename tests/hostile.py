@@ -458,11 +458,18 @@ def cases_of(*groups: Sequence[Case]) -> list[Case]:
     return cases
 
 
+def hostile_jobs() -> int:
+    """Hostile cases run at a time: ``SLIMTORCH_HOSTILE_JOBS``, else 2 (the machine's cores), or 1 in a
+    pytest-xdist worker (``make test`` runs two: the other worker holds the other core)."""
+    default = "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2"
+    return int(os.environ.get("SLIMTORCH_HOSTILE_JOBS", default))
+
+
 def selected_outcomes(
     request, tmp_path_factory, cases: Sequence[Case], before_fork: Callable[[], object] | None = None
 ) -> dict[str, Outcome]:
     """Run the cases of ``cases`` this pytest session selected in the calling module (a module-scoped
-    fixture's ``request``), ``SLIMTORCH_HOSTILE_JOBS`` (default 2, the machine's cores) at a time, before
+    fixture's ``request``), :func:`hostile_jobs` at a time, before
     the first test reads them; ``before_fork`` imports what every child would otherwise import itself."""
     selected = {
         item.callspec.params["case"].id
@@ -472,7 +479,7 @@ def selected_outcomes(
     chosen = [case for case in cases if case.id in selected]
     if chosen and before_fork is not None:
         before_fork()
-    jobs = int(os.environ.get("SLIMTORCH_HOSTILE_JOBS", "2"))
+    jobs = hostile_jobs()
     return {o.case.id: o for o in run_cases(chosen, tmp_path_factory.mktemp("hostile"), jobs=jobs)}
 
 

@@ -45,6 +45,7 @@ from tests.hostile import (
     Invocation,
     Outcome,
     deflate_zeros_bomb,
+    hostile_jobs,
     run_cases,
     status_bytes,
     strict,
@@ -619,7 +620,7 @@ def outcomes(request, tmp_path_factory) -> dict:
     """Run every selected footprint case once, two at a time (the machine's cores), before the first test
     reads."""
     chosen = _selected(request, CASES, "case")
-    jobs = int(os.environ.get("SLIMTORCH_HOSTILE_JOBS", "2"))
+    jobs = hostile_jobs()
     return {o.case.id: o for o in run_cases(chosen, tmp_path_factory.mktemp("hostile"), jobs=jobs)}
 
 

@@ -32,12 +32,12 @@ import torch
 from torch import nn
 
 from slimtorch.errors import OptionError, SlimtorchError
+from slimtorch.format.pages import RELEASE, check_platform, release_pages, trim_heap
 from slimtorch.format.source import TensorSource
 from slimtorch.format.units import format_bytes
 from slimtorch.graph.slots import Slot, replace
 from slimtorch.loading.model_slots import assign, target_dtype
 from slimtorch.loading.options import LoadOptions, LoadReport
-from slimtorch.loading.pages import RELEASE, check_platform, release_pages, trim_heap
 
 Check = Callable[[], int]
 

@@ -365,9 +365,26 @@ def int4pack_scales(scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype)
     return torch.stack((scale.float(), shifted), dim=2).transpose(0, 1).contiguous().to(dtype)
 
 
+PACK_BLOCK = 4 << 20
+"""Codes converted to ``_weight_int4pack_mm_for_cpu``'s layout at a time (:func:`int4pack_weight`): its
+input is int32, 4 bytes a code, so a Llama head of 131M codes converted whole took 655 MiB for a moment."""
+
+
 def int4pack_weight(packed_codes: torch.Tensor, in_features: int) -> torch.Tensor:
     """Codes packed two per byte (low nibble first) as the (out, in/2) layout ``_weight_int4pack_mm_for_cpu``
-    takes (it packs them the other way round)."""
+    takes (it packs them the other way round), converted a block of rows at a time (a multiple of 64
+    rows, which the layout packs independently: a test holds it to the whole conversion)."""
+    rows = packed_codes.shape[0]
+    step = max(64, PACK_BLOCK // max(in_features, 1) // 64 * 64)
+    if step >= rows:
+        return _int4pack_rows(packed_codes, in_features)
+    out = torch.empty(rows, in_features // 2, dtype=torch.uint8)
+    for start in range(0, rows, step):
+        out[start : start + step] = _int4pack_rows(packed_codes[start : start + step], in_features)
+    return out
+
+
+def _int4pack_rows(packed_codes: torch.Tensor, in_features: int) -> torch.Tensor:
     codes = torch.stack((packed_codes & 15, packed_codes >> 4), dim=2).reshape(packed_codes.shape[0], -1)
     return torch._convert_weight_to_int4pack_for_cpu(codes[:, :in_features].to(torch.int32).contiguous(), 1)
 
@@ -459,6 +476,10 @@ class KernelChoice:
                 self._decisions[key], name = decision, decision.kernel
                 self._best[key] = name
         return name
+
+    def known(self, key: Hashable) -> bool:
+        """Whether ``key`` has its kernel already (timed, or set by hand)."""
+        return key in self._best
 
     def measured(self) -> dict[Hashable, str]:
         return dict(self._best)

@@ -30,9 +30,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from slimtorch.format import pages
 from slimtorch.format.codecs import Encoded
 from slimtorch.format.codecs.chain import parse_dtype
-from slimtorch.format.codecs.lossy import INT4, INT8
+from slimtorch.format.codecs.lossy import INT4, INT8, decoded_blocks
 from slimtorch.format.source import dtype_name
 from slimtorch.quant import kernels, rowcodes, sharing
 from slimtorch.quant.kernels import BF16_AGREEMENT, CHOICES
@@ -69,6 +70,8 @@ class QuantizedWeight(nn.Module):
         # (kernel, variant) -> (what it was made from, packed state); kept for the kernels chosen here
         self._prepared: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._chosen: set[str] = set()
+        self._copied: set[str] = set()
+        """Kernels whose prepared state is their own copy of the codes (:meth:`packed`)."""
         # (batch bucket, dtype, device, threads, forced kernel) -> the chosen kernel's run (and what it
         # needs to know about its inputs), so that a call skips rebuilding the choice's key and candidates
         self._run_of: dict[tuple, Any] = {}
@@ -134,6 +137,33 @@ class QuantizedWeight(nn.Module):
             made = self._prepared[kernel, variant] = (source, make())
         return made[1]
 
+    def packed(self, kernel: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """:meth:`prepared` for a kernel's own copy of the codes (a packed weight): once it is made, the
+        codes' pages mapped from a file are given back, so that the layer holds one copy of its weight,
+        not two (an int4 Llama loaded and generating held the file's codes and their packed copy: twice
+        the file). A later read of the codes (``dequantized()``, a save) faults them in again from the
+        page cache. Codes in memory, or written to since they were loaded, are left as they are."""
+
+        def make_and_release() -> torch.Tensor:
+            state = make()
+            if state.untyped_storage().data_ptr() != self._codes().untyped_storage().data_ptr():
+                self._copied.add(kernel)
+                self._release_codes()
+            return state
+
+        return self.prepared(kernel, make_and_release)
+
+    def _codes(self) -> torch.Tensor:
+        return self._buffers[next(iter(self.SLIM_PARTS))]
+
+    def _release_codes(self) -> None:
+        """Give back the pages mapped from a file of the codes and their scales (see :meth:`packed`; the
+        fused kernels keep their scales in a layout of their own too); not parts written to since (those
+        pages are this process's own: given back, the writes would be lost). A part a kernel still reads
+        each call is read in again once."""
+        parts = [t for t in self._prepared_from() if t.device.type == "cpu" and pages.written(t) is False]
+        pages.release_pages(parts, fresh=True)
+
     def prepared_source(self) -> tuple:
         """What :meth:`prepared` state was made from, to tell when it is stale: each buffer's address and
         version (inference-mode tensors have no version counter: their identity alone has to do)."""
@@ -188,6 +218,7 @@ class QuantizedWeight(nn.Module):
                 x.device.type,
                 torch.get_num_threads(),
             )
+            timed = not CHOICES.known(key)
             name = CHOICES.best(key, candidates, self.REFERENCE, tolerance or {}, truth)
             # A kernel's state is keyed by its plain name: ``int4pack`` and ``int4pack-bf16`` share one
             # packed weight.
@@ -196,6 +227,8 @@ class QuantizedWeight(nn.Module):
             self._chosen.add(name.removesuffix("-bf16"))
             for unused in [k for k in self._prepared if k[0] not in self._chosen]:
                 del self._prepared[unused]
+            if timed and name.removesuffix("-bf16") in self._copied:
+                self._release_codes()  # timing the float path read the codes in again
         return name
 
     def weight_only(
@@ -224,7 +257,7 @@ class QuantizedWeight(nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         # Packed weights are a cache (and oneDNN's cannot be copied): copies rebuild them on first use.
         state = self.__dict__.copy()
-        state["_prepared"], state["_chosen"], state["_run_of"] = {}, set(), {}
+        state["_prepared"], state["_chosen"], state["_copied"], state["_run_of"] = {}, set(), set(), {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -266,6 +299,9 @@ us a call against 735 on one layer called again and again; oneDNN's packed weigh
 768-wide layers at batch 1 went to ``_int_mm`` by 1-2%, and the forward ran 1.09x onnxruntime int8's
 time eager, 1.06x compiled (``benchmarks/int8_latency.py``); timed in turns they go to oneDNN by 9-15%:
 1.01x and 0.96x. 8 MiB: several times the L2 of a server core."""
+PRODUCT_BLOCK = 16 << 20
+"""Weight values a weight-only layer's float path dequantizes at a time (64 MiB in float32): a Llama-2-7B
+MLP matrix (45M values) in three blocks, its head (131M) in eight."""
 MAX_TWINS = 15
 """At most this many copies of a small layer in that turn (16 layers of 384x384: 2.3 MB)."""
 
@@ -381,7 +417,7 @@ class Int8DynamicLinear(_QuantizedLinear):
     def onednn_product(self, codes: torch.Tensor, zero_point: int = 128) -> torch.Tensor:
         """oneDNN's product of +128 (or +64: ``zero_point``) codes and the weight, scaled per output
         channel (not yet per row)."""
-        packed = self.prepared("onednn", self._onednn_pack)
+        packed = self.packed("onednn", self._onednn_pack)
         return kernels.onednn_product(codes, packed, self._buffers["weight_scale"], zero_point)
 
     def _matmul(self, x: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
@@ -576,13 +612,26 @@ class _WeightOnlyLinear(_QuantizedLinear):
         bias = None if self.bias is None else self.bias.to(x2d.dtype)
 
         def plain(dtype: torch.dtype) -> torch.Tensor:
-            return _plus(F.linear(x2d.to(dtype), self.dequantized(dtype)).to(x2d.dtype), bias)
+            return _plus(self._dequantized_product(x2d.to(dtype), dtype).to(x2d.dtype), bias)
 
         def fused(dtype: torch.dtype) -> torch.Tensor:
             return _plus(self._fused(kernels.aligned(x2d.to(dtype)), dtype).to(x2d.dtype), bias)
 
         usable = x2d.device.type == "cpu" and self._fused_fits()
         return self.weight_only(x2d, plain, (self.FUSED, fused) if usable else None)
+
+    def _dequantized_product(self, x2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``x2d`` times the weight dequantized to ``dtype``; a weight of over :data:`PRODUCT_BLOCK`
+        values a block of output channels at a time, so that the float copy made for the product is one
+        block's (a Llama's 32000x4096 int4 head dequantized whole took 512 MiB in float32 per call)."""
+        if self.out_features * self.in_features <= PRODUCT_BLOCK:
+            return F.linear(x2d, self.dequantized(dtype))
+        out = torch.empty(x2d.shape[0], self.out_features, dtype=dtype, device=x2d.device)
+        shape = (self.out_features, self.in_features)
+        stage = {**self.stage, "dtype": dtype_name(dtype)}
+        for rows, weight in decoded_blocks(self.parts(), [stage], dtype, shape, PRODUCT_BLOCK):
+            out[:, rows] = F.linear(x2d, weight)
+        return out
 
     def _fused_fits(self) -> bool:
         return True
@@ -605,8 +654,8 @@ class Int8WeightLinear(_WeightOnlyLinear):
         return self.in_features % 16 == 0
 
     def _fused(self, x2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        weight = self.prepared("int8pack", lambda: kernels.aligned(self.qweight))
         scale = self.prepared("int8pack", lambda: self.weight_scale.to(dtype), variant=str(dtype))
+        weight = self.packed("int8pack", lambda: kernels.aligned(self.qweight))
         return torch._weight_int8pack_mm(x2d, weight, scale)
 
 
@@ -623,12 +672,12 @@ class Int4WeightLinear(_WeightOnlyLinear):
         return self.in_features % self.stage["group_size"] == 0
 
     def _fused(self, x2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        packed = self.prepared("int4pack", lambda: kernels.int4pack_weight(self.qweight, self.in_features))
-        scales = self.prepared(
+        scales = self.prepared(  # before the packed codes, whose making gives back the parts' pages
             "int4pack",
             lambda: kernels.int4pack_scales(self.weight_scale, self.weight_zero, dtype),
             variant=str(dtype),
         )
+        packed = self.packed("int4pack", lambda: kernels.int4pack_weight(self.qweight, self.in_features))
         return torch._weight_int4pack_mm_for_cpu(x2d, packed, self.stage["group_size"], scales)
 
 

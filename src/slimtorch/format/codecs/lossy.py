@@ -108,8 +108,8 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(1, x.numel())
 
 
-def row_blocks(rows: int, cols: int) -> Iterator[slice]:
-    step = max(1, ROW_BLOCK_ELEMENTS // max(cols, 1))
+def row_blocks(rows: int, cols: int, elements: int = ROW_BLOCK_ELEMENTS) -> Iterator[slice]:
+    step = max(1, elements // max(cols, 1))
     for start in range(0, rows, step):
         yield slice(start, min(rows, start + step))
 
@@ -364,12 +364,16 @@ ROW_PARTS = {"cast": ("",), "int8": ("q", "scale"), "int4": ("q4", "scale", "zer
 
 
 def decoded_blocks(
-    parts: Mapping[str, torch.Tensor], stages: list[dict], dtype: torch.dtype, shape: tuple[int, ...]
+    parts: Mapping[str, torch.Tensor],
+    stages: list[dict],
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    elements: int = ROW_BLOCK_ELEMENTS,
 ) -> Iterator[tuple[slice, torch.Tensor]]:
     """The tensor the parts hold, a block of rows at a time (``(rows, decoded rows)``), so that a caller
-    comparing it with the original holds :data:`ROW_BLOCK_ELEMENTS` values, not a decoded copy of the
-    whole: for a single ``cast``, ``int8`` or row-grouped ``int4`` stage, or parts stored as they are.
-    Any other chain decodes whole, as one block."""
+    comparing it with the original holds ``elements`` values, not a decoded copy of the whole: for a
+    single ``cast``, ``int8`` or row-grouped ``int4`` stage, or parts stored as they are. Any other chain
+    decodes whole, as one block."""
     stage = stages[0] if len(stages) == 1 else None
     roles = ROW_PARTS.get(stage["codec"], ()) if stage is not None else ("",) if not stages else ()
     by_rows = (
@@ -380,7 +384,7 @@ def decoded_blocks(
     if not by_rows:
         yield slice(0, shape[0] if shape else 1), decode(parts, stages, dtype, shape)
         return
-    for block in row_blocks(shape[0], math.prod(shape[1:])):
+    for block in row_blocks(shape[0], math.prod(shape[1:]), elements):
         sliced = {role: parts[role][block] for role in roles}
         block_shape = (block.stop - block.start, *shape[1:])
         if stage is None:

@@ -1,4 +1,5 @@
-"""Giving a mapped file's pages back to the system, for offload (:mod:`slimtorch.loading.offload`).
+"""Giving a mapped file's pages back to the system: for offload (:mod:`slimtorch.loading.offload`), and for a
+quantized layer's codes once a kernel has packed its own copy of them (:mod:`slimtorch.quant.modules`).
 
 A private, never-written file mapping can drop its pages at any time (``madvise(MADV_DONTNEED)``, Linux):
 the next read faults them in again from the page cache with the same bytes. Only memory that is such a
@@ -14,6 +15,9 @@ import mmap
 import sys
 from collections.abc import Callable
 from typing import Any
+
+import numpy
+import torch
 
 from slimtorch.errors import OptionError
 
@@ -53,10 +57,12 @@ RELEASE = "madvise" if _MADVISE is not None else "none"
 is refused there until it can be tested)."""
 
 
-def release_pages(tensors: Any) -> int:
+def release_pages(tensors: Any, *, fresh: bool = False) -> int:
     """Give back the whole pages inside each mapped CPU tensor (``MADV_DONTNEED``); returns the bytes
     released. Only for tensors that are a private file mapping never written: anonymous memory would read
-    back as zeros.
+    back as zeros. ``fresh`` reads the process's mappings again first: a caller that cannot tell a mapped
+    tensor from one in memory now at an address a file was once mapped at (whatever a layer holds) must
+    not trust the ranges remembered from an earlier call.
 
     Example:
         >>> release_pages([mapped_weight])  # doctest: +SKIP
@@ -64,6 +70,8 @@ def release_pages(tensors: Any) -> int:
     """
     if _MADVISE is None:
         return 0
+    if fresh:
+        _file_maps[:] = _read_file_maps()
     released = 0
     for tensor in tensors:
         if tensor.device.type != "cpu" or tensor.numel() == 0:
@@ -78,6 +86,33 @@ def release_pages(tensors: Any) -> int:
                 raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
             released += high - low
     return released
+
+
+PAGEMAP_FILE_OR_SHARED = 1 << 61
+PAGEMAP_SWAPPED = 1 << 62
+PAGEMAP_PRESENT = 1 << 63
+
+
+def written(tensor: torch.Tensor) -> bool | None:
+    """Whether any page of a mapped CPU tensor was written in this process (a private mapping's written
+    page is the process's own anonymous copy, which :func:`release_pages` would throw away); None where
+    the pages cannot be read (not Linux). From ``/proc/self/pagemap``: a page in memory that is not the
+    file's, or one swapped out (only anonymous pages are), was written."""
+    if not sys.platform.startswith("linux") or tensor.numel() == 0:
+        return None if not sys.platform.startswith("linux") else False
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()  # the codes are contiguous
+    first, last = start // PAGE, (end - 1) // PAGE
+    try:
+        with open("/proc/self/pagemap", "rb") as pagemap:
+            pagemap.seek(first * 8)
+            entries = numpy.frombuffer(pagemap.read((last - first + 1) * 8), dtype=numpy.uint64)
+    except OSError:
+        return None
+    present = (entries & numpy.uint64(PAGEMAP_PRESENT)) != 0
+    own = present & ((entries & numpy.uint64(PAGEMAP_FILE_OR_SHARED)) == 0)
+    swapped = (entries & numpy.uint64(PAGEMAP_SWAPPED)) != 0
+    return bool(own.any() or swapped.any())
 
 
 _file_maps: list[tuple[int, int]] = []
