@@ -108,8 +108,9 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(1, x.numel())
 
 
-def row_blocks(rows: int, cols: int, elements: int = ROW_BLOCK_ELEMENTS) -> Iterator[slice]:
-    step = max(1, elements // max(cols, 1))
+def row_blocks(rows: int, cols: int, elements: int | None = None) -> Iterator[slice]:
+    """Row slices of about ``elements`` values (default :data:`ROW_BLOCK_ELEMENTS`, read at the call)."""
+    step = max(1, (elements or ROW_BLOCK_ELEMENTS) // max(cols, 1))
     for start in range(0, rows, step):
         yield slice(start, min(rows, start + step))
 
@@ -368,12 +369,12 @@ def decoded_blocks(
     stages: list[dict],
     dtype: torch.dtype,
     shape: tuple[int, ...],
-    elements: int = ROW_BLOCK_ELEMENTS,
+    elements: int | None = None,
 ) -> Iterator[tuple[slice, torch.Tensor]]:
     """The tensor the parts hold, a block of rows at a time (``(rows, decoded rows)``), so that a caller
-    comparing it with the original holds ``elements`` values, not a decoded copy of the whole: for a
-    single ``cast``, ``int8`` or row-grouped ``int4`` stage, or parts stored as they are. Any other chain
-    decodes whole, as one block."""
+    comparing it with the original holds ``elements`` values (default :data:`ROW_BLOCK_ELEMENTS`), not a
+    decoded copy of the whole: for a single ``cast``, ``int8`` or row-grouped ``int4`` stage, or parts
+    stored as they are. Any other chain decodes whole, as one block."""
     stage = stages[0] if len(stages) == 1 else None
     roles = ROW_PARTS.get(stage["codec"], ()) if stage is not None else ("",) if not stages else ()
     by_rows = (
