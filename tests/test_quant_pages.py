@@ -15,6 +15,7 @@ from torch import nn
 
 import slimtorch
 from slimtorch.format import pages
+from slimtorch.quant import kernels
 
 WIDTH = 1024
 
@@ -163,7 +164,6 @@ def test_the_float_path_of_a_large_layer_dequantizes_a_block_of_channels_at_a_ti
 def test_codes_are_packed_for_the_fused_kernel_a_block_of_rows_at_a_time_as_they_are_whole(monkeypatch):
     """The fused int4 kernel's layout packs each 64 rows on their own: converted a block of rows at a time
     (its int32 input is 4 bytes a code), the packed weight is the whole conversion's, byte for byte."""
-    from slimtorch.quant import kernels
 
     codes = torch.randint(
         0, 256, (64 * 7 + 16, 256), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)
@@ -171,3 +171,37 @@ def test_codes_are_packed_for_the_fused_kernel_a_block_of_rows_at_a_time_as_they
     whole = kernels.int4pack_weight(codes, 512)
     monkeypatch.setattr(kernels, "PACK_BLOCK", 512 * 128)  # 128 rows a block: four blocks and a tail
     assert torch.equal(kernels.int4pack_weight(codes, 512), whole)
+
+
+@pytest.mark.skipif(pages.RELEASE == "none", reason="pages are given back with Linux's madvise only")
+@pytest.mark.skipif(not kernels.onednn_available(), reason="torch has no oneDNN int8 kernels here")
+def test_onednns_opaque_packed_weight_counts_as_a_copy_and_gives_the_mapped_codes_back(tmp_path) -> None:
+    """oneDNN packs an int8-dynamic layer's weight into an opaque tensor, which has no storage to compare
+    with the codes': it is a copy, and the codes' mapped pages are given back (packing it, not running
+    it: its product is only right on CPUs with VNNI)."""
+    script = """
+import sys, torch
+from torch import nn
+import slimtorch
+from slimtorch.format import pages
+
+def factory():
+    return nn.Sequential(nn.Linear(1024, 1024))
+
+torch.manual_seed(0)
+model = factory().eval()
+slimtorch.quantize(model, "int8-dynamic")
+slimtorch.save_model(model, sys.argv[1])
+layer = slimtorch.load_model(sys.argv[1], factory).model[0]
+packed = layer.packed("onednn", layer._onednn_pack)
+assert packed.layout != torch.strided and "onednn" in layer._copied
+assert not pages.written(layer.qweight)
+print(pages.release_pages([layer.qweight], fresh=True))
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "int8.safetensors")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]

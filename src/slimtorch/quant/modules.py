@@ -146,7 +146,9 @@ class QuantizedWeight(nn.Module):
 
         def make_and_release() -> torch.Tensor:
             state = make()
-            if state.untyped_storage().data_ptr() != self._codes().untyped_storage().data_ptr():
+            # an opaque tensor (oneDNN's packed weight) has no storage to compare: always a copy
+            opaque = state.layout != torch.strided
+            if opaque or state.untyped_storage().data_ptr() != self._codes().untyped_storage().data_ptr():
                 self._copied.add(kernel)
                 self._release_codes()
             return state
