@@ -28,10 +28,12 @@ demo: $(STAMP)
 	$(BIN)/slimtorch footprint demo-out/digits-bundle --no-baseline
 
 # two workers (the CI machine's two cores), each test file on one of them: a file's module-scoped set-up
-# (the hostile corpora, the fresh-process writers) runs once; `make test PYTEST_ARGS=-n0` runs serially
+# (the hostile corpora, the fresh-process writers) runs once; `make test PYTEST_ARGS=-n0` runs serially.
+# Tests marked `alone` time real work on free cores: they run afterwards, with nothing beside them.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m "not alone"
+	$(BIN)/python -m pytest -q -m alone
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples

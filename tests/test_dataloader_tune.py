@@ -95,6 +95,7 @@ def _parallel_capacity() -> float:
     return one / two
 
 
+@pytest.mark.alone
 def test_cpu_heavy_dataset_gets_workers_and_never_a_slower_loader_on_two_free_cores() -> None:
     """The real search on real workers. Its 1.5x is measured by ``benchmarks/dataloader.py --check``
     (medians of five epochs); here only what holds on any two cores with room to spare: workers chosen,
