@@ -196,6 +196,8 @@ layer = slimtorch.load_model(sys.argv[1], factory).model[0]
 packed = layer.packed("onednn", layer._onednn_pack)
 assert packed.layout != torch.strided and "onednn" in layer._copied
 assert not pages.written(layer.qweight)
+runner = layer.packed("onednn-u7", layer._onednn_u7_state)  # a call holding its packed weight
+assert callable(runner) and "onednn-u7" in layer._copied
 print(pages.release_pages([layer.qweight], fresh=True))
 """
     run = subprocess.run(

@@ -98,8 +98,10 @@ def written(tensor: torch.Tensor) -> bool | None:
     page is the process's own anonymous copy, which :func:`release_pages` would throw away); None where
     the pages cannot be read (not Linux). From ``/proc/self/pagemap``: a page in memory that is not the
     file's, or one swapped out (only anonymous pages are), was written."""
-    if not sys.platform.startswith("linux") or tensor.numel() == 0:
-        return None if not sys.platform.startswith("linux") else False
+    if not sys.platform.startswith("linux"):
+        return None
+    if tensor.numel() == 0:
+        return False
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.element_size()  # the codes are contiguous
     first, last = start // PAGE, (end - 1) // PAGE

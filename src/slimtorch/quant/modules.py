@@ -137,17 +137,19 @@ class QuantizedWeight(nn.Module):
             made = self._prepared[kernel, variant] = (source, make())
         return made[1]
 
-    def packed(self, kernel: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """:meth:`prepared` for a kernel's own copy of the codes (a packed weight): once it is made, the
+    def packed(self, kernel: str, make: Callable[[], Any]) -> Any:
+        """:meth:`prepared` for a kernel's own copy of the codes (a packed weight, or a call holding one):
+        once it is made, the
         codes' pages mapped from a file are given back, so that the layer holds one copy of its weight,
         not two (an int4 Llama loaded and generating held the file's codes and their packed copy: twice
         the file). A later read of the codes (``dequantized()``, a save) faults them in again from the
         page cache. Codes in memory, or written to since they were loaded, are left as they are."""
 
-        def make_and_release() -> torch.Tensor:
+        def make_and_release() -> Any:
             state = make()
-            # an opaque tensor (oneDNN's packed weight) has no storage to compare: always a copy
-            opaque = state.layout != torch.strided
+            # a call holding a packed weight, or an opaque tensor (oneDNN's packed weight), has no
+            # storage to compare with the codes': always a copy
+            opaque = not isinstance(state, torch.Tensor) or state.layout != torch.strided
             if opaque or state.untyped_storage().data_ptr() != self._codes().untyped_storage().data_ptr():
                 self._copied.add(kernel)
                 self._release_codes()
@@ -547,7 +549,7 @@ class Int8DynamicLinear(_QuantizedLinear):
         return kernels.scale_back(self.onednn_product(codes), row_scale, self.bias)
 
     def _onednn_u7(self, codes: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
-        return self.prepared("onednn-u7", self._onednn_u7_state)(codes, params)
+        return self.packed("onednn-u7", self._onednn_u7_state)(codes, params)
 
     def _onednn_u7_state(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """The product on the packed weight and the epilogue that takes each ``uint7`` row's zero point
