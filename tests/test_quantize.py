@@ -485,9 +485,9 @@ def test_a_packed_weight_survives_new_batch_sizes_once_its_kernel_was_chosen() -
     built = []
     real = kernels.int4pack_weight
 
-    def counting(*args):
+    def counting(*args, **kwargs):
         built.append(1)
-        return real(*args)
+        return real(*args, **kwargs)
 
     kernels.int4pack_weight = counting
     try:

@@ -1,5 +1,7 @@
-"""Giving a mapped file's pages back to the system: for offload (:mod:`slimtorch.loading.offload`), and for a
-quantized layer's codes once a kernel has packed its own copy of them (:mod:`slimtorch.quant.modules`).
+"""Giving a mapped file's pages back to the system: for offload (:mod:`slimtorch.loading.offload`), for a
+quantized layer's codes once a kernel has packed its own copy of them (:mod:`slimtorch.quant.modules`), and
+for the lookup tables a load verified (:mod:`slimtorch.loading.loader`: an embedding reads only the rows of
+the tokens it is given).
 
 A private, never-written file mapping can drop its pages at any time (``madvise(MADV_DONTNEED)``, Linux):
 the next read faults them in again from the page cache with the same bytes. Only memory that is such a
@@ -71,7 +73,7 @@ def release_pages(tensors: Any, *, fresh: bool = False) -> int:
     if _MADVISE is None:
         return 0
     if fresh:
-        _file_maps[:] = _read_file_maps()
+        refresh_maps()
     released = 0
     for tensor in tensors:
         if tensor.device.type != "cpu" or tensor.numel() == 0:
@@ -86,6 +88,14 @@ def release_pages(tensors: Any, *, fresh: bool = False) -> int:
                 raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
             released += high - low
     return released
+
+
+def release_unwritten(tensors: Any) -> int:
+    """:func:`release_pages` of the mapped CPU tensors among ``tensors`` that this process never wrote to
+    (:func:`written`), the process's mappings read again first: for callers holding tensors that may be
+    mapped, or copies in memory, or mapped and written since. Returns the bytes released."""
+    unwritten = [t for t in tensors if t.device.type == "cpu" and written(t) is False]
+    return release_pages(unwritten, fresh=True) if unwritten else 0
 
 
 PAGEMAP_FILE_OR_SHARED = 1 << 61
@@ -121,11 +131,17 @@ _file_maps: list[tuple[int, int]] = []
 """Address ranges of this process's file mappings (``/proc/self/maps``), read again on a miss."""
 
 
+def refresh_maps() -> None:
+    """Read this process's file mappings again (``/proc/self/maps``): :func:`release_pages` without
+    ``fresh`` trusts the ranges read last."""
+    _file_maps[:] = _read_file_maps()
+
+
 def _file_backed(start: int, end: int) -> bool:
     """``[start, end)`` lies in one mapping of a file: the only memory whose pages may be dropped."""
     for fresh in (False, True):
         if fresh:
-            _file_maps[:] = _read_file_maps()
+            refresh_maps()
         i = bisect.bisect_right(_file_maps, (start, sys.maxsize)) - 1
         if i >= 0 and _file_maps[i][0] <= start and end <= _file_maps[i][1]:
             return True

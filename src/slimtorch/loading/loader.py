@@ -36,6 +36,7 @@ from torch import nn
 
 from slimtorch.errors import FormatError, OptionError, SlimtorchError, deprecated
 from slimtorch.format.delta import StructuralDelta, apply_delta
+from slimtorch.format.pages import release_unwritten
 from slimtorch.format.progress import Progress
 from slimtorch.format.source import TensorSource
 from slimtorch.format.verbs import resolve
@@ -180,10 +181,27 @@ def _load_model(
         place_the_rest(model, target, options.dtype)
         if plan is not None:
             plan.attach(report)
-    _verify(checks, options.verify, report)
+    lookups = lookup_tables(model) if stager is None and plan is None else []
+    _verify(checks, options.verify, report, after=functools.partial(release_unwritten, lookups))
     report.wall_s = time.perf_counter() - started
     report.model = model
     return report
+
+
+def lookup_tables(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors of the model's embeddings (``nn.Embedding``, and layers marked ``ROWS_LOOKED_UP``) that
+    no other layer holds (a head tied to them reads every row). A forward reads only the rows of the
+    tokens it is given, so once the load has checked them their mapped pages are given back
+    (:func:`~slimtorch.format.pages.release_unwritten`): a Llama-3-8B's bfloat16 embedding is 1 GiB,
+    of which a prompt reads a few rows."""
+    tables, held = [], set()
+    for module in model.modules():
+        own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        if isinstance(module, nn.Embedding) or getattr(module, "ROWS_LOOKED_UP", False):
+            tables += own
+        else:
+            held.update(t.data_ptr() for t in own)
+    return [t for t in tables if t.data_ptr() not in held]
 
 
 @contextlib.contextmanager
@@ -310,13 +328,24 @@ def _open(
     return source, report
 
 
-def _verify(checks: Verification | None, mode: str | bool, report: LoadReport) -> None:
+def _verify(
+    checks: Verification | None,
+    mode: str | bool,
+    report: LoadReport,
+    after: Callable[[], Any] = lambda: None,
+) -> None:
     """Run the load's checks as ``mode`` says: all before returning (``"eager"``), or beside the caller
-    with each module's forward waiting for its own (``"before-use"``)."""
+    with each module's forward waiting for its own (``"before-use"``); ``after`` once they are done."""
     report.verify = mode or "off"
     if checks is None:
+        after()
         return
-    checks.start(hooks=mode == "before-use", on_finish=lambda: _record_checks(checks, report))
+
+    def finished() -> None:
+        _record_checks(checks, report)
+        after()
+
+    checks.start(hooks=mode == "before-use", on_finish=finished)
     if mode == "eager":
         checks.wait()
     else:

@@ -72,6 +72,8 @@ class QuantizedWeight(nn.Module):
         self._chosen: set[str] = set()
         self._copied: set[str] = set()
         """Kernels whose prepared state is their own copy of the codes (:meth:`packed`)."""
+        self._timing = False
+        """A kernel choice is timing the candidates (what they read in is given back as they go)."""
         # (batch bucket, dtype, device, threads, forced kernel) -> the chosen kernel's run (and what it
         # needs to know about its inputs), so that a call skips rebuilding the choice's key and candidates
         self._run_of: dict[tuple, Any] = {}
@@ -153,6 +155,7 @@ class QuantizedWeight(nn.Module):
             if opaque or state.untyped_storage().data_ptr() != self._codes().untyped_storage().data_ptr():
                 self._copied.add(kernel)
                 self._release_codes()
+            pages.trim_heap()  # the packing's blocks, freed, stay in glibc's heap otherwise
             return state
 
         return self.prepared(kernel, make_and_release)
@@ -165,8 +168,18 @@ class QuantizedWeight(nn.Module):
         fused kernels keep their scales in a layout of their own too); not parts written to since (those
         pages are this process's own: given back, the writes would be lost). A part a kernel still reads
         each call is read in again once."""
-        parts = [t for t in self._prepared_from() if t.device.type == "cpu" and pages.written(t) is False]
-        pages.release_pages(parts, fresh=True)
+        pages.release_unwritten(self._prepared_from())
+
+    def _giving_back(self) -> Callable[[torch.Tensor], Any] | None:
+        """For a kernel that packs its copy of the codes a block at a time: what gives back the pages of
+        a block of the codes once packed (None when the codes are not a mapping this process never
+        wrote), so that the layer never holds two whole copies (a Llama's int4 head: 62 MiB)."""
+        codes = self._codes()
+        if codes.device.type != "cpu" or pages.written(codes) is not False:
+            return None
+        # no page of the codes is this process's own memory (written() read them all), so a block in a
+        # range remembered as a file's is one still: the mappings need not be read again (6 ms a read)
+        return lambda block: pages.release_pages([block])
 
     def prepared_source(self) -> tuple:
         """What :meth:`prepared` state was made from, to tell when it is stale: each buffer's address and
@@ -223,7 +236,13 @@ class QuantizedWeight(nn.Module):
                 torch.get_num_threads(),
             )
             timed = not CHOICES.known(key)
-            name = CHOICES.best(key, candidates, self.REFERENCE, tolerance or {}, truth)
+            if timed:
+                pages.trim_heap()  # what the run so far left in glibc's heap, before timing adds to it
+            self._timing = timed
+            try:
+                name = CHOICES.best(key, candidates, self.REFERENCE, tolerance or {}, truth)
+            finally:
+                self._timing = False
             # A kernel's state is keyed by its plain name: ``int4pack`` and ``int4pack-bf16`` share one
             # packed weight.
             # Timing a new batch size builds every candidate's state again, the losers' too (an LSTM's
@@ -233,6 +252,8 @@ class QuantizedWeight(nn.Module):
                 del self._prepared[unused]
             if timed and name.removesuffix("-bf16") in self._copied:
                 self._release_codes()  # timing the float path read the codes in again
+            if timed:
+                pages.trim_heap()  # the candidates' blocks, freed, stay in glibc's heap otherwise
         return name
 
     def weight_only(
@@ -303,7 +324,7 @@ us a call against 735 on one layer called again and again; oneDNN's packed weigh
 768-wide layers at batch 1 went to ``_int_mm`` by 1-2%, and the forward ran 1.09x onnxruntime int8's
 time eager, 1.06x compiled (``benchmarks/int8_latency.py``); timed in turns they go to oneDNN by 9-15%:
 1.01x and 0.96x. 8 MiB: several times the L2 of a server core."""
-PRODUCT_BLOCK = 16 << 20
+PRODUCT_BLOCK = 2 << 20
 """Weight values a weight-only layer's float path dequantizes at a time (64 MiB in float32): a Llama-2-7B
 MLP matrix (45M values) in three blocks, its head (131M) in eight."""
 MAX_TWINS = 15
@@ -627,14 +648,22 @@ class _WeightOnlyLinear(_QuantizedLinear):
     def _dequantized_product(self, x2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``x2d`` times the weight dequantized to ``dtype``; a weight of over :data:`PRODUCT_BLOCK`
         values a block of output channels at a time, so that the float copy made for the product is one
-        block's (a Llama's 32000x4096 int4 head dequantized whole took 512 MiB in float32 per call)."""
+        block's (a Llama's 32000x4096 int4 head dequantized whole took 512 MiB in float32 per call), and,
+        where a packed copy of the codes was made (:meth:`packed`), so that the codes' mapped pages read
+        in again are one block's (timing this path beside the packed kernel read the head's 62 MiB back)."""
         if self.out_features * self.in_features <= PRODUCT_BLOCK:
             return F.linear(x2d, self.dequantized(dtype))
         out = torch.empty(x2d.shape[0], self.out_features, dtype=dtype, device=x2d.device)
         shape = (self.out_features, self.in_features)
         stage = {**self.stage, "dtype": dtype_name(dtype)}
+        # with a kernel's copy of the codes made (or while the kernels are timed, one of which may make
+        # it), their mapped pages stay given back: a block's, once used
+        give_back = self._giving_back() if self._copied or self._timing else None
+        codes = self._codes()
         for rows, weight in decoded_blocks(self.parts(), [stage], dtype, shape, PRODUCT_BLOCK):
             out[:, rows] = F.linear(x2d, weight)
+            if give_back is not None:
+                give_back(codes[rows])
         return out
 
     def _fused_fits(self) -> bool:
@@ -681,7 +710,10 @@ class Int4WeightLinear(_WeightOnlyLinear):
             lambda: kernels.int4pack_scales(self.weight_scale, self.weight_zero, dtype),
             variant=str(dtype),
         )
-        packed = self.packed("int4pack", lambda: kernels.int4pack_weight(self.qweight, self.in_features))
+        packed = self.packed(
+            "int4pack",
+            lambda: kernels.int4pack_weight(self.qweight, self.in_features, packed=self._giving_back()),
+        )
         return torch._weight_int4pack_mm_for_cpu(x2d, packed, self.stage["group_size"], scales)
 
 
@@ -691,6 +723,10 @@ def _plus(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 # -- Embedding ------------------------------------------------------------------------------------------
 class _QuantizedEmbedding(QuantizedWeight):
+    ROWS_LOOKED_UP: ClassVar[bool] = True
+    """A forward reads only the rows it looks up: a load gives back the rest's mapped pages
+    (:func:`slimtorch.loading.loader.lookup_tables`)."""
+
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, encoded: Encoded):
         super().__init__()
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
