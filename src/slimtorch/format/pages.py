@@ -133,8 +133,10 @@ _file_maps: list[tuple[int, int]] = []
 
 def refresh_maps() -> None:
     """Read this process's file mappings again (``/proc/self/maps``): :func:`release_pages` without
-    ``fresh`` trusts the ranges read last."""
-    _file_maps[:] = _read_file_maps()
+    ``fresh`` trusts the ranges read last. A new list, never one changed in place: a load's checking
+    thread gives an embedding's pages back while a forward packs a layer's."""
+    global _file_maps
+    _file_maps = _read_file_maps()
 
 
 def _file_backed(start: int, end: int) -> bool:
@@ -142,8 +144,9 @@ def _file_backed(start: int, end: int) -> bool:
     for fresh in (False, True):
         if fresh:
             refresh_maps()
-        i = bisect.bisect_right(_file_maps, (start, sys.maxsize)) - 1
-        if i >= 0 and _file_maps[i][0] <= start and end <= _file_maps[i][1]:
+        maps = _file_maps
+        i = bisect.bisect_right(maps, (start, sys.maxsize)) - 1
+        if i >= 0 and maps[i][0] <= start and end <= maps[i][1]:
             return True
     return False
 
