@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
-from tests.test_header_integrity import KINDS, flip_bits, slim_template  # noqa: E402
+from tests.support.header import KINDS, flip_bits, slim_template  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,12 +8,12 @@ build: the case's own builder failed), then the worst peak RSS and time of the f
 failing case. ``--json PATH`` writes every outcome; the exit code is 1 when any case fails.
 
 Families: issue 17's checkpoints (``tests/test_hostile_corpus.py``) and, beside them, issue 44's other
-surfaces: ``terminal`` (escape sequences and markup in names, ``tests/test_hostile_terminal.py``),
+surfaces: ``terminal`` (escape sequences and markup in names, ``tests/hostile_terminal.py``),
 ``bundles`` (tampered deployment bundles given to ``footprint``; ``predict`` the same bundles and hostile
-input files given to the bundle's own ``predict.py``, ``tests/test_hostile_bundles.py``), ``data`` and
-``numbers`` (arrays, examples and command-line numbers, ``tests/test_hostile_inputs.py``) and
+input files given to the bundle's own ``predict.py``, ``tests/hostile_bundles.py``), ``data`` and
+``numbers`` (arrays, examples and command-line numbers, ``tests/hostile_inputs.py``) and
 ``workfolder`` (``slimtorch slim`` resuming a tampered work folder or a hostile recipe,
-``tests/test_hostile_workfolder.py``). ``--issue 17`` or ``--issue 44`` runs one set.
+``tests/hostile_workfolder.py``). ``--issue 17`` or ``--issue 44`` runs one set.
 
 Method: each case builds its files (seeded, a few MB at most) in a temporary folder; a CLI case runs
 ``slimtorch.cli.main.main(argv)`` in a child forked from this process after torch and slimtorch are
@@ -45,21 +45,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests import test_hostile_bundles, test_hostile_inputs, test_hostile_terminal, test_hostile_workfolder
 from tests.hostile import WALL_LIMIT, Case, Outcome, fresh_cli_rss, run_cases
-from tests.test_hostile_corpus import CASES as CHECKPOINT_CASES
+from tests.support import hostile_bundles, hostile_inputs, hostile_terminal, hostile_workfolder
+from tests.support.hostile_corpus import CASES as CHECKPOINT_CASES
 
 CLI_CASES = {
     "17": CHECKPOINT_CASES,
     "44": [
-        *test_hostile_terminal.CASES,
-        *test_hostile_bundles.CASES,
-        *test_hostile_inputs.CASES,
-        *test_hostile_workfolder.CASES,
+        *hostile_terminal.CASES,
+        *hostile_bundles.CASES,
+        *hostile_inputs.CASES,
+        *hostile_workfolder.CASES,
     ],
 }
 """The cases run through ``slimtorch``'s CLI in forked children, by issue."""
-PREDICT_CASES = {"17": [], "44": test_hostile_bundles.PREDICT_CASES}
+PREDICT_CASES = {"17": [], "44": hostile_bundles.PREDICT_CASES}
 """The cases run through a bundle's own ``predict.py``, in fresh processes (it runs without slimtorch)."""
 
 FAILURES = ("traceback", "signal", "timeout", "memory", "wrong", "build")
@@ -87,7 +87,7 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="slimtorch-hostile-") as root:
         outcomes = list(run_cases(chosen, Path(root) / "cli", jobs=args.jobs, wall=args.wall))
-        outcomes += test_hostile_bundles.run_predict_cases(predicted, Path(root) / "predict", wall=args.wall)
+        outcomes += hostile_bundles.run_predict_cases(predicted, Path(root) / "predict", wall=args.wall)
     print(f"ran in {time.monotonic() - started:.0f} s with {args.jobs} jobs\n")
     print_table(outcomes)
     failed = [o for o in outcomes if not o.passed]

@@ -206,7 +206,7 @@ def steady(name: str) -> list[dict[str, Any]]:
     """The steady-state and first-step estimates against a plain loop's third and first steps: training
     with each optimizer and precision, and inference (three forward passes under ``no_grad``) at each
     precision, at each batch size."""
-    from tests.test_steady_state import measured_inference_peaks, measured_peaks
+    from tests.support.steady import measured_inference_peaks, measured_peaks
 
     from slimtorch.memory.step import default_loss
 

@@ -19,7 +19,8 @@ from slimtorch.cli.main import main
 from slimtorch.loading import open_model
 from slimtorch.models import SentenceEmbedder
 from slimtorch.quant import Int8DynamicLinear
-from tests.test_model_input import MINILM, SENTENCES, bert_folder, tokenized
+from tests.support.bert import MINILM, SENTENCES, bert_folder, tokenized
+from tests.support.cli import one_error_line
 
 pytest.importorskip("transformers")
 
@@ -46,14 +47,6 @@ def command_args(command: str, model: str, tmp_path: Path) -> list[str]:
         "memory": ["--device", "cpu", "--json"],
     }[command]
     return [command, model, *extra]
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert "Traceback" not in err and len(lines) == 1, err
-    assert lines[0].startswith("slimtorch: error: ")
-    return lines[0]
 
 
 def test_quantize_the_real_minilm_folder_keeps_what_its_sentences_mean(tmp_path, capsys) -> None:

@@ -209,7 +209,7 @@ def test_what_stays_behind_is_said_by_shrink_and_quantize_not_dropped_silently(t
     notes, quantize and prune on stderr (stdout may be --json)."""
     import slimtorch
     from slimtorch.cli.main import main
-    from tests.test_model_input import bert_folder
+    from tests.support.bert import bert_folder
 
     folder = bert_folder(tmp_path / "bert")
     write(folder / "onnx" / "model.onnx", "stale")

@@ -18,7 +18,7 @@ from slimtorch.cli.main import main
 from slimtorch.errors import SlimtorchError
 from slimtorch.memory import default_device
 from slimtorch.memory.estimating import _heap_in_use
-from tests.test_memory import Blocks
+from tests.support.models import Blocks
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -118,5 +118,5 @@ def test_naming_cuda_where_there_is_none_is_one_clear_error(no_cuda) -> None:
 
 
 def test_the_memory_cli_estimates_for_the_machines_device(no_cuda, capsys) -> None:
-    assert main(["memory", "tests.test_memory:Blocks", "--input-shape", "8,256"]) == 0
+    assert main(["memory", "tests.support.models:Blocks", "--input-shape", "8,256"]) == 0
     assert "on cpu" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 """``fit`` proposes ranks: one device when a plan fits there, else the fewest ranks (then the strategy with
 the least communication, then the fewest levers), with the busiest rank's peak as ``rank_memory`` gives it.
 
-The model is ``tests/test_parallel_memory.py``'s stack of 4 blocks at batch 64 with AdamW on the CPU: one
+The model is ``tests/support/models.py``'s stack of 4 blocks at batch 64 with AdamW on the CPU: one
 device needs 136 MiB whatever is pulled (the optimizer step's weights, gradients and moments), FSDP2 on 2
 ranks 89.9 MiB per rank, ZeRO-1 on 2 ranks 136 MiB.
 """
@@ -18,7 +18,7 @@ from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.memory.fitting import OPTIMIZER_CLASSES
 from slimtorch.memory.options import OPTIMIZERS
 from slimtorch.memory.parallel import parallel_step, rank_memory
-from tests.test_parallel_memory import BATCH, Stack
+from tests.support.models import BATCH, Stack
 
 MIB = 2**20
 ONLY_TWO_FSDP_RANKS = 100 * MIB
@@ -112,7 +112,7 @@ def test_rank_options_are_checked_when_made() -> None:
 def test_cli_fit_prints_the_proposal_and_its_json(capsys) -> None:
     from slimtorch.cli.main import main
 
-    args = ["fit", "tests.test_parallel_memory:Stack", "--input-shape", f"{BATCH},512", "--device", "cpu"]
+    args = ["fit", "tests.support.models:Stack", "--input-shape", f"{BATCH},512", "--device", "cpu"]
     assert main([*args, "--budget", "100MiB", "--world-size", "auto"]) == 0
     out = capsys.readouterr().out
     assert "on 2 ranks (fsdp)" in out and "launch: torchrun --nproc-per-node 2" in out

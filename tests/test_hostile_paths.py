@@ -22,8 +22,8 @@ from slimtorch.deploy.bundle import read_manifest
 from slimtorch.errors import FormatError
 from slimtorch.loading import open_model
 from slimtorch.models import hub
-from tests.test_cli_inputs import one_error_line
-from tests.test_model_input import bert_folder
+from tests.support.bert import bert_folder
+from tests.support.cli import one_error_line
 
 transformers = pytest.importorskip("transformers")
 

@@ -24,8 +24,8 @@ from slimtorch.errors import CheckpointNotFoundError, FormatError
 from slimtorch.loading import open_meta_model, open_model
 from slimtorch.models import SentenceEmbedder
 from slimtorch.sources.hub_cache import HubId, hub_cache_dir, parse_hub_id, resolve_model_path
-from tests.test_cli_inputs import one_error_line
-from tests.test_model_input import bert_folder, sentence_folder, tiny_bert
+from tests.support.bert import bert_folder, sentence_folder, tiny_bert
+from tests.support.cli import one_error_line
 
 pytest.importorskip("huggingface_hub")
 REPO = "org/tiny-bert"

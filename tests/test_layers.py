@@ -9,6 +9,7 @@ checker that stopped seeing them would fail here too.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,39 @@ def test_only_the_readers_know_their_own_classes(tmp_path: Path) -> None:
     assert reader_classes_named_outside_sources(SRC) == []
     tree = _planted(tmp_path, "loading", "planted.py", "def f(s):\n    return isinstance(s, SlimSource)\n")
     assert reader_classes_named_outside_sources(tree) == ["loading/planted.py"]
+
+
+ROOT = SRC.parents[1]
+TEST_MODULE_IMPORT = re.compile(r"\b(?:from|import)\s+tests\.test_\w+|\bfrom\s+tests\s+import\s+test_\w+")
+
+
+def imports_of_test_modules(root: Path) -> list[str]:
+    """``file: line`` of each import of a ``tests.test_*`` module under ``tests/`` and ``benchmarks/`` of
+    ``root``, in code or in the text of a script run in a fresh process."""
+    found = []
+    for folder in ("tests", "benchmarks"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if TEST_MODULE_IMPORT.search(line):
+                    found.append(f"{path.relative_to(root)}:{number}")
+    return found
+
+
+def test_no_test_or_benchmark_imports_a_test_module() -> None:
+    """What more than one file uses lives in ``tests/support/``: a test module is imported by pytest alone
+    (importing one runs its module-level code and ties two test files together)."""
+    assert imports_of_test_modules(ROOT) == []
+
+
+def test_a_planted_import_of_a_test_module_is_caught(tmp_path: Path) -> None:
+    for folder, text in [
+        ("tests", "from tests." + "test_memory import Blocks\n"),  # split: this file is scanned too
+        ("benchmarks", 'SCRIPT = "import tests.' + 'test_quantize"\n'),
+        ("tests", "from tests import " + "test_hostile_inputs\n"),
+    ]:
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / "planted.py").write_text(text)
+        assert imports_of_test_modules(tmp_path) == [f"{folder}/planted.py:1"]
+        (tmp_path / folder / "planted.py").unlink()
+    (tmp_path / "tests" / "fine.py").write_text("from tests.support.models import Blocks\n")
+    assert imports_of_test_modules(tmp_path) == []

@@ -11,22 +11,7 @@ import slimtorch
 from slimtorch import memory
 from slimtorch.memory import estimate, profile
 from slimtorch.memory.estimating import _heap_in_use
-
-
-class Blocks(nn.Module):
-    """Four residual MLP blocks in an nn.ModuleList (what checkpointing="blocks" finds), and a head."""
-
-    def __init__(self, width: int = 256, hidden: int = 1024) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width)) for _ in range(4)
-        )
-        self.head = nn.Linear(width, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = x + block(x)
-        return self.head(x)
+from tests.support.models import Blocks
 
 
 def _params_bytes(model: nn.Module) -> int:
@@ -176,7 +161,7 @@ def test_bad_options_are_clear_errors() -> None:
 def test_cli_prints_the_breakdown_and_the_largest_batch_in_a_budget(capsys) -> None:
     from slimtorch.cli.main import main
 
-    args = ["memory", "tests.test_memory:Blocks", "--input-shape", "8,256", "--device", "cpu"]
+    args = ["memory", "tests.support.models:Blocks", "--input-shape", "8,256", "--device", "cpu"]
     assert main([*args, "--batch", "8", "64", "--budget", "40MB"]) == 0
     text = capsys.readouterr().out
     assert "optimizer state" in text and "per sample" in text and "largest batch predicted to fit" in text
@@ -192,7 +177,7 @@ def test_cli_prints_the_breakdown_and_the_largest_batch_in_a_budget(capsys) -> N
 def test_cli_gives_each_ranks_peak_under_a_strategy(capsys) -> None:
     from slimtorch.cli.main import main
 
-    args = ["memory", "tests.test_memory:Blocks", "--input-shape", "8,256", "--device", "cpu"]
+    args = ["memory", "tests.support.models:Blocks", "--input-shape", "8,256", "--device", "cpu"]
     assert main([*args, "--parallel", "fsdp", "--world-size", "4"]) == 0
     assert "per rank, fsdp on 4: peak" in capsys.readouterr().out
     assert main([*args, "--parallel", "ddp", "--world-size", "2", "--json"]) == 0
@@ -205,7 +190,7 @@ def test_cli_gives_each_ranks_peak_under_a_strategy(capsys) -> None:
 def test_cli_bad_input_is_one_line_and_exit_2(capsys) -> None:
     from slimtorch.cli.main import main
 
-    args = ["memory", "tests.test_memory:Blocks", "--input-shape", "8,256"]
+    args = ["memory", "tests.support.models:Blocks", "--input-shape", "8,256"]
     assert main([*args, "--checkpointing", "nothing.here"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "names no module" in err[0]
@@ -397,7 +382,7 @@ def test_cli_draws_memory_over_the_step(tmp_path, capsys) -> None:
     from slimtorch.cli.main import main
 
     chart = tmp_path / "memory.png"
-    args = ["memory", "tests.test_memory:Blocks", "--input-shape", "8,256", "--device", "cpu"]
+    args = ["memory", "tests.support.models:Blocks", "--input-shape", "8,256", "--device", "cpu"]
     assert main([*args, "--batch", "8", "64", "--budget", "40MB", "--chart", str(chart)]) == 0
     assert f"wrote {chart}" in capsys.readouterr().out
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000

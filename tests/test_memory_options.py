@@ -14,7 +14,7 @@ import slimtorch
 from slimtorch import memory
 from slimtorch.format.progress import Recorder
 from slimtorch.memory import BatchSizeOptions, FitOptions, StepOptions
-from tests.test_memory import Blocks
+from tests.support.models import Blocks
 
 X = torch.randn(8, 256)
 

@@ -22,6 +22,7 @@ import slimtorch
 from slimtorch.cli.main import main
 from slimtorch.format.names import find_prefix
 from slimtorch.loading.construct import build_model, intended_device
+from tests.support.models import VoiceEncoder
 from tests.zoo import MLP, SmallCNN, trained_checkpoint
 
 PACKAGES = Path(torch.__file__).parent.parent
@@ -36,24 +37,6 @@ def _needs(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is not installed")
     return path
-
-
-class VoiceEncoder(nn.Module):
-    """resemblyzer's speaker encoder, with the similarity parameters its training checkpoint also holds.
-    Like the original, the constructor moves the model to a device."""
-
-    def __init__(self, rnn_name: str = "lstm") -> None:
-        super().__init__()
-        setattr(self, rnn_name, nn.LSTM(40, 256, 3, batch_first=True))
-        self.rnn_name = rnn_name
-        self.linear = nn.Linear(256, 256)
-        self.similarity_weight = nn.Parameter(torch.tensor([10.0]))
-        self.similarity_bias = nn.Parameter(torch.tensor([-5.0]))
-        self.to(torch.device("cpu"))
-
-    def forward(self, mels: torch.Tensor) -> torch.Tensor:
-        _, (hidden, _) = getattr(self, self.rnn_name)(mels)
-        return torch.relu(self.linear(hidden[-1]))
 
 
 def _resemblyzer_reference(rnn_name: str = "lstm") -> VoiceEncoder:
@@ -413,7 +396,7 @@ def test_a_constructor_that_calls_cuda_loads_where_it_can(tmp_path) -> None:
 @pytest.fixture
 def voice_py(tmp_path, monkeypatch) -> str:
     (tmp_path / "voice.py").write_text(
-        "from tests.test_name_matching import VoiceEncoder\n\n"
+        "from tests.support.models import VoiceEncoder\n\n"
         "def build():\n    return VoiceEncoder()\n\n"
         "def build_rnn():\n    return VoiceEncoder('rnn')\n"
     )

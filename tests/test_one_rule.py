@@ -18,7 +18,7 @@ from slimtorch.format.codecs import CodecError, encode
 from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, check_group_size
 from slimtorch.format.policy import SHRINK_INT4_GROUP_SIZE, TensorPolicy
 from slimtorch.quant.recorded import check_recorded
-from tests.test_cli_inputs import one_error_line
+from tests.support.cli import one_error_line
 
 
 def _net() -> nn.Module:

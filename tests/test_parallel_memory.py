@@ -23,25 +23,9 @@ from torch.utils._pytree import tree_flatten
 import slimtorch
 from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.memory.parallel import ParallelStep, Unit, parallel_step, rank_memory, smallest_world_size
+from tests.support.models import BATCH, Stack
 
 MIB = 2**20
-BATCH = 64
-
-
-class Stack(nn.Module):
-    """Blocks in an ``nn.ModuleList``, the way transformers hold their layers."""
-
-    def __init__(self, blocks: int = 4, width: int = 512, hidden: int = 2048) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(
-            nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, width))
-            for _ in range(blocks)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 class LiveStorages(TorchDispatchMode):

@@ -24,29 +24,11 @@ from slimtorch.quant.modules import (
     int8_dynamic_kernels,
 )
 from tests.hostile import reseal
+from tests.support.models import TokenMLP, token_ids
 from tests.zoo.models import MLP
 
 SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight")
 WORST_COSINE = {"int8-dynamic": 0.999, "int8-weight": 0.999, "int4-weight": 0.98}
-
-
-class TokenMLP(nn.Module):
-    """An embedding, a 2-layer MLP over 256 features, a head: what quantize swaps, in one small model."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(300, 256)
-        self.up = nn.Linear(256, 512)
-        self.down = nn.Linear(512, 256)
-        self.head = nn.Linear(256, 10, bias=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed(ids)
-        return self.head(h + self.down(F.gelu(self.up(h))))
-
-
-def _ids(batch: int = 4, seq: int = 16) -> torch.Tensor:
-    return torch.randint(0, 300, (batch, seq), generator=torch.Generator().manual_seed(1))
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -56,11 +38,11 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_each_scheme_swaps_every_layer_and_agrees_with_the_float_model(scheme: str) -> None:
     model = TokenMLP().eval()
-    expected = model(_ids())
-    report = slimtorch.quantize(model, scheme, calibration=[_ids()])
+    expected = model(token_ids())
+    report = slimtorch.quantize(model, scheme, calibration=[token_ids()])
     kinds = {type(m).__name__ for m in (model.embed, model.up, model.down, model.head)}
     assert all(kind.startswith("Int") for kind in kinds), kinds
-    assert _cosine(model(_ids()), expected) >= WORST_COSINE[scheme]
+    assert _cosine(model(token_ids()), expected) >= WORST_COSINE[scheme]
     assert report.output_cosine is not None and report.output_cosine >= WORST_COSINE[scheme]
     assert {layer.name for layer in report.layers} == {"embed", "up", "down", "head"}
     assert all(layer.output_error is not None and layer.output_error < 0.15 for layer in report.layers)
@@ -77,14 +59,14 @@ def test_int8_shrinks_weights_4x_and_int4_at_most_016x_of_fp32() -> None:
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_save_then_load_model_gives_identical_outputs_and_quantized_layers(scheme: str, tmp_path) -> None:
     model = slimtorch.quantize(TokenMLP().eval(), scheme, group_size=64).model
-    expected = model(_ids())
+    expected = model(token_ids())
     report = slimtorch.save_model(model, tmp_path / "q.safetensors")
     chains = {t.name: t.chain for t in report.tensors}
     assert chains["up.weight"] == ("int8" if scheme.startswith("int8") else "int4")
     profile = slimtorch.load_model(tmp_path / "q.safetensors", TokenMLP)
     loaded = profile.model
     assert type(loaded.up) is type(model.up) and type(loaded.embed) is type(model.embed)
-    assert torch.equal(loaded(_ids()), expected)
+    assert torch.equal(loaded(token_ids()), expected)
     parts = sum(len(type(m).SLIM_PARTS) for m in loaded.modules() if hasattr(type(m), "SLIM_PARTS"))
     assert profile.zero_copy >= parts  # codes and scales mapped from the file, not decoded
     assert profile.by_codec.get("raw", 0) <= 2  # the two biases
@@ -121,11 +103,11 @@ def test_pruned_zeros_stay_sparse_in_the_codes_and_load_back_exactly(tmp_path) -
     model = TokenMLP().eval()
     slimtorch.prune.weights(model, 0.9, method="layer_magnitude")
     slimtorch.quantize(model, "int8-dynamic", embeddings=False)
-    expected = model(_ids())
+    expected = model(token_ids())
     report = slimtorch.save_model(model, tmp_path / "q.safetensors")
     assert {t.name: t.chain for t in report.tensors}["up.weight"] == "int8+sparse"
     loaded = slimtorch.load_model(tmp_path / "q.safetensors", TokenMLP).model
-    assert torch.equal(loaded(_ids()), expected)
+    assert torch.equal(loaded(token_ids()), expected)
 
 
 def test_each_int8_dynamic_kernel_this_cpu_runs_is_close_to_the_float_layer() -> None:
@@ -181,11 +163,11 @@ def test_no_deprecation_or_other_warning_from_quantize_forward_save_and_load(tmp
         warnings.simplefilter("error")  # torch's quantized tensors warn on creation: none may be made
         for scheme in SCHEMES:
             kernels.CHOICES.clear()
-            model = slimtorch.quantize(TokenMLP().eval(), scheme, calibration=[_ids()]).model
-            model(_ids(1, 1))
-            model(_ids(8, 128))
+            model = slimtorch.quantize(TokenMLP().eval(), scheme, calibration=[token_ids()]).model
+            model(token_ids(1, 1))
+            model(token_ids(8, 128))
             slimtorch.save_model(model, tmp_path / f"{scheme}.safetensors")
-            slimtorch.load_model(tmp_path / f"{scheme}.safetensors", TokenMLP).model(_ids())
+            slimtorch.load_model(tmp_path / f"{scheme}.safetensors", TokenMLP).model(token_ids())
 
 
 def test_kernel_choice_takes_the_fastest_agreeing_candidate_and_remembers_it() -> None:
@@ -232,8 +214,8 @@ def test_shared_input_codes_follow_in_place_changes() -> None:
 
 def test_quantized_model_can_be_deep_copied_after_running() -> None:
     model = slimtorch.quantize(TokenMLP().eval(), "int8-dynamic").model
-    expected = model(_ids())
-    assert torch.equal(copy.deepcopy(model)(_ids()), expected)
+    expected = model(token_ids())
+    assert torch.equal(copy.deepcopy(model)(token_ids()), expected)
 
 
 def test_layers_that_stay_float_are_reported_with_the_reason() -> None:
@@ -260,11 +242,11 @@ def test_layers_that_stay_float_are_reported_with_the_reason() -> None:
 
 def test_bfloat16_model_stays_bfloat16_and_round_trips(tmp_path) -> None:
     model = slimtorch.quantize(TokenMLP().to(torch.bfloat16).eval(), "int4-weight").model
-    out = model(_ids())
+    out = model(token_ids())
     assert out.dtype == torch.bfloat16
     slimtorch.save_model(model, tmp_path / "bf16.safetensors")
     loaded = slimtorch.load_model(tmp_path / "bf16.safetensors", lambda: TokenMLP().to(torch.bfloat16)).model
-    assert torch.equal(loaded(_ids()), out)
+    assert torch.equal(loaded(token_ids()), out)
 
 
 def test_bad_options_are_clear_errors() -> None:
@@ -300,7 +282,7 @@ def test_an_unknown_scheme_in_a_file_is_refused_with_exit_2(tmp_path, capsys) ->
     reseal(tmp_path / "bad.safetensors")  # the checks behind the header seal, as a deliberate edit meets them
     with pytest.raises(slimtorch.FormatError, match="not a known scheme"):
         slimtorch.load_model(tmp_path / "bad.safetensors", TokenMLP)
-    assert main(["load", str(tmp_path / "bad.safetensors"), "--model", "tests.test_quantize:TokenMLP"]) == 2
+    assert main(["load", str(tmp_path / "bad.safetensors"), "--model", "tests.support.models:TokenMLP"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a known scheme" in err[0]
 
@@ -372,7 +354,7 @@ def test_gptq_codes_cut_the_output_error_of_int4_on_inputs_it_never_saw() -> Non
 
 def test_gptq_parts_are_plain_int4_codec_parts_that_decode_to_what_the_layer_computes(tmp_path) -> None:
     model = slimtorch.quantize(
-        TokenMLP().eval(), "int4-weight", group_size=64, calibration=[_ids()], kernel="dequantize"
+        TokenMLP().eval(), "int4-weight", group_size=64, calibration=[token_ids()], kernel="dequantize"
     ).model
     x = torch.randn(3, 256)
     by_hand = F.linear(x, decode(*_decode_args(model.up)), model.up.bias)
@@ -406,16 +388,16 @@ def test_int8_dynamic_outputs_are_bit_identical_after_loading_in_another_process
 
     model = slimtorch.quantize(TokenMLP().eval(), "int8-dynamic").model
     slimtorch.save_model(model, tmp_path / "q.safetensors")
-    out = model(_ids())
+    out = model(token_ids())
     chosen = {
-        name: m.kernel_at(_ids().numel(), torch.float32, torch.device("cpu"))
+        name: m.kernel_at(token_ids().numel(), torch.float32, torch.device("cpu"))
         for name, m in model.named_modules()
         if isinstance(m, Int8DynamicLinear)
     }
-    torch.save({"ids": _ids(), "out": out, "chosen": chosen}, tmp_path / "expected.pt")
+    torch.save({"ids": token_ids(), "out": out, "chosen": chosen}, tmp_path / "expected.pt")
     script = (
         "import sys, torch, slimtorch\n"
-        "from tests.test_quantize import TokenMLP\n"
+        "from tests.support.models import TokenMLP\n"
         f"expected = torch.load({str(tmp_path / 'expected.pt')!r})\n"
         f"model = slimtorch.load_model({str(tmp_path / 'q.safetensors')!r}, TokenMLP).model\n"
         "free = model(expected['ids'])\n"
@@ -471,9 +453,9 @@ def test_a_weight_holding_inf_stays_float_with_the_reason() -> None:
 def test_quantize_and_run_under_inference_mode(scheme: str) -> None:
     with torch.inference_mode():
         model = TokenMLP().eval()
-        expected = model(_ids())
+        expected = model(token_ids())
         slimtorch.quantize(model, scheme)
-        assert _cosine(model(_ids()), expected) > WORST_COSINE[scheme]
+        assert _cosine(model(token_ids()), expected) > WORST_COSINE[scheme]
 
 
 def test_a_packed_weight_survives_new_batch_sizes_once_its_kernel_was_chosen() -> None:

@@ -13,7 +13,7 @@ import slimtorch
 from slimtorch.cli.main import main
 from slimtorch.format.progress import Recorder
 from slimtorch.quant import QuantizeOptions, QuantizeReport
-from tests.test_quantize import TokenMLP, _ids
+from tests.support.models import TokenMLP, token_ids
 
 
 def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -91,7 +91,7 @@ def test_options_are_frozen_and_hold_skip_patterns_as_a_tuple() -> None:
 
 def test_the_report_holds_the_model_changed_in_place_and_its_json_fits_its_schema() -> None:
     model = TokenMLP().eval()
-    report = slimtorch.quantize(model, "int8-dynamic", calibration=[_ids()])
+    report = slimtorch.quantize(model, "int8-dynamic", calibration=[token_ids()])
     assert report.model is model and type(model.up).__name__ == "Int8DynamicLinear"
     data = report.to_dict()
     properties = QuantizeReport.json_schema()["properties"]

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from tests.test_steady_state import LiveBytes
+from tests.support.steady import LiveBytes
 
 STEPS = 3
 
