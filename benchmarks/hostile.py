@@ -8,12 +8,12 @@ build: the case's own builder failed), then the worst peak RSS and time of the f
 failing case. ``--json PATH`` writes every outcome; the exit code is 1 when any case fails.
 
 Families: issue 17's checkpoints (``tests/test_hostile_corpus.py``) and, beside them, issue 44's other
-surfaces: ``terminal`` (escape sequences and markup in names, ``tests/hostile_terminal.py``),
+surfaces: ``terminal`` (escape sequences and markup in names, ``tests/test_hostile_terminal.py``),
 ``bundles`` (tampered deployment bundles given to ``footprint``; ``predict`` the same bundles and hostile
-input files given to the bundle's own ``predict.py``, ``tests/hostile_bundles.py``), ``data`` and
-``numbers`` (arrays, examples and command-line numbers, ``tests/hostile_inputs.py``) and
+input files given to the bundle's own ``predict.py``, ``tests/test_hostile_bundles.py``), ``data`` and
+``numbers`` (arrays, examples and command-line numbers, ``tests/test_hostile_inputs.py``) and
 ``workfolder`` (``slimtorch slim`` resuming a tampered work folder or a hostile recipe,
-``tests/hostile_workfolder.py``). ``--issue 17`` or ``--issue 44`` runs one set.
+``tests/test_hostile_workfolder.py``). ``--issue 17`` or ``--issue 44`` runs one set.
 
 Method: each case builds its files (seeded, a few MB at most) in a temporary folder; a CLI case runs
 ``slimtorch.cli.main.main(argv)`` in a child forked from this process after torch and slimtorch are
