@@ -114,7 +114,7 @@ tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
 batch = tokenizer(sentences, padding=True, truncation=True, max_length=256, return_tensors="pt")
 with torch.no_grad():
     out = model(**dict(batch)).float()
-packed = [m for m in model.modules() if "int4pack" in getattr(m, "_copied", ())]
+packed = [m for m in model.modules() if getattr(m, "_chosen", None) == {"int4pack"}]  # runs it alone
 codes = sum(m.qweight.nbytes for m in packed)
 torch.save(out, sys.argv[3])
 print(json.dumps({"table_loaded": loaded, "packed_layers": len(packed), "codes": codes,

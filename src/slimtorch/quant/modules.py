@@ -250,6 +250,7 @@ class QuantizedWeight(nn.Module):
             self._chosen.add(name.removesuffix("-bf16"))
             for unused in [k for k in self._prepared if k[0] not in self._chosen]:
                 del self._prepared[unused]
+            self._copied &= self._chosen  # a dropped copy no longer stands for the codes
             if timed and name.removesuffix("-bf16") in self._copied:
                 self._release_codes()  # timing the float path read the codes in again
             if timed:
