@@ -343,8 +343,9 @@ table = [t for t in model[0].buffers()] or [model[0].weight]
 loaded = sum(resident(t) * t.nbytes for t in table) / sum(t.nbytes for t in table)
 ids = torch.tensor([[3, 16000, 77]])
 with torch.no_grad():
-    out = model(ids)
-print(json.dumps({"loaded": loaded, "out": out.tolist(), "kind": type(model[0]).__name__}))
+    rows, out = model[0](ids), model(ids)
+kind = type(model[0]).__name__
+print(json.dumps({"loaded": loaded, "rows": rows.tolist(), "out": out.tolist(), "kind": kind}))
 """
 
 
@@ -355,16 +356,20 @@ def test_an_embeddings_table_leaves_memory_once_loaded_and_checked(tmp_path, sch
     """The checks of a load read every mapped byte in; an embedding's table is then given back, for a
     forward reads only the rows of its tokens (a Llama-3-8B's bfloat16 embedding is 1 GiB). In a fresh
     process: under 5% of the table's pages are in memory once the load (and its checks) are done, and
-    the rows looked up afterwards are the saved ones."""
+    the rows looked up afterwards are the saved ones, bit for bit. (The Linear after the table may choose
+    a bfloat16 kernel in one process and not the other, by timing: its output agrees to bfloat16's 1%.)"""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(16384, 256), nn.Linear(256, 16)).eval()
     if scheme != "float":
         slimtorch.quantize(model, scheme)
     path = tmp_path / "table.safetensors"
     slimtorch.save_model(model, path)
+    ids = torch.tensor([[3, 16000, 77]])
     with torch.no_grad():
-        expected = model(torch.tensor([[3, 16000, 77]]))
+        rows, expected = model[0](ids), model(ids)
     found = _run_child(LOOKUP_CHILD, str(path), verify)
     assert found["kind"] == ("Embedding" if scheme == "float" else "Int4Embedding"), found
     assert found["loaded"] < 0.05, found
-    assert torch.equal(torch.tensor(found["out"]), expected), found
+    assert torch.equal(torch.tensor(found["rows"]), rows), found
+    agreement = kernels.BF16_AGREEMENT
+    torch.testing.assert_close(torch.tensor(found["out"]), expected, rtol=agreement, atol=agreement)
