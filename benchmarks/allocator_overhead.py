@@ -1,6 +1,6 @@
 """Benchmark: what the CPU allocator adds over a real training loop, and how well ``estimate`` predicts it.
 
-Run it with ``.venv/bin/python benchmarks/allocator_overhead.py`` (about 12 minutes on 2 cores;
+Run it with ``.venv/bin/python -m benchmarks.allocator_overhead`` (about 12 minutes on 2 cores;
 ``--models bert --batches 4`` for a quick look; ``--check`` exits 1 when a prediction misses by more than
 15%). The two CNNs also run at batch 32 (``LARGE_BATCHES``): their kernels' scratch grows with the batch,
 so a rule fitted at one batch would show it there. For each model and batch size, in a fresh process each
@@ -28,28 +28,31 @@ prediction models glibc's defaults, so its error column means little then).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+from tests.zoo import resnet18
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT))
-from benchmarks.memory import ZOO as MEMORY_ZOO  # noqa: E402  (the models the memory benchmark measures)
-from tests.zoo import resnet18  # noqa: E402
+import slimtorch.memory as memory
+from benchmarks._harness import (
+    child_command,
+    child_json,
+    emit,
+    exit_code,
+    relative_spread,
+    results_file,
+    status_bytes,
+    write_json,
+)
+from benchmarks.memory import ZOO as MEMORY_ZOO  # the models the memory benchmark measures
+from slimtorch.memory.allocator import measure_host
 
-import slimtorch.memory as memory  # noqa: E402
-from slimtorch.memory.allocator import measure_host  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "allocator_overhead.json"
+RESULTS = results_file("allocator_overhead")
 BATCHES = (4, 16)
 LARGE_BATCHES = {"resnet18": (32,), "unet": (32,)}
 """batches run beside ``BATCHES`` when ``--batches`` is not given"""
@@ -91,9 +94,9 @@ def one_run(name: str, batch_size: int) -> dict[str, Any]:
         kept.append(model)
 
     measure_host(lambda: None)  # its first op imports torch's dispatch machinery: not the loop's
-    code = _rss_file()
+    code = status_bytes("RssFile")  # library code and data paged in
     host = measure_host(train)
-    code = _rss_file() - code
+    code = status_bytes("RssFile") - code
     step = memory.estimate(kept[0], batch, device="cpu", loss_fn=first_float).steps[0]
     parameters = sum(p.numel() for p in kept[0].parameters())
     return {
@@ -105,22 +108,13 @@ def one_run(name: str, batch_size: int) -> dict[str, Any]:
     }
 
 
-def _rss_file() -> int:
-    """The process's resident file pages (Linux's ``RssFile``): library code and data paged in."""
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssFile:"))
-
-
 def measured(name: str, batch_size: int, runs: int, mmap_threshold: int | None) -> dict[str, Any]:
     """Medians over ``runs`` fresh processes of :func:`one_run` (glibc's mmap threshold fixed, if given)."""
     env = dict(os.environ)
     if mmap_threshold is not None:
         env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
-    rows = []
-    for _ in range(runs):
-        command = [sys.executable, __file__, "--one", name, str(batch_size)]
-        done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    command = child_command(__spec__.name, "--one", name, str(batch_size))
+    rows = [child_json(command, what=f"{name} batch {batch_size}", env=env) for _ in range(runs)]
     keys = ("rss_growth", "code_growth", "live_tensor_peak", "malloc_held", "estimate", "predicted")
     median = {key: statistics.median(row[key] or 0 for row in rows) for key in keys}
     growths = [row["rss_growth"] for row in rows]
@@ -130,7 +124,7 @@ def measured(name: str, batch_size: int, runs: int, mmap_threshold: int | None) 
         "parameters": rows[0]["parameters"],
         **median,
         "ratio": median["rss_growth"] / median["live_tensor_peak"],
-        "spread": (max(growths) - min(growths)) / median["rss_growth"],
+        "spread": relative_spread(growths),
         "error": median["predicted"] / median["rss_growth"] - 1,
         "runs": rows,
     }
@@ -150,7 +144,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(ZOO), default=list(ZOO))
     parser.add_argument(
         "--batches", nargs="+", type=int, help=f"batch sizes (default {BATCHES}, and {LARGE_BATCHES})"
@@ -165,7 +159,7 @@ def main() -> int:
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # a child's single run: model, batch
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_run(args.one[0], int(args.one[1]))))
+        emit(one_run(args.one[0], int(args.one[1])))
         return 0
     results = []
     for name in args.models:
@@ -183,10 +177,8 @@ def main() -> int:
         f"predicted RSS growth within {TOLERANCE:.0%}: {within} of {len(results)} cases; worst "
         f"{worst['error']:+.1%} ({worst['model']}, batch {worst['batch']})"
     )
-    RESULTS.parent.mkdir(exist_ok=True)
-    results_file = RESULTS.with_stem(RESULTS.stem + "-mmap") if args.mmap_threshold else RESULTS
-    results_file.write_text(json.dumps(results, indent=2) + "\n")
-    return 0 if within == len(results) or not args.check else 1
+    write_json(RESULTS.with_stem(RESULTS.stem + "-mmap") if args.mmap_threshold else RESULTS, results)
+    return exit_code(within == len(results), args.check)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark: random single-bit flips in slim checkpoints, 1000 per file kind; every one must be found.
 
-Run it with ``.venv/bin/python benchmarks/bitflips.py`` (about a minute; ``--flips`` and ``--seed`` change
+Run it with ``.venv/bin/python -m benchmarks.bitflips`` (about a minute; ``--flips`` and ``--seed`` change
 the run). For each kind of slim file (lossless raw and sparse, int8, int4, a sharded int8 folder with its
 index; tens of KB each) it flips one random bit at a time, half of them in a header or the index, half
 anywhere, loads the checkpoint and counts the outcome: detected (a FormatError), harmless (the same names,
@@ -17,14 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT))
-from tests.support.header import KINDS, flip_bits, slim_template  # noqa: E402
+from tests.support.header import KINDS, flip_bits, slim_template
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--flips", type=int, default=1000, help="flips per file kind (default 1000)")
     parser.add_argument("--seed", default="bitflips", help="seed of the random flips")
     args = parser.parse_args(argv)

@@ -11,7 +11,7 @@ Method:
   (huggingface_hub's CLI, a comparable Python tool) when it is installed next to this interpreter.
 * ``--check`` exits 1 when a slimtorch case's median is 0.3 s or more.
 
-Run: ``python benchmarks/cli_startup.py [--runs 10] [--check] [--json]``.
+Run: ``python -m benchmarks.cli_startup [--runs 10] [--check] [--json]``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
+from functools import partial
 from pathlib import Path
+
+from benchmarks._harness import exit_code, interleaved
 
 LIMIT_S = 0.3
 SLIMTORCH = {
@@ -44,27 +46,20 @@ def cases() -> dict[str, list[str]]:
     return found
 
 
-def wall_time(argv: list[str]) -> float:
-    """Seconds from spawn to exit of one fresh process; a failing command is an error, not a time."""
-    start = time.perf_counter()
+def run_quietly(argv: list[str]) -> None:
+    """One fresh process to its exit, output discarded; a failing command is an error, not a time."""
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - start
 
 
 def measure(runs: int) -> dict[str, float]:
     """The median seconds of each case over ``runs`` interleaved rounds (after one warm-up round)."""
-    todo = cases()
-    times: dict[str, list[float]] = {name: [] for name in todo}
-    for round_ in range(runs + 1):
-        for name, argv in todo.items():
-            seconds = wall_time(argv)
-            if round_:
-                times[name].append(seconds)
+    calls = {name: partial(run_quietly, argv) for name, argv in cases().items()}
+    times = interleaved(calls, runs, warmup=1)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=10, help="rounds (default 10)")
     parser.add_argument("--check", action="store_true", help=f"exit 1 if a slimtorch median >= {LIMIT_S} s")
     parser.add_argument("--json", action="store_true", help="print the medians as JSON")
@@ -79,7 +74,7 @@ def main() -> int:
         for name, seconds in medians.items():
             print(f"  {name:<28} {seconds:6.3f} s")
         print(f"over {LIMIT_S} s: {', '.join(slow) or 'none'}")
-    return 1 if args.check and slow else 0
+    return exit_code(not slow, args.check)
 
 
 if __name__ == "__main__":

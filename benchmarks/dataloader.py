@@ -1,7 +1,7 @@
 """Benchmark: the DataLoader settings ``slimtorch.data.tune`` picks, against ``num_workers=0`` and the
 settings a user would guess, on a dataset whose items cost CPU time and on one that is cheap and in memory.
 
-Run it with ``.venv/bin/python benchmarks/dataloader.py`` (about a minute and a half on 2 cores; ``--runs 1``
+Run it with ``.venv/bin/python -m benchmarks.dataloader`` (about a minute and a half on 2 cores; ``--runs 1``
 for a quick look; ``--check`` exits 1 when the issue's bar is missed: tune's pick under 1.5x
 ``num_workers=0`` on the CPU-heavy set, or anything but ``num_workers=0`` on the cheap one). Two datasets:
 
@@ -31,25 +31,22 @@ Results go to ``benchmarks/results/dataloader.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 import warnings
 import zlib
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-from slimtorch.data import TuneReport, tune  # noqa: E402
+from benchmarks._harness import exit_code, relative_spread, results_file, write_json
+from slimtorch.data import TuneReport, tune
 
-RESULTS = ROOT / "benchmarks" / "results" / "dataloader.json"
+RESULTS = results_file("dataloader")
 BAR = 1.5
 """the issue's bar: tune's pick at least this many times faster than num_workers=0 on the CPU-heavy set"""
 SIDE, CROP = 160, 128
@@ -161,7 +158,7 @@ def measured(name: str, runs: int) -> dict[str, Any]:
                 "label": label,
                 "settings": rows[label],
                 "samples_per_s": len(dataset) / statistics.median(seconds),  # type: ignore[arg-type]
-                "spread": (max(seconds) - min(seconds)) / statistics.median(seconds),
+                "spread": relative_spread(seconds),
                 "ratio": baseline / statistics.median(seconds),
                 "seconds": seconds,
             }
@@ -199,7 +196,7 @@ def failures(results: list[dict[str, Any]]) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="epochs timed per row (median)")
     parser.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=list(DATASETS))
     parser.add_argument("--check", action="store_true", help="exit 1 when the issue's bar is missed")
@@ -211,12 +208,11 @@ def main() -> int:
         f"torch {torch.__version__}; medians of {args.runs} epochs in fresh loaders"
     )
     print(table(results))
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"load_average": load, "results": results}, indent=2) + "\n")
+    write_json(RESULTS, {"load_average": load, "results": results})
     missed = failures(results)
     for line in missed:
         print(f"MISSED {line}")
-    return 1 if args.check and missed else 0
+    return exit_code(not missed, args.check)
 
 
 if __name__ == "__main__":

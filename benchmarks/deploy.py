@@ -1,6 +1,6 @@
 """Benchmark: deployment bundles against shipping torch itself.
 
-Run it with ``.venv/bin/python benchmarks/deploy.py`` (about 4 minutes on 2 cores, plus about 30 s once
+Run it with ``.venv/bin/python -m benchmarks.deploy`` (about 4 minutes on 2 cores, plus about 30 s once
 to measure torch's own footprint, which is then cached; ``--check`` exits 1 when a target fails).
 
 Three models, each exported with ``slimtorch.deploy.export`` to an ONNX bundle on 2 threads:
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import tempfile
@@ -37,17 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from examples.digits import DigitsCNN
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "examples"))
-from digits import DigitsCNN  # noqa: E402
+import slimtorch
+from benchmarks._harness import exit_code, print_checks, results_file, write_json
+from slimtorch.deploy import export, measure_footprint, torch_baseline
 
-import slimtorch  # noqa: E402
-from slimtorch.deploy import export, measure_footprint, torch_baseline  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "deploy.json"
+RESULTS = results_file("deploy")
 RUNTIME_LIMIT = 150 * 10**6
 BERT_SECONDS = 60.0
 MB = 1e6
@@ -107,7 +103,9 @@ def measure(name: str, runs: int, work: Path) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"python -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--runs", type=int, default=3, help="exports timed per model (median)")
@@ -174,18 +172,16 @@ def main() -> int:
                 )
             )
     print()
-    for label, ok, value in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {label}{': ' + value if value else ''}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    passed = print_checks(checks)
     results = {
         "torch_cpu": torch_cpu.to_dict(),
         "torch_cpu_compiled": torch_compiled.to_dict(),
         "runtime_compiled_bytes": compiled.runtime_bytes,
         "rows": rows,
     }
-    RESULTS.write_text(json.dumps(results, indent=2))
+    write_json(RESULTS, results)
     print(f"\nwrote {RESULTS}")
-    return 1 if args.check and not all(ok for _, ok, _ in checks) else 0
+    return exit_code(passed, args.check)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Benchmark: 4 ranks filling an FSDP2 model from a sharded 2 GiB checkpoint: what each rank reads, its
 peak memory, and the time until the model is ready, against the strongest ways torch users do it today.
 
-Run it with ``.venv/bin/torchrun --standalone --nproc-per-node 4 benchmarks/distributed_load.py`` (about 5
-minutes on 2 cores, the files made once under ``--dir``; ``--rounds 1`` for a quick look; ``--check``
+Run it with ``.venv/bin/torchrun --standalone --nproc-per-node 4 -m benchmarks.distributed_load`` (about
+5 minutes on 2 cores, the files made once under ``--dir``; ``--rounds 1`` for a quick look; ``--check``
 exits 1 unless our loads read <= 1.1x their share on every rank, peak within 1.2x the share plus the
 model's unsharded buffers, with outputs equal to a single-process load). gloo on CPU.
 
@@ -41,7 +41,6 @@ import gc
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -54,12 +53,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+import slimtorch
+from benchmarks._harness import proc_status, results_file, spread, write_json
 
-import slimtorch  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "distributed_load.json"
+RESULTS = results_file("distributed_load")
 DIM, FFN, BLOCKS = 2048, 8192, 16
 MiB = 2**20
 RATIO_TARGET, RSS_TARGET = 1.1, 1.2
@@ -186,13 +183,6 @@ def rank0_broadcast(path: Path) -> tuple[str, Callable[[Any], tuple[nn.Module, i
 LIBC = ctypes.CDLL(None)
 
 
-def status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
 def rchar() -> int:
     return int(
         next(x for x in Path("/proc/self/io").read_text().splitlines() if x.startswith("rchar")).split()[1]
@@ -203,13 +193,13 @@ def measure(load: Callable[[Any], tuple[nn.Module, int | None]], mesh: Any, forw
     gc.collect()
     LIBC.malloc_trim(0)
     dist.barrier()
-    before = status_kib("VmRSS")
+    before = proc_status()["VmRSS"]
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM back to the RSS now
     io = rchar()
     clock = time.perf_counter()
     model, bytes_read = load(mesh)
     ready = time.perf_counter() - clock
-    peak = status_kib("VmHWM") - before
+    peak = proc_status()["VmHWM"] - before
     local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
     result = {
         "ready_s": ready,
@@ -264,10 +254,6 @@ def run(args: argparse.Namespace) -> None:
 
 
 # -- the table -----------------------------------------------------------------------------------------------
-def spread(values: list[float], digits: int = 2) -> str:
-    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}..{max(values):.{digits}f}]"
-
-
 def report(
     args: argparse.Namespace, runs: dict[str, list[list[dict]]], broadcast: str, hf: Path, world: int
 ) -> None:
@@ -327,8 +313,7 @@ def report(
     for failure in failures:
         print("FAIL", failure)
     print("PASS" if not failures else f"{len(failures)} target(s) missed")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"load_average": load, "world": world, "methods": rows}, indent=1))
+    write_json(RESULTS, {"load_average": load, "world": world, "methods": rows}, indent=1)
     print(f"results: {RESULTS}")
     if args.check and failures:
         os._exit(1)
@@ -336,7 +321,9 @@ def report(
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"torchrun --standalone --nproc-per-node 4 -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every method (default 3)")
     parser.add_argument(
@@ -347,7 +334,9 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args()
     if "RANK" not in os.environ:
-        parser.error("run it under torchrun: .venv/bin/torchrun --standalone --nproc-per-node 4 " + __file__)
+        parser.error(
+            f"run it under torchrun: .venv/bin/torchrun --standalone --nproc-per-node 4 -m {__spec__.name}"
+        )
     run(args)
 
 

@@ -1,6 +1,6 @@
 """Benchmark: the hostile-input corpora of issues 17 and 44, counted per family.
 
-Run it with ``.venv/bin/python benchmarks/hostile.py`` (a minute or two on 2 cores once every reader
+Run it with ``.venv/bin/python -m benchmarks.hostile`` (a minute or two on 2 cores once every reader
 enforces its budget; each case that still hangs costs its 60 s wall limit). ``--help`` lists the flags.
 It prints one row per family: cases, refused cleanly, accepted cleanly, and the failures by kind
 (traceback, signal, timeout, memory, wrong: an exit code, message or output not as the case expects,
@@ -36,18 +36,17 @@ the bound it was held to.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from tests.hostile import WALL_LIMIT, Case, Outcome, fresh_cli_rss, run_cases
 from tests.support import hostile_bundles, hostile_inputs, hostile_terminal, hostile_workfolder
 from tests.support.hostile_corpus import CASES as CHECKPOINT_CASES
+
+from benchmarks._harness import write_json
 
 CLI_CASES = {
     "17": CHECKPOINT_CASES,
@@ -67,7 +66,7 @@ COLUMNS = ("cases", "refused", "accepted", *FAILURES)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
     parser.add_argument("--only", default="", metavar="TEXT", help="run the cases whose id contains TEXT")
     parser.add_argument("--wall", type=float, default=WALL_LIMIT, help="seconds before a case is killed")
@@ -94,7 +93,7 @@ def main() -> int:
     for outcome in failed:
         print("FAIL", outcome.describe())
     if args.json:
-        args.json.write_text(json.dumps([as_dict(o) for o in outcomes], indent=1))
+        write_json(args.json, [as_dict(o) for o in outcomes], indent=1)
     return 1 if failed else 0
 
 

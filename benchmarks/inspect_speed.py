@@ -31,13 +31,26 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results" / "inspect_speed.json"
+from benchmarks._harness import (
+    child_command,
+    emit,
+    machine,
+    memory_gib,
+    proc_status,
+    results_file,
+    rich_table,
+    sampled_run,
+    show,
+    verdict,
+    write_json,
+)
+
+RESULTS = results_file("inspect_speed")
 CHUNK_BYTES = 16 << 20
 SIDE = 2048  # weights are [SIDE, SIDE] float32 (16 MiB each), biases [SIDE]
 METHODS = {
@@ -62,20 +75,6 @@ COLUMNS: dict[str, Callable[[dict[str, Any]], str]] = {  # table header -> cell,
 
 
 # -- child side: runs in a fresh process, talks to the parent in JSON lines on stdout -----------------------
-def proc_status(pid: int | str = "self") -> dict[str, int]:
-    """The kB fields of /proc/<pid>/status (RssAnon, VmHWM, ...) in KiB; empty once the process is gone."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return {}
-    fields = (line.split(":", 1) for line in text.splitlines() if line.endswith(" kB"))
-    return {key: int(value.split()[0]) for key, value in fields}
-
-
-def emit(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
-
-
 def build_fixture(path: str, size_gib: float) -> None:
     import torch
 
@@ -90,7 +89,7 @@ def build_fixture(path: str, size_gib: float) -> None:
         model[f"{prefix}.weight"] = weight
         model[f"{prefix}.bias"] = torch.zeros(SIDE) if i % 2 else torch.randn(SIDE) * 0.02
     torch.save({"model": model, "epoch": 3}, path)
-    emit(tensors=len(model), torch=torch.__version__)
+    emit({"tensors": len(model), "torch": torch.__version__})
 
 
 def read_floor(path: str) -> int:
@@ -122,7 +121,7 @@ def child(mode: str, path: str, size_gib: float) -> None:
         import torch  # noqa: F401  (imported before the baseline, as a user's script would)
     if mode in ("import_slimtorch", "slimtorch_api"):
         import slimtorch
-    emit(baseline_kib=proc_status()["RssAnon"])
+    emit({"baseline_kib": proc_status()["RssAnon"]})
     start = time.perf_counter()
     result = read_floor(path) if mode == "read_floor" else None
     if mode.startswith("torch_load"):
@@ -131,43 +130,26 @@ def child(mode: str, path: str, size_gib: float) -> None:
         report = slimtorch.inspect(path)
         result = sum(round(t.sparsity * math.prod(t.shape)) for t in report.tensors if t.sparsity is not None)
     work_s, status = time.perf_counter() - start, proc_status()
-    emit(work_s=work_s, result=result, hwm_kib=status["VmHWM"], anon_kib=status["RssAnon"])
+    emit({"work_s": work_s, "result": result, "hwm_kib": status["VmHWM"], "anon_kib": status["RssAnon"]})
 
 
 # -- parent side ---------------------------------------------------------------------------------------------
 def measure(cmd: list[str], capture: bool = True) -> dict[str, Any]:
     """Run ``cmd`` to completion; wall time, peak sampled RssAnon, ru_maxrss and its JSON lines."""
-    stop, peak = threading.Event(), [0]
-    with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: stderr never blocks the child
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=errors)
-
-        def sample() -> None:
-            while not stop.is_set():
-                peak[0] = max(peak[0], proc_status(proc.pid).get("RssAnon", 0))
-                stop.wait(0.005)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        stop.set()
-        sampler.join()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        stdout = proc.communicate()[0] or b""
-        if proc.returncode:
-            errors.seek(0)
-            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{errors.read()}")
-    lines = [json.loads(line) for line in stdout.decode().splitlines() if line.startswith("{")]
-    return {"wall_s": wall, "peak_anon_kib": peak[0], "maxrss_kib": usage.ru_maxrss, "lines": lines}
+    run = sampled_run(cmd, every=0.005, capture=capture)
+    if run.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stderr}")
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    return {
+        "wall_s": run.wall_s,
+        "peak_anon_kib": run.peak_anon // 1024,
+        "maxrss_kib": run.usage.ru_maxrss,
+        "lines": lines,
+    }
 
 
 def child_cmd(mode: str, path: Path, size_gib: float = 0.0) -> list[str]:
-    return [sys.executable, __file__, "--child", mode, "--size-gib", str(size_gib), str(path)]
-
-
-def memory_gib() -> float:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    return child_command(__spec__.name, "--child", mode, "--size-gib", str(size_gib), str(path))
 
 
 def slimtorch_cli() -> str:
@@ -212,18 +194,12 @@ def summarize(runs: list[dict[str, Any]], file_bytes: int) -> dict[str, dict[str
 
 
 def print_table(summary: dict[str, dict[str, Any]], runs: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    machine = f"{os.cpu_count()} CPUs, {memory_gib():.0f} GiB RAM"
-    title = f"inspect speed: median of {runs} fresh processes, warm page cache, {machine}"
-    table = Table(title=title)
-    table.add_column("method")
-    for header in COLUMNS:
-        table.add_column(header, justify="right")
+    cpus = f"{os.cpu_count()} CPUs, {memory_gib():.0f} GiB RAM"
+    title = f"inspect speed: median of {runs} fresh processes, warm page cache, {cpus}"
+    table = rich_table(title, ["method", *COLUMNS], left={"method"})
     for method, row in summary.items():
         table.add_row(METHODS[method], *(cell(row) for cell in COLUMNS.values()))
-    Console(width=160).print(table)
+    show(table, 160)
 
 
 def verdicts(summary: dict[str, dict[str, Any]], sparsity_ok: bool) -> dict[str, bool]:
@@ -234,7 +210,7 @@ def verdicts(summary: dict[str, dict[str, Any]], sparsity_ok: bool) -> dict[str,
         "slimtorch zero counts equal torch's": sparsity_ok,
     }
     for name, ok in checks.items():
-        print(f"{'PASS' if ok else 'FAIL'}: {name}")
+        print(f"{verdict(ok)}: {name}")
     return checks
 
 
@@ -263,10 +239,8 @@ def benchmark(args: argparse.Namespace) -> None:
         print_table(summary, args.runs)
         torch_zeros = next(r["result"] for r in runs if r["method"] == "torch_load")
         checks = verdicts(summary, check_sparsity(path, torch_zeros))
-        machine = {"cpus": os.cpu_count(), "mem_gib": round(memory_gib(), 1), **built}
-        record = dict(args=vars(args), machine=machine, file_bytes=size, runs=runs, summary=summary)
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps({**record, "checks": checks}, indent=2))
+        record = dict(args=vars(args), machine=machine(**built), file_bytes=size, runs=runs, summary=summary)
+        write_json(RESULTS, {**record, "checks": checks})
         print(f"raw runs: {RESULTS}")
     finally:
         if not args.keep:
@@ -277,7 +251,9 @@ def benchmark(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"python -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--dir", help="where to write the fixture (default: a fresh temp dir)")
     parser.add_argument("--size-gib", type=float, default=1.0, help="checkpoint size in GiB (default 1.0)")

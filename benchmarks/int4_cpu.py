@@ -1,6 +1,6 @@
 """Benchmark: int4 weight-only Linear layers on the CPU: slimtorch, torchao and onnxruntime MatMulNBits.
 
-Run it with ``.venv/bin/python benchmarks/int4_cpu.py`` (about 10 minutes on 2 cores; ``--help``). It prints
+Run it with ``.venv/bin/python -m benchmarks.int4_cpu`` (about 10 minutes on 2 cores; ``--help``). It prints
 one table per model and row count, one PASS/FAIL line per target, and writes every measurement to
 benchmarks/results/int4_cpu.json. ``--check`` exits 1 when a target fails.
 
@@ -41,13 +41,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
-import os
-import statistics
 import sys
 import tempfile
-import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -59,13 +55,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+import slimtorch
+from benchmarks._harness import (
+    exit_code,
+    load_average,
+    paired_ratio,
+    print_checks,
+    results_file,
+    seconds,
+    write_json,
+)
+from slimtorch.quant import kernels
 
-import slimtorch  # noqa: E402
-from slimtorch.quant import kernels  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "int4_cpu.json"
+RESULTS = results_file("int4_cpu")
 CONFIGS = {"bert": (768, 3072, 12), "minilm": (384, 1536, 6)}
 GROUPS = (128, 32)
 SHORT_CALL_S = 0.02  # calls shorter than this are timed 3 times a round, the fastest kept (see above)
@@ -180,16 +182,15 @@ def measure(name: str, rows: int, runs: int, folder: Path) -> dict[str, Any]:
             got = run(x)  # slimtorch times its kernel candidates here
             cosine = F.cosine_similarity(got.reshape(rows, -1).float(), reference.reshape(rows, -1))
             out[method] = {"cosine_min": float(cosine.min())}
-        repeats = {method: 3 if _seconds(run, x) < SHORT_CALL_S else 1 for method, run in made.items()}
+        repeats = {method: 3 if seconds(run, x) < SHORT_CALL_S else 1 for method, run in made.items()}
         times: dict[str, list[float]] = {method: [] for method in made}
         for _ in range(runs):
             for method, run in made.items():
-                times[method].append(min(_seconds(run, x) for _ in range(repeats[method])))
+                times[method].append(min(seconds(run, x) for _ in range(repeats[method])))
     for method, values in times.items():
         ms = np.array(values) * 1e3
         out[method].update(ms=float(np.median(ms)), ms_min=float(ms.min()), ms_max=float(ms.max()))
-        paired = [t / f for t, f in zip(values, times["fp32"], strict=True)]
-        out[method]["vs fp32"] = statistics.median(paired)
+        out[method]["vs fp32"] = paired_ratio(values, times["fp32"])
     decisions = list(kernels.CHOICES.decisions().values())
     out["slimtorch kernels"] = dict(Counter(d.kernel for d in decisions))
     out["slimtorch measured ratio"] = [min(d.ratio for d in decisions), max(d.ratio for d in decisions)]
@@ -197,14 +198,8 @@ def measure(name: str, rows: int, runs: int, folder: Path) -> dict[str, Any]:
     return out
 
 
-def _seconds(run: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
-    start = time.perf_counter()
-    run(x)
-    return time.perf_counter() - start
-
-
 def print_table(title: str, rows: dict[str, Any]) -> None:
-    print(f"\n{title}  ({uptime()})")
+    print(f"\n{title}  ({load_average()})")
     print(f"  {'method':28}{'ms [min..max]':>26}{'time / fp32':>13}{'cosine min':>12}")
     for method, row in rows.items():
         if "ms" not in row:
@@ -216,10 +211,6 @@ def print_table(title: str, rows: dict[str, Any]) -> None:
         f"  slimtorch's kernels, per layer shape: {rows['slimtorch kernels']}, each measured "
         f"{low:.2f}..{high:.2f}x faster than the next candidate"
     )
-
-
-def uptime() -> str:
-    return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, bool, str]]:
@@ -254,7 +245,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=sorted(CONFIGS), default=["minilm", "bert"])
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 128])
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
@@ -270,11 +261,9 @@ def main() -> int:
                 print_table(f"{label}, 1 thread", results[label])
     checks = targets(results)
     print()
-    for label, ok, value in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {label}: {value}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"results": results, "targets": checks, "argv": sys.argv[1:]}, indent=1))
-    return 1 if args.check and not all(ok for _, ok, _ in checks) else 0
+    passed = print_checks(checks)
+    write_json(RESULTS, {"results": results, "targets": checks, "argv": sys.argv[1:]}, indent=1)
+    return exit_code(passed, args.check)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark: int8-dynamic BERT latency on one thread, slimtorch against onnxruntime int8 and torch.ao.
 
-Run it with ``.venv/bin/python benchmarks/int8_latency.py`` (about 6 minutes on 2 cores, compiles
+Run it with ``.venv/bin/python -m benchmarks.int8_latency`` (about 6 minutes on 2 cores, compiles
 included; ``--rounds``, ``--models``, ``--batches``, ``--no-compile``; ``--rows`` times the activation row
 quantization alone, ``--turns`` each kernel on one layer and on 12 layers called in turn, as the kernel
 choice once timed them and as a model calls them). It prints one table per model and batch size, one
@@ -52,10 +52,8 @@ import argparse
 import contextlib
 import copy
 import importlib.util
-import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -69,11 +67,20 @@ from typing import Any
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import slimtorch
+from benchmarks._harness import (
+    exit_code,
+    interleaved,
+    load_average,
+    machine,
+    paired_ratio,
+    print_checks,
+    results_file,
+    write_json,
+)
 from slimtorch.quant import kernels, rowcodes
 
-RESULTS = Path(__file__).resolve().parent / "results" / "int8_latency.json"
+RESULTS = results_file("int8_latency")
 SEQUENCE = 128
 WARMUP = 3
 TARGET_COSINE = 0.99
@@ -194,7 +201,7 @@ def row_quantization(rounds: int) -> None:
     kernel, interleaved, one thread, microseconds (median [min..max] of ``rounds`` rounds of 50 calls)."""
     if not rowcodes.prepare():
         raise SystemExit(f"--rows needs numba: {rowcodes.describe()}")
-    print(f"\nrow quantization, 1 thread, {rounds} rounds of 50 calls, us ({load()})")
+    print(f"\nrow quantization, 1 thread, {rounds} rounds of 50 calls, us ({load_average()})")
     for shape in [(128, 384), (128, 768), (128, 1536), (128, 3072), (2048, 384), (2048, 1536)]:
         x = torch.randn(*shape)
         ways = {"torch": kernels.quantize_rows_torch, "numba": rowcodes.quantize_rows_fused}
@@ -217,7 +224,7 @@ def kernels_in_turn(rounds: int, layers: int = 12) -> None:
     from slimtorch.quant.modules import CODES_OF, Int8DynamicLinear, int8_dynamic_kernels
 
     names = [k for k in int8_dynamic_kernels(torch.device("cpu")) if k != "reference"]
-    print(f"\nkernels a call, 128 rows, 1 thread, {rounds} rounds, us ({load()})")
+    print(f"\nkernels a call, 128 rows, 1 thread, {rounds} rounds, us ({load_average()})")
     for inputs, outputs in [(384, 384), (384, 1536), (1536, 384), (768, 768), (768, 3072), (3072, 768)]:
         model = nn.Sequential(*(nn.Linear(inputs, outputs) for _ in range(layers)))
         quantized = [
@@ -286,23 +293,17 @@ def measure(calls: dict[str, Callable], inputs: dict[str, torch.Tensor], rounds:
         got = run(inputs).flatten().double()
         first[name] = time.perf_counter() - start
         cosines[name] = float(got @ reference / (got.norm() * reference.norm()))
-    names = list(calls)
-    for _ in range(WARMUP):
-        for run in calls.values():
-            run(inputs)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for index in range(rounds):
-        for name in names[index % len(names) :] + names[: index % len(names)]:
-            start = time.perf_counter()
-            calls[name](inputs)
-            times[name].append(1e3 * (time.perf_counter() - start))
+    timed = interleaved(
+        {name: partial(run, inputs) for name, run in calls.items()}, rounds, warmup=WARMUP, rotate=True
+    )
+    times = {name: [1e3 * t for t in values] for name, values in timed.items()}
     return {
         name: {
             "median_ms": statistics.median(values),
             "min_ms": min(values),
             "max_ms": max(values),
-            "vs_ort": statistics.median(t / o for t, o in zip(values, times[ORT], strict=True)),
-            "vs_ao": statistics.median(t / o for t, o in zip(values, times[AO], strict=True)),
+            "vs_ort": paired_ratio(values, times[ORT]),
+            "vs_ao": paired_ratio(values, times[AO]),
             "vs_ao_spread": _spread([t / o for t, o in zip(values, times[AO], strict=True)]),
             "cosine": cosines[name],
             "first_call_s": first[name],
@@ -319,12 +320,8 @@ def _spread(ratios: list[float]) -> list[float]:
     return [deciles[0], deciles[-1]]
 
 
-def load() -> str:
-    return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
 def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
-    print(f"\n{title} ({load()})")
+    print(f"\n{title} ({load_average()})")
     print(
         f"  {'method':38} {'median ms':>10} {'[min..max]':>16} {'vs ORT':>7} {'vs ao':>6} {'[p10..p90]':>13}"
         f" {'cosine':>8} {'1st call s':>10}"
@@ -436,7 +433,9 @@ def run_all(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"python -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--models", nargs="+", default=["minilm", "bert-base"], choices=["minilm", "bert-base"]
@@ -476,24 +475,11 @@ def main() -> int:
         results, chosen = run_all(args)
     checks = targets(results, args.against)
     print()
-    for label, ok, value in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {label}: {value}")
-    machine = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpus": os.cpu_count(),
-        "load": os.getloadavg(),
-        "row_quantization": rowcodes.describe(),
-        "cpu": cpu(),
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {"machine": machine, "rounds": args.rounds, "results": results, "kernels": chosen}, indent=2
-        )
-    )
+    passed = print_checks(checks)
+    described = machine(load=os.getloadavg(), row_quantization=rowcodes.describe(), cpu=cpu())
+    write_json(RESULTS, {"machine": described, "rounds": args.rounds, "results": results, "kernels": chosen})
     print(f"\nwrote {RESULTS}")
-    return 1 if args.check and not all(ok for _, ok, _ in checks) else 0
+    return exit_code(passed, args.check)
 
 
 if __name__ == "__main__":

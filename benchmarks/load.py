@@ -1,7 +1,7 @@
 """Benchmark: time until a model is ready and its checksums verified, and peak memory, for every way of
 loading it, against the strongest anchors; warm and cold page cache.
 
-Run it with ``.venv/bin/python benchmarks/load.py`` (8 minutes on 2 busy cores, 18 on a slower host;
+Run it with ``.venv/bin/python -m benchmarks.load`` (8 minutes on 2 busy cores, 18 on a slower host;
 ``--help`` lists the flags). It prints one table per model and cache state (with the load average), one
 PASS/FAIL line per target, and writes every measurement to benchmarks/results/load.json. ``--check`` exits
 1 when a target fails. Models: an fp32 MLP of ``--size-mib`` (2 GiB) and BERT-base (transformers' default
@@ -92,13 +92,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib.util
-import json
 import mmap
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -108,7 +105,22 @@ from typing import Any
 import torch
 from torch import nn
 
-RESULTS = Path(__file__).resolve().parent / "results" / "load.json"
+from benchmarks._harness import (
+    child_command,
+    child_json,
+    emit,
+    exit_code,
+    load_average,
+    machine,
+    results_file,
+    rich_table,
+    rotated,
+    show,
+    status_bytes,
+    write_json,
+)
+
+RESULTS = results_file("load")
 MIB = 1 << 20
 WIDTH = 4096
 ANCHOR = "safetensors load_file + assign"
@@ -276,13 +288,6 @@ def cache(paths: dict[str, Path]) -> None:
 
 
 # -- one run, in a fresh process -----------------------------------------------------------------------------
-def status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def huge_mapped_share(path: Path) -> float | None:
     """The share of this process's resident mapped bytes of ``path`` that 2 MiB page-table entries map
     (``FilePmdMapped`` over ``Rss`` in /proc/self/smaps): the page cache's large folios, mapped whole. None
@@ -440,7 +445,7 @@ def load_once(method: str, model: str, folder: Path, layers: int, sum_threads: i
     resident = resident_share(read)
     with open("/proc/self/clear_refs", "w") as stream:
         stream.write("5")  # reset VmHWM to the current RSS
-    rss_before = status("VmRSS")
+    rss_before = status_bytes("VmRSS")
     start = time.perf_counter()
     net, report = load(method, build, paths, buffer, sum_threads)
     returned = time.perf_counter() - start
@@ -460,7 +465,7 @@ def load_once(method: str, model: str, folder: Path, layers: int, sum_threads: i
         "construct_s": report.construct_s if report else None,
         "verify_s": report.verify_s if report else None,
         "verify_after_s": report.verify_after_s if report else None,
-        "peak_rss_growth": status("VmHWM") - rss_before,
+        "peak_rss_growth": status_bytes("VmHWM") - rss_before,
         "on_meta": on_meta,
         "resident_before": resident,
         "huge_mapped": huge,
@@ -472,20 +477,17 @@ def child(args: argparse.Namespace) -> None:
         # transformers imports a model's code on first use of its class: do it before the clock, like
         # `import torch` (it is import time, not load time, and it is the same for every method).
         from transformers import BertConfig, BertModel  # noqa: F401
-    print(json.dumps(load_once(args.child, args.model, Path(args.dir), args.layers, args.sum_threads)))
+    emit(load_once(args.child, args.model, Path(args.dir), args.layers, args.sum_threads))
 
 
 # -- driver --------------------------------------------------------------------------------------------------
 def run_child(
     method: str, model: str, folder: Path, layers: int, threads: int | None, sum_threads: int
 ) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--child", method, "--model", model, "--dir", str(folder)]
+    command = child_command(__spec__.name, "--child", method, "--model", model, "--dir", str(folder))
     command += ["--sum-threads", str(sum_threads)]
     command += ["--layers", str(layers)] + (["--threads", str(threads)] if threads else [])
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"{method} on {model} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json(command, what=f"{method} on {model}")
 
 
 def measure(
@@ -526,12 +528,6 @@ def measure(
                 results[method].append(result)
         print(f"  {TITLES[model]}: {'warm-up' if round_ == 0 else f'round {round_}/{runs}'} done", flush=True)
     return results
-
-
-def rotated(items: list[str], by: int) -> list[str]:
-    """``items`` starting at index ``by`` (modulo their count), the ones before it moved to the end."""
-    at = by % len(items) if items else 0
-    return items[at:] + items[:at]
 
 
 def reported_kib() -> int | None:
@@ -660,17 +656,10 @@ def measures(model: str, rows: dict[str, dict[str, Any]], model_bytes: int) -> l
     return found
 
 
-def load_average() -> str:
-    return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
 def print_table(model: str, rows: dict[str, dict[str, Any]], model_bytes: int, runs: int, load: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     anchor = rows[judged_anchor(rows)]["median_s"]
-    table = Table(
-        title=f"{TITLES[model]}, {model_bytes / MIB:,.0f} MiB of tensors: time until every tensor is summed "
+    title = (
+        f"{TITLES[model]}, {model_bytes / MIB:,.0f} MiB of tensors: time until every tensor is summed "
         f"and (slimtorch) every checksum verified; median of {runs} fresh processes; {load}"
     )
     headers = (
@@ -683,10 +672,9 @@ def print_table(model: str, rows: dict[str, dict[str, Any]], model_bytes: int, r
         "peak MiB",
         "x model",
         "2 MiB-mapped",
+        "note",
     )
-    for header in headers:
-        table.add_column(header, justify="left" if header == "method" else "right")
-    table.add_column("note")
+    table = rich_table(title, headers, left={"method", "note"})
     for method, row in rows.items():
         floors = [
             rows[f"cold: {f}"]["median_s"]
@@ -706,7 +694,7 @@ def print_table(model: str, rows: dict[str, dict[str, Any]], model_bytes: int, r
             f"{100 * row['huge_mapped_median']:.0f}%" if "huge_mapped_median" in row else "",
             ", ".join(notes(method, row)),
         )
-    Console(width=190).print(table)
+    show(table, 190)
 
 
 def notes(method: str, row: dict[str, Any]) -> list[str]:
@@ -723,17 +711,15 @@ def notes(method: str, row: dict[str, Any]) -> list[str]:
     return found
 
 
-def machine() -> dict[str, Any]:
+def versions() -> dict[str, Any]:
+    """What the machine's description adds here: torch's threads, the loaders' versions, the CRC-32 used."""
     import safetensors
 
     import slimtorch
     from slimtorch.format import layout
 
     return {
-        "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
         "safetensors": safetensors.__version__,
         "slimtorch": slimtorch.__version__,
         "crc32": f"{layout.crc32.__module__}.{layout.crc32.__name__}",
@@ -742,7 +728,9 @@ def machine() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"python -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--size-mib", type=float, default=2048, help="synthetic MLP size (default 2048)")
     parser.add_argument("--runs", type=int, default=5, help="timed runs per method (default 5)")
@@ -771,7 +759,12 @@ def main() -> None:
     if args.dir:
         Path(args.dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="slimtorch-load-bench-", dir=args.dir) as tmp:
-        record: dict[str, Any] = {"args": vars(args), "machine": machine(), "models": {}, "checks": []}
+        record: dict[str, Any] = {
+            "args": vars(args),
+            "machine": machine(**versions()),
+            "models": {},
+            "checks": [],
+        }
         for model in args.models.split(","):
             print(f"writing the {TITLES[model]} files ...", flush=True)
             model_bytes = write_files(Path(tmp), model, layers)
@@ -804,11 +797,9 @@ def main() -> None:
     passed = sum(c["ok"] for c in record["checks"])
     print(f"{passed}/{len(record['checks'])} targets pass")
     record["all_pass"] = passed == len(record["checks"])
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(record, indent=2))
+    write_json(RESULTS, record)
     print(f"results: {RESULTS}")
-    if args.check and not record["all_pass"]:
-        sys.exit(1)
+    sys.exit(exit_code(record["all_pass"], args.check))
 
 
 if __name__ == "__main__":

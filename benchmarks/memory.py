@@ -1,6 +1,6 @@
 """Benchmark: a training step's peak memory, estimated on fake tensors against measured on real ones.
 
-Run it with ``.venv/bin/python benchmarks/memory.py`` (about 30 minutes on 2 shared cores, most of it the
+Run it with ``.venv/bin/python -m benchmarks.memory`` (about 30 minutes on 2 shared cores, most of it the
 steady-state table; ``--check`` exits 1 when a target fails; ``--tables allocator`` runs only the first
 table, ``--models lstm`` only one model). For each zoo model, batch size and mode (train with AdamW,
 inference) it prints:
@@ -47,26 +47,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import textwrap
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+from tests.zoo import UNet, resnet18
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT))
-from tests.zoo import UNet, resnet18  # noqa: E402
+import slimtorch.memory as memory
+from benchmarks._harness import (
+    Check,
+    ChildFailed,
+    child_json,
+    exit_code,
+    print_checks,
+    results_file,
+    write_json,
+)
 
-import slimtorch.memory as memory  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "memory.json"
+RESULTS = results_file("memory")
 TOLERANCE = 0.10
 BATCHES = (4, 16, 32)
 
@@ -128,8 +131,7 @@ ZOO: dict[str, tuple[Callable[[], nn.Module], Callable[[int], torch.Tensor]]] = 
 
 LLAMA_7B = textwrap.dedent(
     """
-    import json, sys, time
-    sys.path.insert(0, {src!r})
+    import json, time
 
     def high_water():
         # this process's own peak resident memory (getrusage's ru_maxrss keeps the parent's across exec)
@@ -150,15 +152,16 @@ LLAMA_7B = textwrap.dedent(
     tokens = torch.zeros(1, 2048, dtype=torch.long)
     report = memory.estimate(model, tokens, optimizer="adamw", precision="bf16-mixed", device="cuda")
     step = report.steps[0]
-    print(json.dumps({{
+    print(json.dumps({
         "seconds": time.perf_counter() - start,
         "max_rss_bytes": high_water(),
         "parameters": sum(p.numel() for p in model.parameters()),
         "peak_bytes": step.peak_bytes, "peak_phase": step.peak_phase,
         "breakdown": step.breakdown, "phases": step.phases,
-    }}))
+    }))
     """
 )
+"""The 7B estimate, run as ``python -c`` in a fresh process: nothing but what it needs imported before it."""
 
 
 def compare(name: str, mode: str) -> list[dict[str, Any]]:
@@ -458,15 +461,13 @@ def fitting(share: float = 0.6, steps: int = 5) -> dict[str, Any]:
 
 
 def llama_7b() -> dict[str, Any]:
-    script = LLAMA_7B.format(src=str(ROOT / "src"))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    if done.returncode:
-        raise SystemExit(f"the 7B estimate failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        return child_json([sys.executable, "-c", LLAMA_7B], what="the 7B estimate", timeout=600)
+    except ChildFailed as failed:
+        raise SystemExit(str(failed)) from None
 
 
 TABLES = ("allocator", "steady", "finders", "fit", "7b")
-Check = tuple[str, bool, str]
 
 
 def allocator_table(models: list[str]) -> tuple[list[dict[str, Any]], list[Check]]:
@@ -554,7 +555,9 @@ def llama_7b_table() -> tuple[dict[str, Any], list[Check]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"python -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--models", nargs="+", default=list(ZOO), choices=list(ZOO))
     parser.add_argument(
@@ -585,12 +588,10 @@ def main() -> int:
         results[keys[table]] = result
         checks += table_checks
     print()
-    for label, ok, value in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {label}: {value}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2))
+    passed = print_checks(checks)
+    write_json(RESULTS, results)
     print(f"\nwrote {RESULTS}")
-    return 1 if args.check and not all(ok for _, ok, _ in checks) else 0
+    return exit_code(passed, args.check)
 
 
 if __name__ == "__main__":

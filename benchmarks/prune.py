@@ -1,6 +1,6 @@
 """Benchmark: structured pruning at ratio 0.5, slimtorch against Torch-Pruning, on the whole test zoo.
 
-Run it with ``.venv/bin/python benchmarks/prune.py`` after ``pip install torch-pruning==1.6.1`` (about 10
+Run it with ``.venv/bin/python -m benchmarks.prune`` after ``pip install torch-pruning==1.6.1`` (about 10
 minutes; ``--models`` picks a few, ``--check`` exits 1 when a target fails). For every model and tool it
 prints whether the tool handled the model (pruned it, and the pruned model still runs with the same output
 shape), parameters and MACs after (both counted by slimtorch's counter, so they compare), CPU latency
@@ -21,27 +21,33 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from tests.zoo import UNet, mobilenet_v2, resnet18, resnet50
 from tests.zoo.transformers_models import TRANSFORMERS, main_output
+from torch import nn
 
 import slimtorch
+from benchmarks._harness import (
+    child_command,
+    emit,
+    exit_code,
+    last_json,
+    results_file,
+    rich_table,
+    show,
+    verdict,
+    write_json,
+)
 from slimtorch.graph.macs import count_macs
 from slimtorch.inspection.measure import measure_latency
 
-RESULTS = Path(__file__).resolve().parent / "results" / "prune.json"
+RESULTS = results_file("prune")
 RATIO = 0.5
 VISION: dict[str, Callable[[], nn.Module]] = {
     "resnet18": resnet18,
@@ -152,14 +158,14 @@ def run(name: str, tool: str, runs: int) -> dict[str, Any]:
 def isolated(name: str, tool: str, runs: int, timeout: float) -> dict[str, Any]:
     """:func:`run` in a fresh process, so that a tool that hangs (Torch-Pruning's dependency search can)
     costs ``timeout`` seconds and is reported, instead of stopping the benchmark."""
-    command = [sys.executable, __file__, "--one", name, tool, "--runs", str(runs)]
+    command = child_command(__spec__.name, "--one", name, tool, "--runs", str(runs))
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"handled": False, "no_grad": "-", "error": f"no result after {timeout:.0f} s (hangs)"}
     if done.returncode:
         return {"handled": False, "no_grad": "-", "error": f"crashed: {done.stderr.strip()[-120:]}"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return last_json(done.stdout)
 
 
 def baseline(name: str, runs: int) -> dict[str, Any]:
@@ -190,10 +196,7 @@ def bert_base_analysis_s() -> float:
 
 
 def print_table(rows: dict[str, dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"Structured pruning at ratio {RATIO}: after / before (medians, CPU, no grad)")
+    title = f"Structured pruning at ratio {RATIO}: after / before (medians, CPU, no grad)"
     headers = (
         "model",
         "tool",
@@ -206,10 +209,7 @@ def print_table(rows: dict[str, dict[str, Any]]) -> None:
         "no_grad",
         "note",
     )
-    for header in headers:
-        table.add_column(
-            header, justify="left" if header in ("model", "tool", "note", "no_grad") else "right"
-        )
+    table = rich_table(title, headers, left={"model", "tool", "note", "no_grad"})
     for name, row in rows.items():
         base = row["baseline"]
         table.add_row(
@@ -242,7 +242,7 @@ def print_table(rows: dict[str, dict[str, Any]]) -> None:
                 "",
                 end_section=tool == list(TOOLS)[-1],
             )
-    Console(width=180).print(table)
+    show(table, 180)
 
 
 def checks(rows: dict[str, dict[str, Any]], analysis_s: float) -> list[dict[str, Any]]:
@@ -272,7 +272,9 @@ def checks(rows: dict[str, dict[str, Any]], analysis_s: float) -> list[dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"python -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--models", default=",".join([*VISION, *TRANSFORMERS]), help="comma-separated")
     parser.add_argument("--runs", type=int, default=6, help="timed passes at batch 1 (half at batch 32)")
@@ -287,7 +289,7 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
     if args.one:
-        print(json.dumps(run(*args.one, args.runs)))
+        emit(run(*args.one, args.runs))
         return
     rows: dict[str, dict[str, Any]] = {}
     for name in args.models.split(","):
@@ -308,16 +310,14 @@ def main() -> None:
             )
             if b
         )
-        print(f"{'PASS' if check['ok'] else 'FAIL'}  {check['name']}: {check['measured']:.3f} ({bounds})")
+        print(f"{verdict(check['ok'])}  {check['name']}: {check['measured']:.3f} ({bounds})")
     slim = sorted(n for n, row in rows.items() if row["slimtorch"]["handled"])
     peer = sorted(n for n, row in rows.items() if row["torch-pruning"]["handled"])
     print(f"slimtorch handles {len(slim)}: {', '.join(slim)}")
     print(f"Torch-Pruning handles {len(peer)}: {', '.join(peer)}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows, "checks": found}, indent=2, default=str))
+    write_json(RESULTS, {"rows": rows, "checks": found}, default=str)
     print(f"results: {RESULTS}")
-    if args.check and not all(c["ok"] for c in found):
-        sys.exit(1)
+    sys.exit(exit_code(all(c["ok"] for c in found), args.check))
 
 
 if __name__ == "__main__":

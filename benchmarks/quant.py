@@ -1,6 +1,6 @@
 """Benchmark: quantized CPU inference, side by side: latency, size on disk, agreement with fp32.
 
-Run it with ``.venv/bin/python benchmarks/quant.py`` (about 5 minutes; ``--help`` lists the flags). It
+Run it with ``.venv/bin/python -m benchmarks.quant`` (about 5 minutes; ``--help`` lists the flags). It
 prints one table per model, thread count and batch size, one PASS/FAIL line per target of issue 7, and
 writes every measurement to benchmarks/results/quant.json. ``--check`` exits 1 when a target fails.
 
@@ -57,9 +57,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -73,11 +70,20 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import slimtorch
+from benchmarks._harness import (
+    ROOT,
+    exit_code,
+    interleaved,
+    machine,
+    paired_ratio,
+    print_checks,
+    results_file,
+    write_json,
+)
 from slimtorch.quant import model_bytes
 
-RESULTS = Path(__file__).resolve().parent / "results" / "quant.json"
+RESULTS = results_file("quant")
 SEQUENCE = 128
 CALIBRATION = 4  # samples GPTQ sees (never the inputs the outputs are compared on)
 TARGET_SPEEDUP = 1.8
@@ -194,7 +200,6 @@ def measure(
     torch.set_num_threads(threads)
     x = example(name, batch)
     calls = {method: call(model, x) for method, (model, _, _) in made.items()}
-    times: dict[str, list[float]] = {method: [] for method in made}
     with torch.no_grad():
         reference = output(calls["fp32"]())
         cosines = {}
@@ -204,11 +209,7 @@ def measure(
             cosines[method] = float(
                 F.cosine_similarity(got.flatten().double(), reference.flatten().double(), 0)
             )
-        for _ in range(runs):
-            for method, run in calls.items():
-                start = time.perf_counter()
-                run()
-                times[method].append(time.perf_counter() - start)
+        times = interleaved(calls, runs)
     fp32 = statistics.median(times["fp32"])
     fp32_size = made["fp32"][1]
     return {
@@ -308,9 +309,7 @@ def comparisons(results: dict[str, Any]) -> list[str]:
 
 
 # -- recurrent ---------------------------------------------------------------------------------------------
-RESEMBLYZER = (
-    Path(__file__).resolve().parent.parent / ".venv/lib/python3.11/site-packages/resemblyzer/pretrained.pt"
-)
+RESEMBLYZER = ROOT / ".venv/lib/python3.11/site-packages/resemblyzer/pretrained.pt"
 RECURRENT_BATCHES = (1, 16)
 
 
@@ -389,8 +388,7 @@ def measure_recurrent(
                 rows[method][f"batch {batch} iqr ms"] = _iqr(times[method]) * 1e3
                 # each round's time over the peer's in the same round: a slow spell of the machine
                 # (minutes long here) slows both sides of a pair, so the ratio survives it
-                ratios = [ours / theirs for ours, theirs in zip(times[method], peer, strict=True)]
-                rows[method][f"batch {batch} vs ao"] = statistics.median(ratios)
+                rows[method][f"batch {batch} vs ao"] = paired_ratio(times[method], peer)
     return rows
 
 
@@ -450,7 +448,6 @@ def recurrent_targets(results: dict[str, Any]) -> list[tuple[str, bool, str]]:
 
 
 def run_recurrent(threads: list[int], runs: int) -> tuple[dict[str, Any], list[tuple[str, bool, str]]]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.wild.inputs import speaker_partials  # resemblyzer's own preprocessing of synthetic voices
 
     mels = torch.cat([speaker_partials(seed=seed) for seed in range(8)])  # 16 x (160 frames, 40 mels)
@@ -505,13 +502,12 @@ def measure_compiled(
                 for way, run in (("eager", model), ("compiled", compiled)):
                     timer = benchmark.Timer("run(x)", globals={"run": run, "x": x}, num_threads=threads)
                     times[way].append(timer.blocked_autorange(min_run_time=0.2).median)
-            ratios = [c / e for c, e in zip(times["compiled"], times["eager"], strict=True)]
             rows[method] = {
                 "eager_ms": statistics.median(times["eager"]) * 1e3,
                 "eager_iqr_ms": _iqr(times["eager"]) * 1e3,
                 "compiled_ms": statistics.median(times["compiled"]) * 1e3,
                 "compiled_iqr_ms": _iqr(times["compiled"]) * 1e3,
-                "compiled_vs_eager": statistics.median(ratios),
+                "compiled_vs_eager": paired_ratio(times["compiled"], times["eager"]),
                 "cosine": float(cosine),
                 "compile_s": seconds,
             }
@@ -542,16 +538,16 @@ def run_compiled(args: argparse.Namespace) -> int:
                 results.setdefault(name, {}).setdefault(str(threads), {})[str(batch)] = rows
                 shape = f"{batch}x{SEQUENCE} tokens" if name == "bert" else f"{batch}x4096"
                 print_compiled(f"{name}, {threads} thread(s), input {shape}: eager vs torch.compile", rows)
-    COMPILE_RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
-    COMPILE_RESULTS.write_text(json.dumps({"machine": machine, "results": results}, indent=2))
+    write_json(COMPILE_RESULTS, {"machine": machine(), "results": results})
     print(f"\nwrote {COMPILE_RESULTS}")
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"python -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--models", nargs="+", default=["bert", "mlp", "recurrent"], choices=["bert", "mlp", "recurrent"]
@@ -586,15 +582,12 @@ def main() -> int:
         results["recurrent"], recurrent_checks = run_recurrent(args.threads, args.runs)
         checks += recurrent_checks
     print()
-    for label, ok, value in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {label}: {value}")
+    passed = print_checks(checks)
     for line in lines:
         print(line)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
-    RESULTS.write_text(json.dumps({"machine": machine, "results": results, "notes": notes}, indent=2))
+    write_json(RESULTS, {"machine": machine(), "results": results, "notes": notes})
     print(f"\nwrote {RESULTS}")
-    return 1 if args.check and not all(ok for _, ok, _ in checks) else 0
+    return exit_code(passed, args.check)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark: int8 LSTM / GRU on the CPU against fp32 and torch.ao, each measured in fresh processes.
 
-Run it with ``.venv/bin/python benchmarks/recurrent.py`` (27 minutes on this shared 2-core machine under
+Run it with ``.venv/bin/python -m benchmarks.recurrent`` (27 minutes on this shared 2-core machine under
 load 4 to 9, two-thread runs the slowest; ``--processes``, ``--rounds``, ``--help``). It prints
 one table per model and thread count, one PASS/FAIL line per target of issue 21, and writes every
 measurement to benchmarks/results/recurrent.json. ``--check`` exits 1 when a target fails.
@@ -37,27 +37,33 @@ import copy
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 import warnings
 from collections import Counter
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT))
+import slimtorch
+from benchmarks._harness import (
+    child_command,
+    child_json,
+    emit,
+    exit_code,
+    interleaved,
+    load_average,
+    paired_ratio,
+    print_checks,
+    results_file,
+    spread,
+    summary,
+    write_json,
+)
+from slimtorch.quant import kernels
 
-import slimtorch  # noqa: E402
-from slimtorch.quant import kernels  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "recurrent.json"
+RESULTS = results_file("recurrent")
 WIDTH, LAYERS, STEPS = 768, 3, 64
 METHODS = ("fp32", "slimtorch int8-dynamic", "torch.ao quantize_dynamic")
 SPEEDUP_TARGET, COSINE_TARGET = 1.5, 0.99
@@ -120,11 +126,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             for run in calls.values():
                 run()  # warm-up; slimtorch's kernel choice for this batch size, if not made above
             out["kernels"][str(batch)] = recurrent_choices(batch)
-            times = rounds(calls, spec["rounds"])
+            times = interleaved(calls, spec["rounds"])
             fp32, ours, peer = (times[m] for m in METHODS)
             out["ms"][str(batch)] = {m: statistics.median(t) * 1e3 for m, t in times.items()}
-            out["x fp32"][str(batch)] = statistics.median(f / o for f, o in zip(fp32, ours, strict=True))
-            out["vs ao"][str(batch)] = statistics.median(o / p for o, p in zip(ours, peer, strict=True))
+            out["x fp32"][str(batch)] = paired_ratio(fp32, ours)
+            out["vs ao"][str(batch)] = paired_ratio(ours, peer)
     return out
 
 
@@ -138,34 +144,14 @@ def recurrent_choices(batch: int) -> list[dict[str, Any]]:
     ]
 
 
-def rounds(calls: dict[str, Callable[[], Any]], count: int) -> dict[str, list[float]]:
-    """Each call's seconds in ``count`` rounds, the calls taken in turns within a round."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(count):
-        for name, run in calls.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
 def in_processes(spec: dict[str, Any], processes: int) -> list[dict[str, Any]]:
     """``child(spec)`` in ``processes`` fresh Python processes, one after another."""
-    results = []
-    for _ in range(processes):
-        done = subprocess.run(
-            [sys.executable, __file__, "--child", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        )
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    return results
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    command = child_command(__spec__.name, "--child", json.dumps(spec))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return [
+        child_json(command, what=f"{spec['model']}, {spec['threads']} thread(s)", env=env)
+        for _ in range(processes)
+    ]
 
 
 def aggregate(runs: list[dict[str, Any]], batches: list[int]) -> dict[str, Any]:
@@ -188,12 +174,8 @@ def aggregate(runs: list[dict[str, Any]], batches: list[int]) -> dict[str, Any]:
     return rows
 
 
-def spread(s: dict[str, float], digits: int = 2) -> str:
-    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}..{s['max']:.{digits}f}]"
-
-
 def print_table(title: str, rows: dict[str, Any], batches: list[int]) -> None:
-    print(f"\n{title}  ({rows['processes']} processes; {uptime()})")
+    print(f"\n{title}  ({rows['processes']} processes; {load_average()})")
     header = "".join(f"{f'batch {b} ms [min..max]':>28}" for b in batches)
     print(f"  {'method':28}{header} {'cosine min':>11}")
     for method in METHODS:
@@ -207,10 +189,6 @@ def print_table(title: str, rows: dict[str, Any], batches: list[int]) -> None:
             f"kernels chosen: {rows[f'batch {b} kernels']}, "
             f"measured {spread(rows[f'batch {b} measured ratio'])}x the other"
         )
-
-
-def uptime() -> str:
-    return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, bool, str]]:
@@ -247,7 +225,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, bool, str]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["lstm", "gru", "resemblyzer"])
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 16])
@@ -257,7 +235,7 @@ def main() -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(json.loads(args.child))))
+        emit(child(json.loads(args.child)))
         return 0
     if "resemblyzer" in args.models and not resemblyzer_installed():
         print("resemblyzer is not installed: its row is left out")
@@ -271,11 +249,9 @@ def main() -> int:
             print_table(f"{model}, {threads} thread(s)", rows, args.batches)
     checks = targets(results)
     print()
-    for label, ok, value in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {label}: {value}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"results": results, "targets": checks, "argv": sys.argv[1:]}, indent=1))
-    return 1 if args.check and not all(ok for _, ok, _ in checks) else 0
+    passed = print_checks(checks)
+    write_json(RESULTS, {"results": results, "targets": checks, "argv": sys.argv[1:]}, indent=1)
+    return exit_code(passed, args.check)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark: slimtorch at language-model scale, on Llama-shaped bf16 checkpoints of 1, 4 and 16 GB.
 
-Run it with ``.venv/bin/python benchmarks/scale.py`` (1 and 4 GB: about 25 minutes on 2 cores; ``--large``
+Run it with ``.venv/bin/python -m benchmarks.scale`` (1 and 4 GB: about 25 minutes on 2 cores; ``--large``
 adds the 16 GB file, ``--sizes 1`` runs one size, ``--cases`` a few rows). It writes each file once
 (Llama-2-7B's shapes: hidden 4096, MLP 11008, vocabulary 32000, bf16 weights drawn from N(0, 0.02); the layer
 count sets the size, so the 16 GB file is a 38-layer, 7.9B-parameter model), then times every case in a fresh
@@ -53,15 +53,28 @@ import platform
 import shutil
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results" / "scale.json"
+from benchmarks._harness import (
+    child_command,
+    emit,
+    exit_code,
+    interleaved,
+    machine,
+    results_file,
+    rich_table,
+    rotated,
+    sampled_run,
+    show,
+    verdict,
+    write_json,
+)
+
+RESULTS = results_file("scale")
 GIB = 1 << 30
 MIB = 1 << 20
 HIDDEN, MLP, VOCAB = 4096, 11008, 32000
@@ -283,14 +296,7 @@ def decode_layer(case: str) -> dict[str, float]:
     x = torch.randn(1, HIDDEN, generator=generator)
 
     def step(run: Any) -> float:
-        for _ in range(3):
-            run()
-        times = []
-        for _ in range(DECODE_CALLS):
-            begun = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - begun)
-        return statistics.median(times)
+        return statistics.median(interleaved({"layer": run}, DECODE_CALLS, warmup=3)["layer"])
 
     if case.startswith("onnxruntime"):
         import onnx
@@ -397,11 +403,11 @@ def run_case(case: str, folder: str, out: str) -> None:
     elif case == "torchao quantize_ int8":
         torchao_int8(folder)
     elif case in DECODE_CASES:
-        print(json.dumps(decode_layer(case)))
+        emit(decode_layer(case))
     elif case == MAKE_INT4:
         make_int4(folder)
     elif case in GENERATE_CASES:
-        print(json.dumps(generation(case, folder)))
+        emit(generation(case, folder))
     else:
         raise SystemExit(f"unknown case {case!r}")
 
@@ -421,59 +427,25 @@ MAKE_INT4 = "slimtorch quantize int4 (mapped)"
 LOAD_RSS_LIMIT = 1.1  # peak RSS of load_model + generate, over the int4 file's size (the largest size run)
 
 
-def anon_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def measure(case: str, folder: Path, scratch: Path) -> dict[str, Any]:
     """One fresh process running ``case``: wall and CPU seconds, peak RssAnon (sampled every 10 ms)."""
     out = scratch / "out"
-    command = [sys.executable, __file__, "--child", case, "--folder", str(folder), "--out", str(out)]
-    started = time.perf_counter()
-    # the child's output goes to files, read after it ends: a pipe would fill (64 KiB of a library's
-    # warnings) and block the child while this process waits for it
-    stdout_file = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed once read, below)
-    stderr_file = tempfile.TemporaryFile("w+")  # noqa: SIM115
-    child = subprocess.Popen(command, stdout=stdout_file, stderr=stderr_file, text=True)
-    peak, done = 0, threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, anon_bytes(child.pid))
-            time.sleep(0.01)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - started
-    done.set()
-    sampler.join()
-    stdout_file.seek(0)
-    stderr_file.seek(0)
-    stdout, stderr = stdout_file.read(), stderr_file.read()
-    stdout_file.close()
-    stderr_file.close()
+    run = sampled_run(
+        child_command(__spec__.name, "--child", case, "--folder", str(folder), "--out", str(out)), every=0.01
+    )
+    stdout, stderr = run.stdout, run.stderr
     extra = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip().startswith("{") else {}
-    child.returncode = os.waitstatus_to_exitcode(status)
     for leftover in scratch.iterdir():
         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     os.sync()  # untimed: the next case does not pay for this one's writeback
-    if child.returncode:
-        return {"error": stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {child.returncode}"}
+    if run.returncode:
+        return {"error": stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {run.returncode}"}
     return {
-        "wall_s": wall,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_anon": peak,
+        "wall_s": run.wall_s,
+        "cpu_s": run.usage.ru_utime + run.usage.ru_stime,
+        "peak_anon": run.peak_anon,
         **extra,
-        "peak_rss": usage.ru_maxrss * 1024,
+        "peak_rss": run.usage.ru_maxrss * 1024,
     }
 
 
@@ -507,12 +479,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(size: float, file_bytes: int, rows: dict[str, dict[str, Any]], int4_bytes: int | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    out = Table(title=f"Llama-shaped bf16 file of {file_bytes / 1e9:.2f} GB ({size:g} GB asked)")
-    for column in ("case", "median s", "spread s", "CPU s", "GB/s", "peak RssAnon", "vs anchor"):
-        out.add_column(column, justify="left" if column == "case" else "right")
+    out = rich_table(
+        f"Llama-shaped bf16 file of {file_bytes / 1e9:.2f} GB ({size:g} GB asked)",
+        ("case", "median s", "spread s", "CPU s", "GB/s", "peak RssAnon", "vs anchor"),
+        left={"case"},
+    )
     for case, row in rows.items():
         if "error" in row:
             out.add_row(case, "-", "-", "-", "-", "-", f"failed: {row['error'][:60]}")
@@ -530,16 +501,14 @@ def table(size: float, file_bytes: int, rows: dict[str, dict[str, Any]], int4_by
             f"{row['peak_anon'] / MIB:,.0f} MiB",
             ratio,
         )
-    Console(width=150).print(out)
+    show(out, 150)
     generated = {case: row for case, row in rows.items() if "tokens_per_s" in row}
     if generated:
         title = f"int4 generate at batch 1, {GENERATE_PROMPT}-token prompt (medians)"
         if int4_bytes:
             title += f"; slimtorch's int4 file: {int4_bytes / MIB:,.0f} MiB"
-        gen = Table(title=title)
         columns = ("case", "ready s", "first token s", "tokens/s", "peak RSS", "RSS / int4", "peak RssAnon")
-        for column in columns:
-            gen.add_column(column, justify="left" if column == "case" else "right")
+        gen = rich_table(title, columns, left={"case"})
         for case, row in generated.items():
             gen.add_row(
                 case,
@@ -550,18 +519,15 @@ def table(size: float, file_bytes: int, rows: dict[str, dict[str, Any]], int4_by
                 f"{row['peak_rss'] / int4_bytes:.2f}x" if int4_bytes else "-",
                 f"{row['peak_anon'] / MIB:,.0f} MiB",
             )
-        Console(width=150).print(gen)
+        show(gen, 150)
 
 
 def decode_table(rows: dict[str, dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    out = Table(
-        title="one Llama-2-7B decoder layer's int4 weight products at batch 1 (medians of fresh processes)"
+    out = rich_table(
+        "one Llama-2-7B decoder layer's int4 weight products at batch 1 (medians of fresh processes)",
+        ("case", "ms a layer", "spread", "7B tokens/s (products only)", "vs slimtorch"),
+        left={"case"},
     )
-    for column in ("case", "ms a layer", "spread", "7B tokens/s (products only)", "vs slimtorch"):
-        out.add_column(column, justify="left" if column == "case" else "right")
     ours = rows.get(DECODE_CASES[0], {}).get("layer_ms")
     for case, row in rows.items():
         if "error" in row:
@@ -570,7 +536,7 @@ def decode_table(rows: dict[str, dict[str, Any]]) -> None:
         spread = f"{row['layer_ms_min']:.2f}-{row['layer_ms_max']:.2f}"
         ratio = f"{row['layer_ms'] / ours:.2f}x" if ours else "-"
         out.add_row(case, f"{row['layer_ms']:.2f}", spread, f"{row['tokens_per_s_7b']:.2f}", ratio)
-    Console(width=150).print(out)
+    show(out, 150)
 
 
 def checks(results: dict[str, dict[str, Any]], judged: str) -> list[dict[str, Any]]:
@@ -603,8 +569,7 @@ Runs = dict[str, list[dict[str, Any]]]
 def rounds(runs: Runs, cases: list[str], count: int, size: float, folder: Path, scratch: Path) -> None:
     """``count`` rounds of ``cases``, each in a fresh process, each round starting one case further down."""
     for round_ in range(count if cases else 0):
-        order = cases[round_ % len(cases) :] + cases[: round_ % len(cases)]
-        for case in order:
+        for case in rotated(cases, round_):
             runs.setdefault(case, []).append(measure(case, folder, scratch))
             last = runs[case][-1]
             shown = f"{last['wall_s']:.1f} s" if "wall_s" in last else last["error"][:80]
@@ -612,7 +577,7 @@ def rounds(runs: Runs, cases: list[str], count: int, size: float, folder: Path, 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1,4", help="file sizes in GB, comma-separated (default 1,4)")
     parser.add_argument("--large", action="store_true", help="add the 16 GB file (int4 shrink and anchors)")
     parser.add_argument("--runs", type=int, default=3, help="rounds of fresh processes (default 3)")
@@ -668,23 +633,21 @@ def main() -> int:
     judged = max((k for k in results if float(k) <= JUDGED_SIZE), key=float, default=next(iter(results)))
     found = checks(results, judged)
     for check in found:
-        verdict = "PASS" if check["pass"] else "FAIL"
-        print(f"{verdict}  {check['what']}: {check['value']:.2f} (target <= {check['limit']})")
+        print(f"{verdict(check['pass'])}  {check['what']}: {check['value']:.2f} (target <= {check['limit']})")
     passed = sum(c["pass"] for c in found)
     print(f"{passed} of {len(found)} targets met")
-    RESULTS.parent.mkdir(exist_ok=True)
-    machine = {"platform": platform.platform(), "cpu": platform.processor(), "cores": os.cpu_count()}
+    described = machine(platform=platform.platform(), cpu=platform.processor())
     kept = json.loads(RESULTS.read_text()).get("results", {}) if RESULTS.exists() else {}
     merged = dict(kept)  # sizes and cases not run this time keep their last measurement
     for size, result in results.items():
         rows = {**merged.get(size, {}).get("rows", {}), **result["rows"]}
         merged[size] = {**result, "rows": rows}
-    record = {"machine": machine, "results": merged, "checks": found}
+    record = {"machine": described, "results": merged, "checks": found}
     record["decode"] = decoded or (
         json.loads(RESULTS.read_text()).get("decode", {}) if RESULTS.exists() else {}
     )
-    RESULTS.write_text(json.dumps(record, indent=2))
-    return 1 if args.check and passed < len(found) else 0
+    write_json(RESULTS, record)
+    return exit_code(passed == len(found), args.check)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark: how small `slimtorch.save` and `slimtorch shrink` make checkpoints, and how fast they run.
 
-Run it with ``.venv/bin/python benchmarks/shrink.py`` (about 5 minutes with the defaults; ``--help`` lists the
+Run it with ``.venv/bin/python -m benchmarks.shrink`` (about 5 minutes with the defaults; ``--help`` lists the
 flags). It prints side-by-side tables, one PASS/FAIL line per target and a summary line, and writes every
 measurement to benchmarks/results/shrink.json. The exit code is 0 even when a target fails (this is a
 report); ``--check`` makes it 1 then.
@@ -42,9 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -59,11 +57,11 @@ import safetensors
 import safetensors.torch
 import torch
 from rich.console import Console
-from rich.table import Table
 
 import slimtorch
+from benchmarks._harness import exit_code, machine, results_file, rich_table, verdict, write_json
 
-RESULTS = Path(__file__).resolve().parent / "results" / "shrink.json"
+RESULTS = results_file("shrink")
 MIB = 1 << 20
 MB = 1e6
 PAGE = 4096
@@ -106,7 +104,7 @@ class Check:
     def line(self) -> str:
         sign = "<=" if self.at_most else ">="
         return (
-            f"{'PASS' if self.ok else 'FAIL'}  {self.name}: {fmt(self.measured, self.unit)} "
+            f"{verdict(self.ok)}  {self.name}: {fmt(self.measured, self.unit)} "
             f"(target {sign} {fmt(self.target, self.unit)})"
         )
 
@@ -261,9 +259,11 @@ def size_checks(case: str, sizes: dict[str, Any]) -> list[Check]:
 
 
 def print_sizes(all_sizes: dict[str, dict[str, Any]]) -> None:
-    table = Table(title="File sizes (ratio to the dense safetensors file of the same tensors)")
-    for header in ("model", "format", "file MiB", "x safetensors", "max rel L2 err", "target", "verdict"):
-        table.add_column(header, justify="left" if header in ("model", "format") else "right")
+    table = rich_table(
+        "File sizes (ratio to the dense safetensors file of the same tensors)",
+        ("model", "format", "file MiB", "x safetensors", "max rel L2 err", "target", "verdict"),
+        left={"model", "format"},
+    )
     for case, sizes in all_sizes.items():
         title = f"{CASE_TITLES[case]}\n{sizes['tensor_bytes'] / MIB:.0f} MiB of tensors"
         for i, (name, row) in enumerate(sizes["files"].items()):
@@ -276,7 +276,7 @@ def print_sizes(all_sizes: dict[str, dict[str, Any]]) -> None:
                 f"{row['ratio']:.3f}",
                 "-" if error is None else "0 (exact)" if error == 0 else f"{error:.2e}",
                 "-" if target is None else f"<= {target:.2f}",
-                "-" if target is None else "PASS" if row["ratio"] <= target else "FAIL",
+                "-" if target is None else verdict(row["ratio"] <= target),
                 end_section=i == len(sizes["files"]) - 1,
             )
     console.print(table)
@@ -386,7 +386,6 @@ def print_throughput(case: str, methods: list[Method], tensor_mib: float, runs: 
         f"Throughput, {CASE_TITLES[case]}, {tensor_mib:.0f} MiB of tensors: median of {runs} runs, "
         f"warm page cache, {torch.get_num_threads()} torch threads"
     )
-    table = Table(title=title)
     headers = (
         "op",
         "method",
@@ -399,8 +398,7 @@ def print_throughput(case: str, methods: list[Method], tensor_mib: float, runs: 
         "target\nMB/s",
         "verdict",
     )
-    for header in headers:
-        table.add_column(header, justify="left" if header in ("op", "method") else "right")
+    table = rich_table(title, headers, left={"op", "method"})
     for i, method in enumerate(methods):
         s = method.summary()
         last_of_op = i + 1 == len(methods) or methods[i + 1].op != method.op
@@ -414,26 +412,13 @@ def print_throughput(case: str, methods: list[Method], tensor_mib: float, runs: 
             f"{s['mb_s']:,.0f}",
             f"{s['best_mb_s']:,.0f}",
             "-" if method.target is None else f">= {method.target:,.0f}",
-            "-" if method.target is None else "PASS" if s["mb_s"] >= method.target else "FAIL",
+            "-" if method.target is None else verdict(s["mb_s"] >= method.target),
             end_section=last_of_op,
         )
     console.print(table)
 
 
 # -- driver --------------------------------------------------------------------------------------------------
-def machine() -> dict[str, Any]:
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
-    return {
-        "cpus": os.cpu_count(),
-        "mem_gib": round(memory, 1),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "safetensors": safetensors.__version__,
-        "slimtorch": slimtorch.__version__,
-    }
-
-
 def benchmark(args: argparse.Namespace, workdir: Path) -> list[Check]:
     sizes: dict[str, Any] = {}
     throughput: dict[str, list[Method]] = {}
@@ -477,15 +462,18 @@ def benchmark(args: argparse.Namespace, workdir: Path) -> list[Check]:
 
     record = {
         "args": vars(args),
-        "machine": machine(),
+        "machine": machine(
+            torch_threads=torch.get_num_threads(),
+            safetensors=safetensors.__version__,
+            slimtorch=slimtorch.__version__,
+        ),
         "sizes": sizes,
         "sizes_at_throughput_size": speed_sizes,
         "throughput": {case: [m.summary() for m in methods] for case, methods in throughput.items()},
         "checks": [{**asdict(c), "ok": c.ok} for c in checks],
         "all_pass": all(c.ok for c in checks),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(record, indent=2))
+    write_json(RESULTS, record)
     return checks
 
 
@@ -501,7 +489,9 @@ def report(checks: list[Check]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"python -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--size-mib", type=float, default=1024, help="sparse MLP size for throughput (default 1024)"
@@ -522,8 +512,7 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report(checks)
-    if args.check and not all(c.ok for c in checks):
-        sys.exit(1)
+    sys.exit(exit_code(all(c.ok for c in checks), args.check))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark: the wild-model suite's matrix, every real checkpoint through every command, as a table.
 
-Run it with ``.venv/bin/python benchmarks/wild.py`` (about 4 minutes on 2 cores; ``--models`` and
+Run it with ``.venv/bin/python -m benchmarks.wild`` (about 4 minutes on 2 cores; ``--models`` and
 ``--commands`` pick a few). It runs exactly what ``tests/wild`` asserts (``tests.wild.matrix``): each
 checkpoint as its package ships it, through inspect, shrink (lossless, int8, int4), load_model into its
 real class, int8-dynamic quantization, structured pruning at a quarter of the channels, the memory
@@ -12,7 +12,6 @@ file sizes, and why each ✗ misses; and writes everything to ``benchmarks/resul
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import tempfile
@@ -21,14 +20,12 @@ import warnings
 from pathlib import Path
 
 import torch
+from tests.wild.matrix import COMMANDS, Outcome, run, verdict
+from tests.wild.models import BY_NAME, WildModel
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks._harness import machine, results_file, write_json
 
-from tests.wild.matrix import COMMANDS, Outcome, run, verdict  # noqa: E402
-from tests.wild.models import BY_NAME, WildModel  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "wild.json"
+RESULTS = results_file("wild")
 REFUSAL_CHARS = 70
 
 
@@ -91,7 +88,7 @@ def _mib(n: int) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=list(BY_NAME), default=list(BY_NAME))
     parser.add_argument("--commands", nargs="+", choices=COMMANDS, default=list(COMMANDS))
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the results ({RESULTS})")
@@ -131,14 +128,9 @@ def main() -> int:
     )
     for model, outcome, why in misses:
         print(f"- {model.name} x {outcome.command}: {_cut(why, 240)}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "schema": "slimtorch.bench-wild/1",
-        "machine": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "cpu": platform.processor() or platform.machine(),
-        },
+        "machine": machine(cpu=platform.processor() or platform.machine()),
         "seconds": round(elapsed, 1),
         "models": {
             m.name: {"package": m.package, "what": m.what, "origin": m.origin, "path": str(m.path)}
@@ -148,7 +140,7 @@ def main() -> int:
             {**o.to_dict(), "meets_bar": verdict(BY_NAME[o.model], o) is None} for o in outcomes.values()
         ],
     }
-    args.json.write_text(json.dumps(record, indent=2) + "\n")
+    write_json(args.json, record)
     return 0
 
 

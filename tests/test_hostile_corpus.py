@@ -2,7 +2,8 @@
 with no traceback, no signal, within 60 s and 1.5 GB (or twice its files) of peak RSS.
 
 Each case builds its files at test time (seeded, a few MB at most) and runs the CLI in a forked child
-(:func:`tests.hostile.run_cases`). ``benchmarks/hostile.py`` runs the same corpus, with counts per family.
+(:func:`tests.hostile.run_cases`). ``python -m benchmarks.hostile`` runs the same corpus, with counts per
+family.
 """
 
 from __future__ import annotations

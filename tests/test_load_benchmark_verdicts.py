@@ -6,21 +6,16 @@ and 3 s in the next; a ratio to such a floor passed once by the floor's slowness
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
-from pathlib import Path
 
 import pytest
-
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "load.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("load_benchmark", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    """The module ``python -m benchmarks.load`` runs (the tests import from the repository's root)."""
+    return importlib.import_module("benchmarks.load")
 
 
 def _row(*runs: float) -> dict:

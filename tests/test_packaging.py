@@ -30,6 +30,8 @@ SDIST_NEEDS = (
     "tests/wild/requirements.txt",  # a prerequisite of the Makefile's set-up
     "examples/training_checkpoint.py",
     "benchmarks/prune.py",  # make bench and make lint name the folder
+    "benchmarks/__init__.py",  # make bench runs each as python -m benchmarks.NAME
+    "benchmarks/_harness.py",  # ... and each imports it
     "docs/ARCHITECTURE.md",
     "scripts/ensure_chromium.sh",  # the Makefile's set-up runs it
 )

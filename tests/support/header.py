@@ -1,5 +1,5 @@
 """Small slim checkpoints of each kind and single-bit flips of them (``tests/test_header_integrity.py``,
-``benchmarks/bitflips.py``)."""
+``benchmarks.bitflips``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import slimtorch
 KINDS = ("lossless", "int8", "int4", "sharded")
 
 
-# -- templates and flips (benchmarks/bitflips.py runs the same with more flips) -----------------------------
+# -- templates and flips (benchmarks.bitflips runs the same with more flips) --------------------------------
 def small_state() -> dict[str, torch.Tensor]:
     """Every storage form in tens of KB: codes (int8 or int4), codes stored sparsely, as is, an integer."""
     generator = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""Tampered bundles: the cases of tests/test_hostile_bundles.py and benchmarks/hostile.py."""
+"""Tampered bundles: the cases of tests/test_hostile_bundles.py and benchmarks.hostile."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The hostile-input corpus: every case a file, a command and what it must do
-(``tests/test_hostile_corpus.py``, ``benchmarks/hostile.py``)."""
+(``tests/test_hostile_corpus.py``, ``benchmarks.hostile``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Hostile data and example files and numbers: the cases of tests/test_hostile_inputs.py and
-benchmarks/hostile.py."""
+benchmarks.hostile."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Hostile names and text for the terminal: the cases of tests/test_hostile_terminal.py and
-benchmarks/hostile.py."""
+benchmarks.hostile."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Hostile work folders and recipes: the cases of tests/test_hostile_workfolder.py and
-benchmarks/hostile.py."""
+benchmarks.hostile."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Every command on every wild checkpoint, measured against the checkpoint as its package loads it.
 
 :func:`run` runs one (checkpoint, command) pair and returns an :class:`Outcome`: what was measured, or
-the one line slimtorch refused with. The tests assert on outcomes; ``benchmarks/wild.py`` tabulates the
+the one line slimtorch refused with. The tests assert on outcomes; ``python -m benchmarks.wild`` tabulates the
 same ones. Any error that is not a :class:`~slimtorch.errors.SlimtorchError` propagates: it is a bug.
 """
 

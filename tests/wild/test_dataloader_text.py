@@ -2,7 +2,8 @@
 all-MiniLM-L6-v2's own tokenizer, item by item): the settings it prints are ones a DataLoader takes, every
 candidate ran (the Rust tokenizer went to the workers and back), no worker outlives it, and the tuned
 loader feeds the real model the batches ``num_workers=0`` feeds it, embedded as the suite's reference
-embeds them. Which settings win is a timing, not asserted here (``benchmarks/dataloader.py`` measures it)."""
+embeds them. Which settings win is a timing, not asserted here (``python -m benchmarks.dataloader`` measures
+it)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (``pip install slimtorch[fast]``), on every core torch may use; torch's operations otherwise.
 
 On a Llama-shaped bf16 layer the search costs about a third of torch's nine candidate passes
-(``python benchmarks/scale.py``). :func:`describe` says which path runs.
+(``python -m benchmarks.scale``). :func:`describe` says which path runs.
 """
 
 from __future__ import annotations
