@@ -195,9 +195,7 @@ def test_the_copied_choices_match_the_packages_that_own_them() -> None:
     from slimtorch.memory import OPTIMIZERS, PRECISIONS
     from slimtorch.memory.options import FIT_MARGIN, PARALLEL
     from slimtorch.models.examples import DEFAULT_SHAPE
-    from slimtorch.quant import SCHEMES
 
-    assert tuple(SCHEMES) == choices.SCHEMES
     assert (choices.INT4_GROUP_SIZE, choices.SHRINK_INT4_GROUP_SIZE) == (
         INT4_GROUP_SIZE,
         SHRINK_INT4_GROUP_SIZE,

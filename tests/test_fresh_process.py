@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from slimtorch.quant.kernels import BF16_AGREEMENT
+from slimtorch.schemes import SCHEMES
 from tests.fresh_models import DigitsNet, example
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +88,7 @@ WRITERS = [
                 scheme,
             ),
         )
-        for scheme in ("int8-dynamic", "int8-weight", "int4-weight")
+        for scheme in SCHEMES
     ),
     Writer(
         "prune-channels",

@@ -17,6 +17,7 @@ from slimtorch.errors import FormatError, SlimtorchError
 from slimtorch.format.policy import ShrinkOptions
 from slimtorch.models import hub
 from slimtorch.quant import QuantizedWeight
+from slimtorch.schemes import SCHEMES
 from tests.zoo.transformers_models import TRANSFORMERS, example, main_output
 
 transformers = pytest.importorskip("transformers")
@@ -138,7 +139,7 @@ def test_90pct_sparse_bert_shrinks_losslessly_and_from_pretrained_reads_every_we
 
 # -- quantize ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("scheme", ["int8-dynamic", "int8-weight", "int4-weight"])
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_quantized_model_folder_loads_in_transformers_and_stays_quantized_in_load_model(
     bases, name, scheme, tmp_path
 ) -> None:

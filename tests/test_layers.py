@@ -18,6 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "slimtorch"
 
 LAYERS: list[set[str]] = [
     {"errors", "_version"},
+    {"schemes"},  # the quantization schemes' table: no torch, read by quant and every command
     {"graph"},
     {"format"},
     {"sources"},
@@ -151,7 +152,9 @@ def test_every_package_has_a_layer() -> None:
 
 
 def test_no_loose_modules() -> None:
-    assert {p.name for p in SRC.glob("*.py")} <= {"__init__.py", "__main__.py", "errors.py", "_version.py"}
+    """Beside the API and its errors, one table every layer reads: the quantization schemes."""
+    allowed = {"__init__.py", "__main__.py", "errors.py", "_version.py", "schemes.py"}
+    assert {p.name for p in SRC.glob("*.py")} <= allowed
 
 
 def _planted(tmp_path: Path, package: str, module: str, text: str) -> Path:
@@ -250,3 +253,55 @@ def test_a_planted_import_of_a_test_module_is_caught(tmp_path: Path) -> None:
         (tmp_path / folder / "planted.py").unlink()
     (tmp_path / "tests" / "fine.py").write_text("from tests.support.models import Blocks\n")
     assert imports_of_test_modules(tmp_path) == []
+
+
+IMPORT_PATH_EDIT = re.compile(
+    r"\bsys\s*\.\s*path\b|\bfrom\s+sys\s+import\b.*\bpath\b|\baddsitedir\b|\bPYTHONPATH\b"
+)
+
+
+def import_path_edits(root: Path) -> list[str]:
+    """``file: line`` of each place a file under ``benchmarks/`` of ``root`` reaches for the import path, in
+    code or in the text of a script run in a fresh process: ``sys.path`` (``sys`` imported under another
+    name too), ``from sys import path``, ``site.addsitedir``, ``PYTHONPATH``. A benchmark runs as ``python -m
+    benchmarks.NAME`` from the repository's root, where ``benchmarks``, ``tests`` and ``examples`` import as
+    they are, and slimtorch is installed."""
+    found = []
+    for path in sorted((root / "benchmarks").rglob("*.py")):
+        text = path.read_text()
+        lines = {number for number, line in enumerate(text.splitlines(), 1) if IMPORT_PATH_EDIT.search(line)}
+        nodes = list(ast.walk(ast.parse(text)))
+        names = {a.asname for n in nodes if isinstance(n, ast.Import) for a in n.names if a.name == "sys"}
+        names = {name or "sys" for name in names}  # import sys as system: system.path
+        lines |= {
+            node.lineno
+            for node in nodes
+            if isinstance(node, ast.Attribute) and node.attr == "path"
+            if isinstance(node.value, ast.Name) and node.value.id in names
+        }
+        found += [f"{path.relative_to(root)}:{number}" for number in sorted(lines)]
+    return found
+
+
+def test_no_benchmark_edits_the_import_path() -> None:
+    assert import_path_edits(ROOT) == []
+
+
+def test_a_planted_import_path_edit_in_a_benchmark_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "benchmarks").mkdir()
+    planted = tmp_path / "benchmarks" / "planted.py"
+    for text in [
+        "import sys\nsys.path.insert(0, str(ROOT))\n",
+        "import sys\n\nsys.path[:0] = ['src']\n",
+        'SCRIPT = """import sys; sys.path.append({src!r})"""\n',  # a script for a fresh process
+        "import os\nos.environ['PYTHON" + "PATH'] = '.'\n",
+        "import site\nsite.addsitedir('src')\n",
+    ]:
+        planted.write_text(text)
+        assert import_path_edits(tmp_path) == [f"benchmarks/planted.py:{len(text.splitlines())}"], text
+    planted.write_text("import sys as system\n\nsystem.path.append('src')\n")
+    assert import_path_edits(tmp_path) == ["benchmarks/planted.py:3"]
+    planted.write_text("from sys import path\n")
+    assert import_path_edits(tmp_path) == ["benchmarks/planted.py:1"]
+    planted.write_text("import sys\nfrom pathlib import Path\n\nsys.exit(Path('x').exists())\n")
+    assert import_path_edits(tmp_path) == []

@@ -13,6 +13,7 @@ import torch
 
 import slimtorch
 from slimtorch.quant import QuantizedWeight
+from slimtorch.schemes import SCHEMES
 from tests import weight_readers
 from tests.weight_readers import (
     ForwardCaller,
@@ -25,7 +26,6 @@ from tests.weight_readers import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMES = ["int8-dynamic", "int8-weight", "int4-weight"]
 ENCODER_LINEARS = [f"encoder.layers.{i}.{name}" for i in (0, 1) for name in ("linear1", "linear2")]
 CASES = {  # the model, its input, the layers it reads the weight of, and the file that reads it
     "key-weight-T": (KeyReader, lambda: torch.randn(2, 5, 32), ["key"], "weight_readers.py"),

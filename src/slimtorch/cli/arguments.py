@@ -96,7 +96,7 @@ class DeprecatedOption(argparse.Action):
         super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
         self.new, self.values_map, self.store, self.extend = new, values, store, extend
 
-    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[no-untyped-def]
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
         if self.nargs == 0:
             value, new = self.store, self.new
         elif self.values_map is not None:

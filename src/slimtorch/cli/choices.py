@@ -3,16 +3,18 @@
 ``slimtorch --help`` and a mistyped option must answer at once, and the packages that own these values
 import torch (1.5 s or more). So the command line keeps its own copy of each, and
 ``tests/test_cli_conventions.py`` compares every copy with its owner: a value added there and not here
-fails that test, never a user.
+fails that test, never a user. The quantization schemes need no copy: their table,
+:mod:`slimtorch.schemes`, imports no torch.
 """
 
 from __future__ import annotations
 
-SCHEMES = ("int8-dynamic", "int8-weight", "int4-weight")
-"""``slimtorch.quant.SCHEMES``: every quantization scheme; each command offers those it can do."""
-WEIGHT_SCHEMES = ("int8-weight", "int4-weight")
+from slimtorch.schemes import ROWS, WEIGHT_ONLY
+from slimtorch.schemes import SCHEMES as SCHEMES  # what --scheme offers (each command, those it can do)
+
+WEIGHT_SCHEMES = WEIGHT_ONLY
 """The schemes a file stores (shrink, prune): weights quantized, activations computed in float."""
-SCHEME_CODECS = {"int8-weight": "int8", "int4-weight": "int4", "int8-dynamic": "int8"}
+SCHEME_CODECS = {row.name: row.codec for row in ROWS}
 """A scheme as the writers and the exporter name it (``quantize="int8"``)."""
 STORED_AS_SCHEME = {"int8": "int8-weight", "int4": "int4-weight"}
 """The retired ``--quantize`` values of shrink and prune, as the schemes they meant."""

@@ -59,7 +59,7 @@ def complete(parser: argparse.ArgumentParser) -> None:
     argcomplete.autocomplete(parser)
 
 
-def _argcomplete():  # type: ignore[no-untyped-def]
+def _argcomplete():
     try:
         import argcomplete
     except ImportError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slimtorch.cli.arguments import (
     MAX_SAMPLES,
@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     model = loaded.model.eval()
     tokenizer = _tokenizer_folder(loaded)
     given = _example(args, model) if args.example else None
+    example: dict[str, Any] | tuple[Any, ...]
     if tokenizer is not None:  # a text bundle: inputs by name
         example = given if given is not None else dict(loaded.kwargs)
     else:

@@ -117,7 +117,7 @@ def _notes() -> Iterator[None]:
     said: set[str] = set()
     shown = warnings.showwarning
 
-    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+    def show(message, category, filename, lineno, file=None, line=None):
         if not issubclass(category, PlaceholderWarning):
             return shown(message, category, filename, lineno, file, line)
         if str(message) not in said:

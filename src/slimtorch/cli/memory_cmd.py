@@ -255,10 +255,9 @@ def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) ->
     table.add_row("peak, steady state", *(format_bytes(s.peak_bytes) for s in report.steps), style="bold")
     table.add_row("in phase", *(f"{s.peak_phase}" for s in report.steps))
     table.add_row("peak, first step", *(format_bytes(s.first_step_peak_bytes) for s in report.steps))
-    if all(s.resident_bytes is not None for s in report.steps):  # the CPU: what the process's RSS grows by
-        table.add_row(
-            "RSS growth, predicted", *(_resident(s.resident_bytes, s.peak_bytes) for s in report.steps)
-        )
+    grown = [(s.resident_bytes, s.peak_bytes) for s in report.steps if s.resident_bytes is not None]
+    if len(grown) == len(report.steps):  # the CPU: what the process's RSS grows by
+        table.add_row("RSS growth, predicted", *(_resident(resident, peak) for resident, peak in grown))
     console.print(table)
     last = report.steps[-1]
     phases = ", ".join(
@@ -273,7 +272,7 @@ def _render(args: argparse.Namespace, report: MemoryReport, fits: int | None) ->
                 + ", ".join(f"{name or '(model)'} {format_bytes(value)}" for name, value in top)
             )
         )
-    if report.per_sample_bytes is not None:
+    if report.fixed_bytes is not None and report.per_sample_bytes is not None:  # fitted together
         console.print(
             f"peak = {format_bytes(report.fixed_bytes)} + {format_bytes(report.per_sample_bytes)} per sample",
             highlight=False,

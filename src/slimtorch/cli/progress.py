@@ -18,6 +18,7 @@ from rich.progress import (
     DownloadColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeRemainingColumn,
 )
@@ -42,10 +43,11 @@ class TerminalProgress:
         self.console = console or Console(stderr=True)
         self.enabled = enabled and self.console.is_terminal
         self.delay = delay
-        self.label, self.total, self.unit, self.done = "", None, "bytes", 0
+        self.label, self.unit, self.done = "", "bytes", 0
+        self.total: int | None = None
         self._started = time.perf_counter()
         self._bar: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None  # the bar's one task: set with the bar
         self._status: Status | None = None
 
     @property
@@ -80,7 +82,8 @@ class TerminalProgress:
             self._bar.start()
             self._task = self._bar.add_task(printable(self.label), total=self.total, completed=self.done)
             return
-        self._bar.update(self._task, completed=self.done)  # type: ignore[arg-type]
+        assert self._task is not None  # added when the bar was started
+        self._bar.update(self._task, completed=self.done)
 
     def end(self) -> None:
         if self._bar is not None:

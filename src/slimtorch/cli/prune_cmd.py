@@ -215,6 +215,7 @@ def _save(args: argparse.Namespace, model: nn.Module, loaded: ModelInput) -> tup
             quantize=quantize,
             layout=args.layout,
         )
+        assert saved.config_update is not None  # save_pretrained reports the config it wrote
         problems = saved.config_update.problems
         files = sorted(str(path) for path in Path(args.output).iterdir())
     else:

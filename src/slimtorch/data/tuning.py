@@ -221,7 +221,7 @@ def _check(dataset: Dataset, options: TuneOptions) -> None:
             "tune: the dataset must be map-style (__getitem__ and __len__); an IterableDataset's workers "
             "each yield the whole stream unless it shards itself, so its timing would mislead"
         )
-    if len(dataset) == 0:  # type: ignore[arg-type]
+    if len(dataset) == 0:
         raise OptionError("tune: the dataset is empty")
 
 

@@ -177,9 +177,11 @@ def export(
     kwargs = without_cache(model, {})
     text = text_bundle.text_inputs(tokenizer, model, example_inputs) if tokenizer is not None else None
     model, args, names_in, kwargs = _by_name(model, text.example if text else example_inputs, kwargs)
-    held = sorted({m.SCHEME for m in model.modules() if isinstance(m, QuantizedWeight)})
-    int8 = how.quantize_to == "int8" or (how.format == "onnx" and any(s.startswith("int8") for s in held))
-    notes = _notes(how.format, held) + ((text.note(),) if text else ())
+    layers = [m for m in model.modules() if isinstance(m, QuantizedWeight)]
+    held = sorted({m.SCHEME for m in layers})
+    codecs = {m.stage_of(m.coded_tensors()[0])["codec"] for m in layers}  # how their weights are coded
+    int8 = how.quantize_to == "int8" or (how.format == "onnx" and "int8" in codecs)
+    notes = _notes(how.format, codecs) + ((text.note(),) if text else ())
     target = _prepared(model, how.format, how.quantize_to, held)
     bound = _Bound(target, kwargs) if kwargs else target
     if text:
@@ -341,12 +343,14 @@ def _prepared(model: nn.Module, format: str, quantize_to: str | None, held: list
         dequantize(target)
         return target
     if format == "pt2" and quantize_to == "int8":
-        return quantize(copy.deepcopy(model), "int8-weight").model
+        quantized = quantize(copy.deepcopy(model), "int8-weight").model
+        assert quantized is not None  # quantize's report holds the model it quantized
+        return quantized
     return model
 
 
-def _notes(format: str, held: list[str]) -> tuple[str, ...]:
-    if format == "onnx" and any(s.startswith("int4") for s in held):
+def _notes(format: str, codecs: set[str]) -> tuple[str, ...]:
+    if format == "onnx" and "int4" in codecs:
         return ("int4 layers are exported with their dequantized float weights (ONNX holds no int4 here)",)
     return ()
 

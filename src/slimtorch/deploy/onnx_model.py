@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -41,7 +42,7 @@ def write_onnx(
     """Translate ``program`` into ``path`` (weights in ``path.data`` beside it when they are large)."""
     try:
         with quiet():
-            onnx_program = torch.onnx.export(
+            exported = torch.onnx.export(
                 program,
                 dynamo=True,
                 input_names=list(input_names),
@@ -50,6 +51,8 @@ def write_onnx(
                 optimize=True,
                 verbose=False,
             )
+            # dynamo=True always gives a program: torch's annotation covers the legacy exporter's None too
+            onnx_program = cast(torch.onnx.ONNXProgram, exported)
             onnx_program.save(str(path), external_data=weight_bytes > EXTERNAL_DATA_BYTES)
     except Exception as exc:  # the exporter raises its own error types; name the op behind them
         raise _translation_error(program, exc) from exc

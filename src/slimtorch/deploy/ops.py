@@ -187,8 +187,9 @@ def _dispatched(model: nn.Module, args: tuple[Any, ...], training: bool) -> tupl
             raise SlimtorchError(f"the model failed on the example input: {_first_line(exc)}") from exc
     with _without_kineto_log():
         events = profiler.function_events
-    calls = Counter(_operator_name(event.name, event.overload_name or "") for event in events)
-    calls.pop(None, None)  # autograd nodes and record_function labels are events, not operators
+    names = (_operator_name(event.name, event.overload_name or "") for event in events)
+    # autograd nodes and record_function labels are events, not operators: they have no name here
+    calls = Counter(name for name in names if name is not None)
     return calls, config is not None
 
 

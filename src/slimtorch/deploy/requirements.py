@@ -102,7 +102,7 @@ def canonical(name: str) -> str:
 def versions(format: str) -> dict[str, str]:
     """The versions of what made the bundle (torch; onnx, onnxscript and onnxruntime for ONNX), for its
     manifest."""
-    found = {"torch": torch.__version__}
+    found: dict[str, str] = {"torch": torch.__version__}
     for package in ("onnx", "onnxscript", "onnxruntime") if format == "onnx" else ():
         with contextlib.suppress(PackageNotFoundError):
             found[package] = version(package)

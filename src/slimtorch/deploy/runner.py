@@ -56,7 +56,7 @@ import re
 import stat
 import struct
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -129,7 +129,7 @@ class Bundle:
         self.inputs = [spec["name"] for spec in self.manifest["inputs"]]
         self.outputs = [spec["name"] for spec in self.manifest["outputs"]]
         self.longest = (self.manifest.get("text") or {}).get("max_length")
-        self._run = None
+        self._run: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None
 
     def predict(self, inputs: dict[str, np.ndarray] | list[np.ndarray]) -> dict[str, np.ndarray]:
         """Outputs by name for inputs by name (or in the manifest's order)."""
@@ -341,12 +341,15 @@ class _TextOutputs:
                         f"output {name!r} has shape {list(array.shape)} for {len(rows)} texts, where an "
                         f"earlier batch gave {list(target.shape[1:])} a text: give the texts in smaller calls"
                     )
-                target[(rows, *(slice(0, size) for size in array.shape[1:]))] = array
+                where: tuple[list[int] | slice, ...] = (rows, *(slice(0, size) for size in array.shape[1:]))
+                target[where] = array
         for name, target in self.arrays.items():
             for axis in self.sequence_axes.get(name, ()):
                 if axis < target.ndim:
                     for row in rows:
-                        target[(row, *[slice(None)] * (axis - 1), slice(self.lengths[row], None))] = 0
+                        padding: tuple[int | slice, ...]
+                        padding = (row, *[slice(None)] * (axis - 1), slice(self.lengths[row], None))
+                        target[padding] = 0
 
     def _allocate(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         shapes, total = {}, 0
@@ -390,7 +393,9 @@ def compare_outputs(expected: dict[str, np.ndarray], actual: dict[str, np.ndarra
     return errors
 
 
-def embeddings(source: dict, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> np.ndarray:
+def embeddings(
+    source: dict, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+) -> np.ndarray:
     """One embedding per text (row), float64, from ``source`` (``output``, ``pooled``, ``mask``: the
     manifest's ``verification.embedding_source``); a row whose mask keeps no token has none to give and is
     left out, so ``inputs`` decide which rows both sides keep."""
@@ -468,8 +473,8 @@ def check_manifest(manifest: object, path: str | Path = MANIFEST) -> None:
     code = [name for name in files if name != RUNNER and name.lower().endswith(IMPORTABLE)]
     need(not code, f"files: {code[:1]!r}", "is code; a bundle holds none but its runner")
     names = {key: [spec["name"] for spec in manifest[key]] for key in ("inputs", "outputs")}
-    for key, found in names.items():
-        need(found and len(set(found)) == len(found), key, "is not one or more tensors, each named once")
+    for key, listed in names.items():
+        need(listed and len(set(listed)) == len(listed), key, "is not one or more tensors, each named once")
     need(
         set(text.get("inputs", {})) <= set(names["inputs"]),
         "text.inputs",
@@ -518,6 +523,7 @@ def _match(value: object, rule: object, where: str, need) -> None:
             _match(key, rule.key, f"{where} key {key[:80]!r}", need)
             _match(item, rule.value, f"{where}[{key!r}]", need)
     else:
+        assert isinstance(rule, tuple)  # a leaf
         what, test = rule
         need(test(value), where, f"is not {what}")
 
@@ -553,7 +559,7 @@ def _count(value: object, limit: int) -> bool:
 
 
 def _number(value: object) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
+    return (type(value) is int or type(value) is float) and math.isfinite(value)
 
 
 ANY = ("JSON", lambda value: True)
@@ -741,8 +747,8 @@ def read_inputs(
             f"the model takes {len(names)} input(s) ({', '.join(names)}); got {len(paths)} file(s)"
         )
     found, left = {}, max_bytes
-    for spec, path in zip(specs, paths, strict=False):
-        found[spec["name"]] = read_array(Path(path), spec, left, longest)
+    for spec, given in zip(specs, paths, strict=False):
+        found[spec["name"]] = read_array(Path(given), spec, left, longest)
         left -= _memory(found[spec["name"]].shape, found[spec["name"]].dtype, spec)
     return found
 
@@ -786,8 +792,8 @@ def array_bytes(path: Path, specs: list[dict], max_bytes: int, longest: int | No
         total, seen = 0, set()
         with zipfile.ZipFile(path) as archive:
             for info in archive.infolist():
-                name = info.filename[: -len(".npy")] if info.filename.endswith(".npy") else None
-                if name not in by_name or name in seen:
+                name = info.filename.removesuffix(".npy")
+                if not info.filename.endswith(".npy") or name not in by_name or name in seen:
                     known = ", ".join(by_name)
                     raise InvalidBundle(path, f"member {info.filename[:80]!r} is none of {known} (once each)")
                 seen.add(name)
@@ -923,7 +929,8 @@ def _write(outputs: dict[str, np.ndarray], target: str | None, max_bytes: int = 
     """The outputs to ``.npz`` or ``.npy``, else as JSON (to ``target`` or stdout), JSON only within
     ``max_bytes`` once expanded (:data:`JSON_EXPANSION`)."""
     if target and target.endswith(".npz"):
-        np.savez(target, **outputs)
+        # mypy matches **outputs against savez's keyword allow_pickle (a bool) too
+        np.savez(target, **outputs)  # type: ignore[arg-type]
     elif target and target.endswith(".npy") and len(outputs) == 1:
         np.save(target, next(iter(outputs.values())))
     else:

@@ -107,7 +107,11 @@ def text_inputs(folder: str | os.PathLike[str], model: nn.Module, example: Any) 
         ('input_ids', 'attention_mask', 'token_type_ids')
     """
     folder = Path(folder)
-    files = {name: path for name, path in companion_files(folder).items() if name in TOKENIZER_FILES}
+    files = {  # files of the folder (only README.md and modules.json come as bytes to write)
+        name: path
+        for name, path in companion_files(folder).items()
+        if name in TOKENIZER_FILES and isinstance(path, Path)
+    }
     if TOKENIZER not in files:
         raise SlimtorchError(
             f"{folder}: no tokenizer.json, which a text bundle carries (the tokenizers package reads only "

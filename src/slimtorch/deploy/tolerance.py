@@ -91,7 +91,7 @@ def noise_aware(
     model: nn.Module,
     inputs: list[tuple],
     kwargs: Mapping[str, Any],
-    expected: list[Sequence[Any]],
+    expected: Sequence[Sequence[Any]],
     flatten: Callable[[Any], list[tuple[str, Any]]],
 ) -> tuple[Tolerance, str]:
     """:data:`FP32` widened to the model's own rounding noise, and a note saying what was measured.

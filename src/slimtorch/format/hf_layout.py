@@ -33,7 +33,7 @@ from torch import nn
 from slimtorch.errors import FormatError, OptionError, SlimtorchError
 from slimtorch.format.codecs import Encoded
 from slimtorch.format.codecs.chain import undo
-from slimtorch.format.codecs.lossy import pack_points, zero_points
+from slimtorch.format.codecs.lossy import is_int4_group_size, pack_points, zero_points
 
 LAYOUTS = ("hf", "slim")
 REFUSING_TYPE = "slimtorch"
@@ -220,8 +220,8 @@ def ct_form(tensor: str, encoded: Encoded) -> tuple[Encoded, dict[str, str], CtS
     if not encoded.stages or not tensor.endswith("weight"):
         return None
     stage = dict(encoded.stages[0])
-    shape, layer = stage.get("shape"), tensor.removesuffix("weight")
-    if len(shape or []) != 2:
+    shape, layer = stage.get("shape") or [], tensor.removesuffix("weight")
+    if len(shape) != 2:
         return None
     parts = undo(encoded.parts, encoded.stages, keep=1) if len(encoded.stages) > 1 else dict(encoded.parts)
     if stage["codec"] == "int8":
@@ -233,6 +233,7 @@ def ct_form(tensor: str, encoded: Encoded) -> tuple[Encoded, dict[str, str], CtS
         stage["codec"] != "int4"
         or not (stage.get("symmetric") or points)
         or stage.get("flat")
+        or not is_int4_group_size(group)
         or not int4_fits(shape, group)
     ):
         return None

@@ -256,9 +256,10 @@ def encode_tensor(
         return encode(x, ["bytes"])
     sparse = policy.sparse == "auto" and policy.layout != "hf"
     encoded = None
-    if quantizable(name, x, category, policy):
+    kind = policy.stored_as.get(name, policy.quantize)
+    if kind is not None and quantizable(name, x, category, policy):
         try:
-            encoded = _quantized(x, policy.stored_as.get(name, policy.quantize), policy, sparse, measure)
+            encoded = _quantized(x, kind, policy, sparse, measure)
         except CodecError:
             encoded = None  # inf or nan in the weight: a scale cannot hold them, store it exactly
     if encoded is None:

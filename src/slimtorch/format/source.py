@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -374,7 +374,8 @@ class TensorSource:
             size = os.path.getsize(file)
             # shared=False maps the file copy-on-write: reads come from the page cache and a caller that
             # writes into a returned tensor never changes the file.
-            mapped = torch.UntypedStorage.from_file(str(file), shared=False, nbytes=size)
+            opened = torch.UntypedStorage.from_file(str(file), shared=False, nbytes=size)
+            mapped = cast(torch.UntypedStorage, opened)  # torch annotates it on the base class of storages
             self._maps[file] = mapped
         return mapped
 
@@ -409,12 +410,13 @@ class TensorSource:
         if tuple(out.shape) != shape:
             raise ValueError(f"{name}: the region is {list(shape)}, the tensor given {list(out.shape)}")
         if info.stride != contiguous_strides(info.shape):  # a legacy view: its rows are not together
-            out.copy_(self.get(name)[(slice(*rows), *([slice(*cols)] if cols else []))])
+            where = (slice(*rows), *([slice(*cols)] if cols else []))
+            out.copy_(self.get(name)[where])
             return ShardRead(info.nbytes, note=f"{name}: stored with strides {info.stride}, mapped")
         direct = out.dtype == info.dtype and out.is_contiguous() and out.device.type == "cpu"
         target = out if direct else torch.empty(shape, dtype=info.dtype)
         location = self.locations[info.storage]
-        data = memoryview(target.reshape(-1).view(torch.uint8).numpy()) if target.numel() else memoryview(b"")
+        data = target.reshape(-1).view(torch.uint8).numpy().data if target.numel() else memoryview(b"")
         read_region(
             location.file, location.offset + info.storage_offset, info.shape, info.itemsize, rows, cols, data
         )

@@ -86,7 +86,7 @@ class SlimWriter:
         copies: Mapping[str, str] | None = None,
         provenance: Mapping[str, Any] | None = None,
         delta: Any = None,
-        extra_files: Mapping[str, Path] | None = None,
+        extra_files: Mapping[str, Path | bytes] | None = None,
         objects: Mapping[str, Any] | None = None,
         card: Card | None = None,
         expected_tensors: int | None = None,

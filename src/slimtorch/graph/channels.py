@@ -90,8 +90,9 @@ class _Walk:
         elif value.op == "call_function" and _op_name(value) == "_weight_norm":
             size = _shape(value)[dim]
             for part in value.args[:2]:  # v (the direction) and g (the magnitude, size 1 off its dim)
-                if self.key(part) is not None and _shape(part)[dim] == size:
-                    self.spaces.attach(layout, self.key(part), dim, role)
+                part_key = self.key(part)
+                if part_key is not None and _shape(part)[dim] == size:
+                    self.spaces.attach(layout, part_key, dim, role)
         elif self.layout(value) is None:
             made_by = _op_name(value) if value.op == "call_function" else "a constant"
             self.freeze(layout, f"a weight computed by {made_by} (from {_where(value)})")
@@ -108,7 +109,7 @@ class _Walk:
     # -- the walk --------------------------------------------------------------------------------------
     def visit(self, node: Node) -> None:
         if node.op == "placeholder":
-            shape = _shape(node)
+            shape = _shape_or_none(node)
             if self.graph.key(node) is None and shape is not None and len(shape) >= 1:
                 self.fresh(node, 1 if len(shape) >= 3 else len(shape) - 1, "the model's input")
         elif node.op == "output":
@@ -123,7 +124,7 @@ class _Walk:
 
     def same(self, node: Node) -> None:
         source = self.layout(node.args[0])
-        if source is not None and _shape(node) is not None:
+        if source is not None and _shape_or_none(node) is not None:
             self.layouts[node] = source
 
     def conv(self, node: Node) -> None:
@@ -135,14 +136,13 @@ class _Walk:
         if op == "convolution" and args[6]:  # transposed
             return self.conv_transpose(node)
         source = self.channels_first(node, source)
-        w_shape = _shape(weight)
         if groups == 1:
             out = self.fresh(node, 1)
             self.attach(out, weight, 0, "out")
             self.attach(out, bias, 0, "out")
             if source is not None:
                 self.attach(source, weight, 1, "in")
-        elif source is not None and groups == source.size == w_shape[0] and w_shape[1] == 1:
+        elif source is not None and groups == source.size and _shape(weight)[:2] == (groups, 1):
             self.layouts[node] = source  # depthwise: one filter per channel
             self.attach(source, weight, 0, "norm")
             self.attach(source, bias, 0, "norm")
@@ -238,7 +238,7 @@ class _Walk:
         source, weight = self.layout(node.args[0]), node.args[1]
         if source is None:
             return
-        if math.prod(_shape(weight) or (1,)) == 1:
+        if math.prod(_shape_or_none(weight) or (1,)) == 1:
             self.layouts[node] = source
             return
         if source.axis != min(1, len(_shape(node.args[0])) - 1):  # PReLU's slopes run along axis 1
@@ -252,7 +252,7 @@ class _Walk:
         normalized = node.args[1]
         if source is None:
             return
-        if len(normalized) != 1 or source.axis != len(_shape(node.args[0])) - 1:
+        if len(_list(normalized)) != 1 or source.axis != len(_shape(node.args[0])) - 1:
             self.freeze(source, f"layer norm over several axes (from {_where(node)})")
             return
         self.layouts[node] = source
@@ -260,20 +260,20 @@ class _Walk:
             self.attach(source, value, 0, "norm")
 
     def elementwise(self, node: Node) -> None:
-        out_shape = _shape(node)
-        operands = [a for a in node.args if isinstance(a, Node) and _shape(a) is not None]
-        laid = [(a, self.layout(a)) for a in operands if self.layout(a) is not None]
+        out_shape = _shape_or_none(node)
+        operands = [(a, s) for a in node.args if isinstance(a, Node) and (s := _shape_or_none(a)) is not None]
+        laid = [(shape, layout) for a, shape in operands if (layout := self.layout(a)) is not None]
         if not laid or out_shape is None:
             return
-        first_node, first = laid[0]
-        axis = first.axis + len(out_shape) - len(_shape(first_node))  # broadcasting aligns from the right
-        for value, layout in laid[1:]:
-            if layout.axis + len(out_shape) - len(_shape(value)) != axis or not self.unite(first, layout):
+        first_shape, first = laid[0]
+        axis = first.axis + len(out_shape) - len(first_shape)  # broadcasting aligns from the right
+        for shape, layout in laid[1:]:
+            if layout.axis + len(out_shape) - len(shape) != axis or not self.unite(first, layout):
                 self.freeze(first, f"{_op_name(node)} of differently arranged channels (from {_where(node)})")
                 self.freeze(layout, f"{_op_name(node)} of differently arranged channels")
-        for value in operands:  # a weight broadcast over the channels (a learned scale) is part of them
+        # a weight broadcast over the channels (a learned scale) is part of them
+        for value, shape in operands:
             key = self.key(value)
-            shape = _shape(value)
             if key is not None and len(shape) >= len(out_shape) - axis and shape[axis - len(out_shape)] > 1:
                 self.spaces.attach(first, key, len(shape) - (len(out_shape) - axis), "norm")
         self.layouts[node] = Layout(axis, first.segments)
@@ -286,13 +286,13 @@ class _Walk:
         return True
 
     def cat(self, node: Node) -> None:
-        tensors = node.args[0]
-        rank = len(_shape(node))
-        dim = (node.args[1] if len(node.args) > 1 else 0) % rank
-        layouts = [self.layout(t) for t in tensors]
-        if any(layout is None for layout in layouts):
-            for layout in layouts:
-                self.freeze(layout, f"cat with an input of unknown channels (from {_where(node)})")
+        tensors = _list(node.args[0])
+        dim = _dim(node, 1, len(_shape(node)))
+        maybe_layouts = [self.layout(t) for t in tensors]
+        layouts = [layout for layout in maybe_layouts if layout is not None]
+        if len(layouts) < len(maybe_layouts):
+            for maybe_layout in maybe_layouts:
+                self.freeze(maybe_layout, f"cat with an input of unknown channels (from {_where(node)})")
             return
         if all(layout.axis == dim for layout in layouts):
             segments = tuple(s for layout in layouts for s in layout.segments)
@@ -308,11 +308,12 @@ class _Walk:
     def flatten(self, node: Node) -> None:
         source = self.layout(node.args[0])
         in_shape = _shape(node.args[0])
-        start = node.args[1] % len(in_shape) if len(node.args) > 1 else 0
-        end = node.args[2] % len(in_shape) if len(node.args) > 2 else len(in_shape) - 1
+        start, end = _dim(node, 1, len(in_shape)), _dim(node, 2, len(in_shape), default=len(in_shape) - 1)
         self.merge_axes(node, source, in_shape, start, end)
 
-    def merge_axes(self, node: Node, source: Layout | None, in_shape, start: int, end: int) -> None:
+    def merge_axes(
+        self, node: Node, source: Layout | None, in_shape: tuple[int, ...], start: int, end: int
+    ) -> None:
         if source is None:
             return
         if source.axis < start:
@@ -327,9 +328,10 @@ class _Walk:
             self.freeze(source, f"flatten that splits a channel's entries (from {_where(node)})")
 
     def view(self, node: Node) -> None:
-        source, in_shape, out_shape = self.layout(node.args[0]), _shape(node.args[0]), _shape(node)
+        source = self.layout(node.args[0])
         if source is None:
             return
+        in_shape, out_shape = _shape(node.args[0]), _shape(node)
         if tuple(in_shape[: source.axis + 1]) == tuple(out_shape[: source.axis + 1]):
             self.layouts[node] = source  # everything up to the channels unchanged
             return
@@ -351,12 +353,14 @@ class _Walk:
             return
         self.freeze(source, f"view {list(in_shape)} -> {list(out_shape)} (from {_where(node)})")
 
-    def split_heads(self, node: Node, source: Layout, in_shape, out_shape) -> Layout | None:
+    def split_heads(
+        self, node: Node, source: Layout, in_shape: tuple[int, ...], out_shape: tuple[int, ...]
+    ) -> Layout | None:
         """``[B, T, H*D] -> [B, T, H, D]``: the channels become H heads of D features each.
 
         Only for a projection's own output (one space, seen by nothing but this view), so that no other
         user still counts its channels one by one."""
-        axis = source.axis
+        axis, viewed = source.axis, node.args[0]
         if (
             len(out_shape) != len(in_shape) + 1
             or tuple(out_shape[:axis]) != tuple(in_shape[:axis])
@@ -364,7 +368,8 @@ class _Walk:
             or out_shape[axis] * out_shape[axis + 1] != in_shape[axis]
             or len(source.segments) != 1
             or source.segments[0].factor != 1
-            or len(node.args[0].users) != 1
+            or not isinstance(viewed, Node)
+            or len(viewed.users) != 1
         ):
             return None
         heads = self.spaces.regroup(source.segments[0].space, out_shape[axis + 1])
@@ -400,10 +405,10 @@ class _Walk:
     def split(self, node: Node) -> None:
         """``split`` along the channels (GPT-2's fused q/k/v) makes a space per piece; along another axis
         every piece keeps the channels."""
-        source, in_shape = self.layout(node.args[0]), _shape(node.args[0])
+        source = self.layout(node.args[0])
         if source is None:
             return
-        dim = (node.args[2] if len(node.args) > 2 else 0) % len(in_shape)
+        dim = _dim(node, 2, len(_shape(node.args[0])))
         sizes = [tuple(value.shape)[dim] for value in node.meta.get("val", ())]
         if dim != source.axis:
             self.pieces[node] = [source] * len(sizes)
@@ -423,13 +428,14 @@ class _Walk:
     def unsqueeze(self, node: Node) -> None:
         source, rank = self.layout(node.args[0]), len(_shape(node.args[0]))
         if source is not None:
-            dim = node.args[1] % (rank + 1)
+            dim = _int(node.args[1]) % (rank + 1)
             self.layouts[node] = Layout(source.axis + (dim <= source.axis), source.segments)
 
     def expand(self, node: Node) -> None:
-        source, in_shape, out_shape = self.layout(node.args[0]), _shape(node.args[0]), _shape(node)
+        source = self.layout(node.args[0])
         if source is None:
             return
+        in_shape, out_shape = _shape(node.args[0]), _shape(node)
         axis = source.axis + len(out_shape) - len(in_shape)
         if out_shape[axis] != in_shape[source.axis]:
             self.freeze(source, f"expand of the channels (from {_where(node)})")
@@ -438,10 +444,10 @@ class _Walk:
 
     def select(self, node: Node) -> None:
         """``x[:, 0]`` (select) or ``x[:, 1:]`` (slice) along an axis other than the channels'."""
-        source, in_shape = self.layout(node.args[0]), _shape(node.args[0])
+        source = self.layout(node.args[0])
         if source is None:
             return
-        dim = (node.args[1] if len(node.args) > 1 else 0) % len(in_shape)
+        dim = _dim(node, 1, len(_shape(node.args[0])))
         if dim == source.axis:
             self.freeze(source, f"{_op_name(node)} of some channels (from {_where(node)})")
             return
@@ -453,19 +459,20 @@ class _Walk:
         if source is None:
             return
         if _op_name(node) == "permute":
-            order = [d % rank for d in node.args[1]]
+            order = [d % rank for d in _ints(node.args[1])]
         else:
-            a, b = node.args[1] % rank, node.args[2] % rank
+            a, b = _int(node.args[1]) % rank, _int(node.args[2]) % rank
             order = list(range(rank))
             order[a], order[b] = b, a
         self.layouts[node] = Layout(order.index(source.axis), source.segments)
 
     def mean(self, node: Node) -> None:
-        source, in_shape = self.layout(node.args[0]), _shape(node.args[0])
+        source = self.layout(node.args[0])
         if source is None:
             return
-        dims = node.args[1] if len(node.args) > 1 else list(range(len(in_shape)))
-        dims = {d % len(in_shape) for d in (dims if isinstance(dims, (list, tuple)) else [dims])}
+        rank = len(_shape(node.args[0]))
+        given = node.args[1] if len(node.args) > 1 else list(range(rank))
+        dims = {d % rank for d in (_ints(given) if isinstance(given, (list, tuple)) else [_int(given)])}
         keepdim = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
         if source.axis in dims:
             return  # a statistic over the channels (RMSNorm's mean of squares): it has no channels itself
@@ -518,9 +525,44 @@ def _op_name(node: Node) -> str:
     return name.split(".")[0]
 
 
-def _shape(value: object) -> tuple[int, ...] | None:
+def _shape(value: object) -> tuple[int, ...]:
+    """The shape of the tensor a node computes (export records one on every tensor node). Called where the
+    op's schema takes a tensor: anything else is a graph this walk does not understand, a TypeError."""
+    shape = _shape_or_none(value)
+    if shape is None:
+        raise TypeError(f"expected a node that computes a tensor, not {value!r}")
+    return shape
+
+
+def _shape_or_none(value: object) -> tuple[int, ...] | None:
+    """The shape of the tensor a node computes, or None for anything else (a number, a non-tensor node)."""
     meta = getattr(value, "meta", {}).get("val") if isinstance(value, Node) else None
     return tuple(meta.shape) if isinstance(meta, torch.Tensor) else None
+
+
+def _int(value: object) -> int:
+    """An int argument of an op (a dimension); a TypeError for anything else."""
+    if not isinstance(value, int):
+        raise TypeError(f"expected an int argument, not {value!r}")
+    return value
+
+
+def _list(value: object) -> list[object]:
+    """A list argument of an op (cat's tensors, a norm's normalized shape); a TypeError for anything else."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"expected a list argument, not {value!r}")
+    return list(value)
+
+
+def _ints(value: object) -> list[int]:
+    """A list-of-ints argument of an op (permute's order, mean's dims)."""
+    return [_int(v) for v in _list(value)]
+
+
+def _dim(node: Node, index: int, rank: int, default: int = 0) -> int:
+    """Argument ``index`` of ``node``, a dimension of a rank-``rank`` tensor, as a non-negative axis (a
+    negative one counts from the end); ``default``, as it is, when the call leaves it out."""
+    return _int(node.args[index]) % rank if len(node.args) > index else default
 
 
 def _where(node: Node) -> str:

@@ -6,7 +6,7 @@ attention's own matrix products are left out.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -16,22 +16,31 @@ from slimtorch.graph.capture import as_args
 from slimtorch.graph.layers import is_hf_conv1d
 
 
-def _conv(module: nn.Module, inputs: tuple, output: torch.Tensor) -> int:
+def _conv(module: nn.modules.conv._ConvNd, inputs: tuple, output: torch.Tensor) -> int:
     kernel = math.prod(module.kernel_size)
     if isinstance(module, nn.modules.conv._ConvTransposeNd):
         return inputs[0].numel() * (module.out_channels // module.groups) * kernel
     return output.numel() * (module.in_channels // module.groups) * kernel
 
 
-def _linear(module: nn.Module, inputs: tuple, output: torch.Tensor) -> int:
+def _linear(module: nn.Linear, inputs: tuple, output: torch.Tensor) -> int:
     return output.numel() * module.in_features
 
 
 def _conv1d_hf(module: nn.Module, inputs: tuple, output: torch.Tensor) -> int:
-    return output.numel() * module.weight.shape[0]  # weight [in, out]
+    weight = module.weight  # [in, out]
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"a Hugging Face Conv1D whose weight is not a tensor: {type(weight).__name__}")
+    return output.numel() * weight.shape[0]
 
 
-COUNTERS = {nn.Conv1d: _conv, nn.Conv2d: _conv, nn.Conv3d: _conv, nn.Linear: _linear}
+# a counter takes a module of its key's type, which a dict's value type cannot say: hence `...`
+COUNTERS: dict[type[nn.Module], Callable[..., int]] = {
+    nn.Conv1d: _conv,
+    nn.Conv2d: _conv,
+    nn.Conv3d: _conv,
+    nn.Linear: _linear,
+}
 COUNTERS.update({nn.ConvTranspose1d: _conv, nn.ConvTranspose2d: _conv, nn.ConvTranspose3d: _conv})
 
 
@@ -63,7 +72,7 @@ def count_macs(
     return total
 
 
-def _counter(module: nn.Module):
+def _counter(module: nn.Module) -> Callable[..., int] | None:
     counter = COUNTERS.get(type(module))
     if counter is None and is_hf_conv1d(module):
         return _conv1d_hf

@@ -60,11 +60,14 @@ def replace(slot: Slot, tensor: torch.Tensor) -> None:
     """Put ``tensor`` under every name of the slot (a parameter keeps its ``requires_grad``), so that
     tied names stay one tensor."""
     old = slot.tensor
-    value = nn.Parameter(tensor, requires_grad=old.requires_grad) if slot.parameter else tensor
+    parameter = nn.Parameter(tensor, requires_grad=old.requires_grad) if slot.parameter else None
     for module, attr in slot.places:
-        (module._parameters if slot.parameter else module._buffers)[attr] = value
+        if parameter is not None:
+            module._parameters[attr] = parameter
+        else:
+            module._buffers[attr] = tensor
         if isinstance(module, nn.RNNBase):
             # An RNN runs on a cached list of its weights (torch's own Module._apply refreshes it too):
             # without this it would keep computing with the meta tensors it was built with.
             module._init_flat_weights()
-    slot.tensor = value
+    slot.tensor = tensor if parameter is None else parameter

@@ -247,7 +247,7 @@ def _build(source: TensorSource, options: InspectOptions, progress: Progress | N
         with task(progress, "scanning", sum(info.nbytes for info in infos)) as advance:
             zeros = _scan_zeros(source, infos, advance)
             duplicates = find_duplicates(source, list(dict.fromkeys(i.storage for i in infos)), advance)
-    first_user = {}
+    first_user: dict[str, str] = {}  # storage -> the first tensor that uses it
     for info in infos:
         first_user.setdefault(info.storage, info.name)
     for info in infos:

@@ -67,7 +67,7 @@ class Saving:
         return asdict(self)
 
 
-def _lossless(cost: TensorCost) -> float:
+def _lossless(cost: TensorCost) -> int:
     if cost.zeros is None or not cost.whole:
         return cost.stored_bytes
     return lossless_bytes(cost.numel, cost.zeros, cost.dtype.itemsize)

@@ -103,10 +103,10 @@ def parameters_on_meta() -> Iterator[None]:
     """
     original = nn.Module.register_parameter
 
-    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original(module, name, param)
+    def register_on_meta(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(self, name, param)
         if param is not None and param.device.type != "meta":
-            module._parameters[name] = meta = _like(param, param.to("meta"))
+            self._parameters[name] = meta = _like(param, param.to("meta"))
             if param.device.type != "cpu":  # created on an accelerator: that is where it belongs
                 setattr(meta, _INTENDED, param.device)
 
@@ -133,14 +133,16 @@ def _hf_init_of_state_only() -> Iterator[None]:
     modeling = sys.modules.get("transformers.modeling_utils")
     pretrained = getattr(modeling, "PreTrainedModel", None)
     original = getattr(pretrained, "_initialize_weights", None)
-    if original is None:
+    if pretrained is None or original is None:
         yield
         return
     only_meta: dict[int, tuple[nn.Module, bool]] = {}  # children are visited first: one pass in all
 
     def initialize_state(self: nn.Module, module: nn.Module, *args: object, **kwargs: object) -> None:
         if _only_meta_parameters(module, only_meta):
-            module._is_hf_initialized = True  # as transformers marks a module it initialised
+            # as transformers marks a module it initialised (torch types Module.__setattr__ for tensors and
+            # modules only; any other value is set as a plain attribute)
+            module._is_hf_initialized = True  # type: ignore[assignment]
             return
         original(self, module, *args, **kwargs)
 

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint import (
     StorageReader,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.metadata import MetadataIndex, StorageMeta, TensorProperties
+from torch.distributed.checkpoint.metadata import STORAGE_TYPES, MetadataIndex, StorageMeta, TensorProperties
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 
@@ -87,7 +87,8 @@ class SlimStorageReader(StorageReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """One chunk per logical tensor, at offset 0, of the tensor's full shape."""
-        entries, storage = {}, {}
+        entries: dict[str, STORAGE_TYPES] = {}
+        storage: dict[MetadataIndex, str] = {}
         for info in self._open().infos():
             zeros = torch.Size([0] * len(info.shape))
             shape = torch.Size(info.shape)
@@ -150,9 +151,8 @@ class SlimStorageReader(StorageReader):
             rows = (offsets[0], offsets[0] + lengths[0])
             self._account(source, name, rows)
             block = source.get_rows(name, *rows)
-            block = block[
-                (slice(None), *(slice(o, o + n) for o, n in zip(offsets[1:], lengths[1:], strict=True)))
-            ]
+            where = (slice(None), *(slice(o, o + n) for o, n in zip(offsets[1:], lengths[1:], strict=True)))
+            block = block[where]
         self.stats.items += 1
         self.stats.bytes_decoded += block.numel() * block.element_size()
         return block

@@ -56,15 +56,13 @@ def fill(
         verify = None if checks is None else "later" if stager is None and slot.tensor.is_meta else "now"
         if slot.part is not None:
             return lambda: fetching.fetch_part(source, slot, verify, watched)
-        started = early.pop(stored.get(slot.file_name, slot.file_name), None)  # type: ignore[arg-type]
+        name = slot.file_name
+        assert name is not None  # todo holds only the slots matched to a stored tensor
+        started = early.pop(stored.get(name, name), None)
         dtype_of = target_dtype(slot, dtype)
-        if (
-            started is None
-            and stager is None
-            and on_the_caller(source, source.info(slot.file_name), dtype_of)
-        ):
-            return fetching.fetch(source, slot.file_name, dtype_of, convert, verify, watched)  # type: ignore[arg-type]
-        return started or (lambda: fetching.fetch(source, slot.file_name, dtype_of, convert, verify, watched))
+        if started is None and stager is None and on_the_caller(source, source.info(name), dtype_of):
+            return fetching.fetch(source, name, dtype_of, convert, verify, watched)
+        return started or (lambda: fetching.fetch(source, name, dtype_of, convert, verify, watched))
 
     with progress_task(progress, "loading", sum(sizes)) as advance:
         if source.coded and stager is None and (checks is None or watched is not None):

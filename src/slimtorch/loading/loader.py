@@ -194,7 +194,8 @@ def lookup_tables(model: nn.Module) -> list[torch.Tensor]:
     tokens it is given, so once the load has checked them their mapped pages are given back
     (:func:`~slimtorch.format.pages.release_unwritten`): a Llama-3-8B's bfloat16 embedding is 1 GiB,
     of which a prompt reads a few rows."""
-    tables, held = [], set()
+    tables: list[torch.Tensor] = []
+    held: set[int] = set()
     for module in model.modules():
         own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
         if isinstance(module, nn.Embedding) or getattr(module, "ROWS_LOOKED_UP", False):
@@ -336,7 +337,7 @@ def _verify(
 ) -> None:
     """Run the load's checks as ``mode`` says: all before returning (``"eager"``), or beside the caller
     with each module's forward waiting for its own (``"before-use"``); ``after`` once they are done."""
-    report.verify = mode or "off"
+    report.verify = mode if isinstance(mode, str) else "off"
     if checks is None:
         after()
         return

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import difflib
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -124,9 +126,9 @@ def match(
         used.update(hits)
         slot.file_name = hits[0]
         if slot.part:
-            _check_part(source, slot)
+            _check_part(source, slot, hits[0])
             continue
-        _check_shape(source, slot, by_model)
+        _check_shape(source, slot, hits[0], by_model)
     if slots and not used:
         raise FormatError(source.path, _nothing_matched(model, file_names, model_names, found))
     if lacking:
@@ -189,17 +191,18 @@ def _read_other_spelling(by_model: dict[str, str], aliases: dict[str, str], want
     ]
 
 
-def _check_shape(source: TensorSource, slot: Slot, by_model: dict[str, str]) -> None:
-    info = source.info(slot.file_name)  # type: ignore[arg-type]
+def _check_shape(source: TensorSource, slot: Slot, name: str, by_model: dict[str, str]) -> None:
+    """The file's tensor ``name``, matched to ``slot``, must have the slot's shape."""
+    info = source.info(name)
     want = tuple(slot.tensor.shape)
     if tuple(info.shape) == want:
         return
     # Names shuffled by a refactor show up as a tensor of the right shape under a near name.
     fitting = [n for n in by_model.values() if tuple(source.info(n).shape) == want]
-    near = difflib.get_close_matches(slot.file_name, fitting, n=2, cutoff=0)  # type: ignore[arg-type]
+    near = difflib.get_close_matches(name, fitting, n=2, cutoff=0)
     raise FormatError(
         source.path,
-        f"tensor {slot.file_name!r} is {list(info.shape)} in the file but the model's "
+        f"tensor {name!r} is {list(info.shape)} in the file but the model's "
         f"{slot.names[0]!r} is {list(want)}"
         + (f"; the file's nearest names shaped {list(want)}: {', '.join(map(repr, near))}" if near else ""),
     )
@@ -233,18 +236,29 @@ def _lacking(lacking: list[str], file_names: list[str], found: Prefix, meta: boo
     )
 
 
-def _check_part(source: TensorSource, slot: Slot) -> None:
-    """A quantized layer's buffer takes a part of a coded tensor: the file must have coded it the same way."""
-    name = slot.file_name
+class _CodedLayer(Protocol):
+    """What a quantized layer tells of the parts it holds (``slimtorch.quant.modules.QuantizedWeight``)."""
+
+    SLIM_PARTS: Mapping[str, tuple[str, str]]
+
+    def stage_of(self, tensor: str) -> dict[str, Any]: ...
+
+
+def _check_part(source: TensorSource, slot: Slot, name: str) -> None:
+    """A quantized layer's buffer takes a part of a coded tensor (the file's ``name``): the file must have
+    coded it the same way."""
     (module, attr), model_name = slot.places[0], slot.names[0]
+    # a slot has a part only where its module declares SLIM_PARTS (graph.slots.model_slots); torch types
+    # a module's other attributes as tensors or modules
+    layer = cast(_CodedLayer, module)
     if not source.coded:
         raise FormatError(
             source.path,
             f"the model's {model_name!r} is part of a quantized layer, but {source.format} files store "
             "float weights: load them into the float model, then quantize it",
         )
-    stages = source.stages(name)  # type: ignore[arg-type]
-    expected = module.stage_of(module.SLIM_PARTS[attr][0])  # an LSTM has a stage per matrix
+    stages = source.stages(name)
+    expected = layer.stage_of(layer.SLIM_PARTS[attr][0])  # an LSTM has a stage per matrix
     if not stages:
         raise FormatError(
             source.path,

@@ -212,11 +212,12 @@ def _loaded(
     prefix: str | None,
     rename: Rename,
     allow_globals: tuple[str, ...],
-) -> tuple[nn.Module, tuple[str, ...]]:
+) -> tuple[nn.Module, tuple[str, ...], FileRest]:
     from slimtorch.loading.loader import load_model  # looked up at each call: tests watch what it gets
 
     report = load_model(path, build, strict=strict, allow_globals=allow_globals, prefix=prefix, rename=rename)
-    return report.model, _left_out(report), _rest_of(path, report)  # type: ignore[return-value]
+    assert report.model is not None  # load_model's report holds the model it filled
+    return report.model, _left_out(report), _rest_of(path, report)
 
 
 def _rest_of(path: Path, report: LoadReport) -> FileRest:

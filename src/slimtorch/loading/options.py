@@ -141,9 +141,9 @@ def _max_memory(value: object) -> tuple[tuple[str, int], ...]:
     """``max_memory`` as (device, bytes) pairs, from a mapping, pairs or ``"device=size"`` strings."""
     if isinstance(value, str):
         value = [value]
-    pairs = value.items() if isinstance(value, dict) else value
+    given: Any = value.items() if isinstance(value, dict) else value  # anything: TypeError if not pairs
     try:
-        pairs = [tuple(p.split("=", 1)) if isinstance(p, str) else tuple(p) for p in pairs]  # type: ignore[union-attr]
+        pairs = [tuple(p.split("=", 1)) if isinstance(p, str) else tuple(p) for p in given]
     except TypeError:
         raise OptionError(f"max_memory takes a mapping like {{'cpu': '4GB'}}, not {value!r}") from None
     out = []
@@ -167,7 +167,7 @@ def _verify_mode(value: object) -> str | bool:
     if value is True:
         return "eager"
     if value is False or value in VERIFY_MODES:
-        return value  # type: ignore[return-value]
+        return value
     raise OptionError(f"verify takes 'eager', 'before-use', True or False, not {value!r}")
 
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from slimtorch.errors import FormatError, OptionError, SlimtorchError
-from slimtorch.format.layout import crc32_combine
+from slimtorch.format.layout import ChunkCheck, crc32_combine
 from slimtorch.format.progress import Progress
 from slimtorch.format.progress import task as progress_task
 from slimtorch.format.shard_read import Piece, ShardRead, Span
@@ -73,7 +73,7 @@ def shard_model(model: nn.Module, options: LoadOptions, device: torch.device | N
 def _apply_placements(model: nn.Module, mesh: Any, placements: str | tuple[tuple[str, str], ...]) -> None:
     if is_sharded(model):
         raise OptionError("the model is sharded already: give it without mesh= (its DTensors say how)")
-    if placements == "fsdp":
+    if isinstance(placements, str):  # "fsdp", the one placement named by a string (LoadOptions checks)
         from torch.distributed.fsdp import fully_shard
 
         for block in _blocks(model):
@@ -169,7 +169,7 @@ def _fill_slot(source: TensorSource, slot: Slot) -> ShardRead:
     rows, cols = _span(slot.tensor, name)
     local = _local(slot.tensor)
     stored = source.info(slot.file_name).dtype  # type: ignore[arg-type]
-    if stored != local.dtype and not (stored.is_floating_point and local.is_floating_point):
+    if stored != local.dtype and not (stored.is_floating_point and local.is_floating_point()):
         raise SlimtorchError(f"{name}: the file's {stored} does not convert to the model's {local.dtype}")
     with torch.no_grad():
         return source.read_into(slot.file_name, local, rows=rows, cols=cols)  # type: ignore[arg-type]
@@ -181,7 +181,7 @@ def _span(tensor: torch.Tensor, name: str) -> tuple[Span | None, Span | None]:
         return None, None
     if len(tensor.placements) != 1:  # type: ignore[attr-defined]
         raise SlimtorchError(f"{name}: a {len(tensor.placements)}-D mesh is not supported yet (1-D only)")  # type: ignore[attr-defined]
-    (chunk,) = tensor.__create_chunk_list__()  # type: ignore[attr-defined]
+    (chunk,) = tensor.__create_chunk_list__()
     spans = [(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True)]
     split = [d for d, (span, size) in enumerate(zip(spans, tensor.shape, strict=True)) if span != (0, size)]
     if split in ([], [0]):
@@ -232,9 +232,10 @@ def check_pieces(source: TensorSource, pieces: list[Piece], group: Any) -> int:
 def _combined(chunk: Piece, found: Mapping[tuple[int, int], tuple[int, int]]) -> int | None:
     """The CRC of the whole chunk from pieces that tile it (None: they leave a gap or overlap)."""
     by_start: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for (start, length), (crc, _) in found.items():
-        by_start[start].append((length, crc))
-    at, end, crc = chunk.chunk, chunk.chunk + chunk.chunk_bytes, None
+    for (start, length), (piece_crc, _) in found.items():
+        by_start[start].append((length, piece_crc))
+    at, end = chunk.chunk, chunk.chunk + chunk.chunk_bytes
+    crc: int | None = None
     while at < end:
         if at not in by_start:
             return None
@@ -259,7 +260,9 @@ def _check_uncovered(
             continue
         tensor, part, start = key
         checks = [
-            c for c in source.checks(tensor, source.parts(tensor)) if (c.part, c.start) == (part, start)
+            c
+            for c in source.checks(tensor, source.parts(tensor))
+            if isinstance(c, ChunkCheck) and (c.part, c.start) == (part, start)
         ]
         try:
             extra += sum(check() for check in checks)

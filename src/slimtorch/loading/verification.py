@@ -450,6 +450,7 @@ class Verification:
     # -- waiting in forwards ----------------------------------------------------------------------------
     def _hook_modules(self) -> None:
         by_module: dict[int, tuple[nn.Module, list[tuple[CheckGroup, str | None]]]] = {}
+        waits: list[tuple[CheckGroup, str | None, list[nn.Module]]]
         waits = [(g, None, g.modules) for g in self._groups if g.modules]
         waits += [(g, use.name, use.modules) for use in self._uses for g in use.spans]
         for group, name, modules in waits:

@@ -26,7 +26,7 @@ from slimtorch.memory.device import default_device, runnable_device
 from slimtorch.memory.heap import CODE_PAGES, repeated, resident_peak
 from slimtorch.memory.options import StepOptions
 from slimtorch.memory.parallel import RankMemory, parallel_step, rank_memory
-from slimtorch.memory.step import DONE, StepRecord, run_steps
+from slimtorch.memory.step import DONE, StepRecord, named_device, run_steps
 from slimtorch.memory.timeline import StorageTimeline
 
 CURVE_POINTS = 1000
@@ -308,7 +308,7 @@ def _report(plan: StepOptions, steps: list[StepMemory]) -> MemoryReport:
         plan.mode,
         plan.precision,
         optimizer,
-        plan.device,
+        named_device(plan),
         plan.checkpointing,
         steps,
         fixed,
@@ -381,7 +381,7 @@ class _AllocatorSampler(StorageTimeline):
 
 
 def _sampler(plan: StepOptions) -> StorageTimeline:
-    if torch.device(plan.device).type == "cuda":
+    if torch.device(named_device(plan)).type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         return _AllocatorSampler(512, torch.cuda.memory_allocated)
     heap = _heap_in_use()

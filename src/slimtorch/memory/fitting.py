@@ -131,8 +131,7 @@ def fit(
     if isinstance(example_inputs, int | float) and not isinstance(example_inputs, bool):
         raise OptionError("fit takes the budget as an option: fit(model, example_inputs, budget=...)")
     how = resolve(FitOptions, options, overrides, "fit")
-    if how.budget is None:
-        raise OptionError("fit needs a budget in bytes: fit(model, example_inputs, budget=16 * 2**30)")
+    _budget(how)  # refused before anything runs
     device = runnable_device(how.device, "fit") if how.apply else how.device or default_device()
     reports: dict[tuple[tuple[str, ...], str], MemoryReport] = {}
     with task(progress, "fitting the step: simulated steps", None, "steps") as advance:
@@ -157,23 +156,31 @@ def fit(
 def _chosen(model: nn.Module, how: FitOptions, device: str, estimated: Estimated) -> FitPlan:
     """One device's plan, or the ranks' when asked for (or when ``"auto"`` finds one device too small);
     a clear error when neither fits."""
-    alone = _plan(model, how, how.budget, device, lambda names, p: estimated(names, p).steps[0].peak_bytes)
+    budget = _budget(how)
+    alone = _plan(model, how, budget, device, lambda names, p: estimated(names, p).steps[0].peak_bytes)
     # offloading moves the saved activations off the device, not the optimizer step's weights and state
     step = estimated(alone.checkpointed, alone.precision).steps[0]
-    offloading = alone.offload and step.phases.get("optimizer", 0) <= how.budget * (1 - how.margin)
-    fixed = isinstance(how.world_size, int) and how.world_size > 1
-    if not fixed and (alone.fits or how.world_size != "auto"):
+    offloading = alone.offload and step.phases.get("optimizer", 0) <= budget * (1 - how.margin)
+    # a count of ranks asked for; None: one device, or "auto"
+    fixed = how.world_size if isinstance(how.world_size, int) and how.world_size > 1 else None
+    if fixed is None and (alone.fits or how.world_size != "auto"):
         if not alone.fits and not offloading:
             raise _refusal(model, how, alone, device, estimated)
         return alone
-    top = how.world_size if fixed else how.max_world_size
-    sizes = range(top, top + 1) if fixed else range(2, top + 1)
+    sizes = range(fixed, fixed + 1) if fixed is not None else range(2, how.max_world_size + 1)
     ranked = _ranked(model, how, device, estimated, sizes, alone.unmodified_peak_bytes)
     if ranked is not None:
         return ranked
-    if offloading and not fixed:
+    if offloading and fixed is None:
         return alone  # activations too large for any count of ranks: offloading is what is left
     raise _ranks_refusal(model, how, device, estimated, sizes)
+
+
+def _budget(how: FitOptions) -> int:
+    """The budget in bytes, which ``fit`` requires (:class:`FitOptions` holds None until one is given)."""
+    if how.budget is None:
+        raise OptionError("fit needs a budget in bytes: fit(model, example_inputs, budget=16 * 2**30)")
+    return how.budget
 
 
 def _plan(
@@ -222,7 +229,7 @@ def _ranked(
     count fits. Under sharding bf16 autocast can cost more than it saves (autocast keeps a bf16 copy of
     each weight it casts through the forward, and those copies are not sharded), so both are tried."""
     blocks, precisions = _levers(model, how)
-    usable = int(how.budget * (1 - how.margin))
+    usable = int(_budget(how) * (1 - how.margin))
     strategies, notes = _strategies(how, device)
     leanest = [parallel_step(model, estimated(blocks, precision)) for precision in precisions]
     fitting = [fewest_ranks(step, usable, strategies=strategies, sizes=sizes) for step in leanest]
@@ -256,7 +263,7 @@ def _ranked(
         False,
         predicted,
         unmodified,
-        how.budget,
+        _budget(how),
         _share(model, names),
         device,
         notes,

@@ -266,7 +266,7 @@ def _scratch_at(
         _finish(rest, heap, live)
     for _, end, program in starts.pop(index, ()):
         split = program.index(0) if 0 in program else len(program)
-        live: list[tuple[int, int]] = []
+        live = []  # typed by the loop above: (bytes, key) of the blocks made and not freed
         _run(program[:split], heap, live)
         if end == index:
             _finish(program[split:], heap, live)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,11 +74,11 @@ def run_steps(
     one optimizer kept from step to step, until a step starts with the same tensors alive as the step
     before it: step 1 makes the optimizer's state, so the steady state is step 2 in training, step 1 in
     inference. Every step's memory is recorded; ``plan.device`` is named (the verb resolves None to this
-    machine's before it gets here)."""
+    machine's before it gets here: :func:`named_device`)."""
     # Fake tensors live on the CPU whatever the plan's device (a CPU-only torch cannot run autograd on
     # fake CUDA tensors): CUDA shows in the allocator's rounding, and CPU autocast stands in for CUDA's.
-    device = torch.device(plan.device) if not fake else torch.device("cpu")
-    rounding = CUDA_BLOCK if torch.device(plan.device).type == "cuda" else 1
+    device = torch.device(named_device(plan)) if not fake else torch.device("cpu")
+    rounding = CUDA_BLOCK if torch.device(named_device(plan)).type == "cuda" else 1
     timeline = timeline or StorageTimeline(rounding)
     if fake and rounding == 1:  # oneDNN's kernels are the CPU's: CUDA's (cuDNN's) are not probed here
         timeline.true_sizes = true_sizes
@@ -104,6 +104,14 @@ def run_steps(
                 raise SlimtorchError(_unsimulable(exc, timeline.modules, model)) from None
             timeline.phase = DONE  # what follows is this simulation letting go of the steps' tensors
     return record
+
+
+def named_device(plan: StepOptions) -> str:
+    """``plan.device``, which a verb names before a step runs (``estimate``: None is this machine's;
+    ``profile``: it must be this machine's); a step planned for no device is a bug."""
+    if plan.device is None:
+        raise ValueError("a step runs on a named device: the verb resolves device=None before it runs")
+    return plan.device
 
 
 def _loop(
@@ -159,16 +167,19 @@ def _step(
         return
     for _ in range(plan.accumulation):
         _forward_backward(model, inputs, plan, device, loss_fn, record.timeline, scaler)
-    record.gradients |= {record.timeline.key_of(t.grad) for t in trainable if t.grad is not None} - {None}
+    record.gradients |= _keys(record.timeline, [t.grad for t in trainable])
     with record.timeline.in_phase("optimizer"):
         _scaled_step(optimizer, scaler)
         optimizer.zero_grad(set_to_none=plan.set_to_none)
-    record.optimizer_state |= {
-        record.timeline.key_of(value)
-        for state in optimizer.state.values()
-        for value in state.values()
-        if isinstance(value, torch.Tensor)
-    } - {None}
+    state = [value for values in optimizer.state.values() for value in values.values()]
+    record.optimizer_state |= _keys(record.timeline, state)
+
+
+def _keys(timeline: StorageTimeline, values: Iterable[object]) -> set[int]:
+    """The keys of the storages of the tensors among ``values`` that ``timeline`` saw allocated and still
+    alive."""
+    keys = (timeline.key_of(value) for value in values if isinstance(value, torch.Tensor))
+    return {key for key in keys if key is not None}
 
 
 # What fake tensors cannot do: an output whose shape depends on the data (bincount, nonzero, unique), a
@@ -226,6 +237,8 @@ def _forward_backward(
     del output
     if not train:
         return
+    if loss is None:
+        raise TypeError("loss_fn returned None: a training step needs the loss tensor to backpropagate")
     with timeline.in_phase("backward"):
         scaler.scale(loss).backward()
         del loss
@@ -338,11 +351,13 @@ def _swapped(model: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[Non
     forward during backward, so ``torch.func.functional_call``'s swap, undone after the forward, would
     not do); the model's own tensors are put back afterwards, whatever happens, and so are the weight
     lists its modules keep beside them (:data:`WEIGHT_CACHES`)."""
-    originals = []
+    # dict[str, Any]: torch annotates _parameters as holding Parameters, and for the step it holds plain
+    # (or fake) tensors
+    originals: list[tuple[dict[str, Any], str, Any]] = []
     for name, tensor in tensors.items():
         owner, _, attr = name.rpartition(".")
         module = model.get_submodule(owner)
-        table = module._parameters if attr in module._parameters else module._buffers
+        table: dict[str, Any] = module._parameters if attr in module._parameters else module._buffers
         originals.append((table, attr, table[attr]))
         table[attr] = tensor
     for module in model.modules():
@@ -430,12 +445,12 @@ def replace_forward(module: nn.Module, forward: Callable[..., Any]) -> Callable[
     """Give ``module`` another forward for a while; returns what puts its own back (an instance's own
     forward, if it had one, else the class's)."""
     own = module.__dict__.get("forward")
-    module.forward = forward  # type: ignore[method-assign]
+    module.forward = forward
 
     def restore() -> None:
         if own is None:
             module.__dict__.pop("forward", None)
         else:
-            module.forward = own  # type: ignore[method-assign]
+            module.forward = own
 
     return restore

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
@@ -150,7 +150,7 @@ def _tokens(
     inputs = {"input_ids": ids}
     if "attention_mask" in names:
         inputs["attention_mask"] = mask
-    if "token_type_ids" in names and getattr(config, "type_vocab_size", 0):
+    if "token_type_ids" in names and getattr(config, "type_vocab_size", None):
         inputs["token_type_ids"] = torch.zeros_like(ids)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in names:
         inputs["decoder_input_ids"] = ids[:, : max(1, length // 4)].clone()
@@ -217,7 +217,7 @@ def _float_dtype(model: nn.Module) -> torch.dtype:
     return next(floats, torch.get_default_dtype())
 
 
-def _is_shape(value: Any) -> bool:
+def _is_shape(value: Any) -> TypeGuard[tuple[int, ...] | list[int]]:
     return (
         isinstance(value, (tuple, list)) and bool(value) and all(isinstance(n, int) and n > 0 for n in value)
     )

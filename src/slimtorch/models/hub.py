@@ -142,7 +142,7 @@ def checkpoint_renames(model: nn.Module, file_names: Iterable[str]) -> list[tupl
     try:
         from transformers import PreTrainedModel
         from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import WeightConverter, rename_source_key
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
     except ImportError:  # transformers 4: checkpoints hold the modules' own names
         return []
     if not isinstance(model, PreTrainedModel):
@@ -151,7 +151,7 @@ def checkpoint_renames(model: nn.Module, file_names: Iterable[str]) -> list[tupl
     if not transforms:
         return []
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
-    renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]  # as transformers splits them
     own = set(model.state_dict())
     pairs = []
     for name in file_names:

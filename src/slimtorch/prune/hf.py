@@ -39,7 +39,8 @@ def config_update(model: nn.Module) -> ConfigUpdate:
         raise SlimtorchError(f"a {type(model).__name__} has no Hugging Face config")
     values: dict[str, int] = {}
     problems: list[str] = []
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    input_embeddings = getattr(model, "get_input_embeddings", None)  # a transformers PreTrainedModel's
+    embeddings = input_embeddings() if input_embeddings is not None else None
     if isinstance(embeddings, nn.Embedding):  # a vision model's patch embedding is a convolution
         for key in HIDDEN_KEYS:
             if isinstance(getattr(config, key, None), int):
@@ -60,7 +61,9 @@ def config_update(model: nn.Module) -> ConfigUpdate:
             if _has(m, "k_proj", "head_dim")
         }
         _single(values, problems, config, ("num_key_value_heads",), kv, "key/value head count")
-    sizes = {head_size(m) for m in modules.values() if query_heads(m) is not None}
+    sizes = {
+        size for m in modules.values() if query_heads(m) is not None and (size := head_size(m)) is not None
+    }
     hidden_now = [values.get(key, getattr(config, key, None)) for key in HIDDEN_KEYS]
     hidden = next((size for size in hidden_now if isinstance(size, int)), None)
     heads_now = next((values[k] for k in HEAD_KEYS if k in values), None)

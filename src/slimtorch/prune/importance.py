@@ -55,15 +55,15 @@ def bn_scale(group: ChannelGroup, tensors: Mapping[str, torch.Tensor]) -> torch.
 
 
 def taylor(group: ChannelGroup, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    with_grad = [s for s in group.slices if getattr(tensors[s.key], "grad", None) is not None]
+    grads = {s.key: grad for s in group.slices if (grad := tensors[s.key].grad) is not None}
+    with_grad = [s for s in group.slices if s.key in grads]
     if not with_grad:
         raise SlimtorchError(
             "taylor importance needs gradients: run the model on a batch and loss.backward() before pruning"
         )
 
     def contribution(key: str) -> torch.Tensor:
-        tensor = tensors[key]
-        return (tensor.detach() * tensor.grad).to(torch.float64)
+        return (tensors[key].detach() * grads[key]).to(torch.float64)
 
     return _per_channel(group, contribution, with_grad, 1)
 

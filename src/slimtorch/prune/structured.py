@@ -189,8 +189,10 @@ def _ratio_for_budget(
     _refuse_nothing_to_prune(model, every, groups)
     if options.target_params is not None:
         target, measure = options.target_params, lambda m: sum(p.numel() for p in m.parameters())
-    else:
+    elif options.target_macs is not None:
         target, measure = options.target_macs, lambda m: count_macs(m, example.inputs, example.kwargs)
+    else:  # channels() refuses this before it searches
+        raise OptionError("give exactly one of ratio, target_params or target_macs")
     with task(progress, "finding the ratio for the budget", TRIALS, unit="steps") as advance:
         return ratio_for_budget(
             model,
@@ -200,7 +202,7 @@ def _ratio_for_budget(
                 _lowest(groups, scores, _keep(groups, scores, r, options.scope, options.round_to)),
             ),
             measure,
-            int(target),  # type: ignore[arg-type]
+            int(target),
             advance,
         )
 

@@ -123,7 +123,9 @@ def weights(
         >>> round(report.sparsity, 2), round(report.model_sparsity, 2), report.untouched
         (0.9, 0.88, {'LSTM': 0.0237, 'Linear': 0.0005})
     """
-    if isinstance(options, (int, float, Mapping)) and not isinstance(options, bool):
+    if isinstance(options, bool):  # an int to Python, but no amount: refused as resolve refuses it
+        raise OptionError("prune.weights: options must be a SparsityOptions, not bool")
+    if isinstance(options, (int, float, Mapping)):
         options = SparsityOptions(amount=options)
     options = resolve(SparsityOptions, options, overrides, "prune.weights")
     wait_for_checks(model)  # magnitudes are read outside a forward
@@ -194,7 +196,8 @@ def sparsity_of(
         layers[key] = count / weight.numel()
         zeros, total = zeros + count, total + weight.numel()
     pruned = {id(w) for w in chosen.values()}
-    model_zeros, model_total, untouched = 0, 0, {}
+    model_zeros, model_total = 0, 0
+    untouched: dict[str, int] = {}  # layer type -> parameters not pruned
     for module in model.modules():
         for param in module.parameters(recurse=False):
             model_zeros += int((param == 0).sum())
@@ -216,7 +219,7 @@ def sparsity_of(
 def _targets(
     model: nn.Module, amount: float | Mapping[str, float], skip: tuple[str, ...] = ()
 ) -> dict[str, tuple[torch.Tensor, float]]:
-    targets = {}
+    targets: dict[str, tuple[torch.Tensor, float]] = {}
     for name, weight in _without_skipped(prunable_weights(model), skip).items():
         if isinstance(amount, Mapping):
             owner, _, attr = name.rpartition(".")

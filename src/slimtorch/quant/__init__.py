@@ -10,7 +10,6 @@
 - :mod:`slimtorch.quant.kernels`: the int8 / int4 kernels, and the fastest one here, found by timing.
 """
 
-from slimtorch.quant.build import SCHEMES
 from slimtorch.quant.conv import Int4WeightConv, Int8WeightConv
 from slimtorch.quant.convert import (
     LayerResult,
@@ -32,6 +31,7 @@ from slimtorch.quant.modules import (
 from slimtorch.quant.options import QuantizeOptions
 from slimtorch.quant.recurrent import Int4WeightRecurrent, Int8DynamicRecurrent, Int8WeightRecurrent
 from slimtorch.quant.targets import FloatLayer
+from slimtorch.schemes import SCHEMES
 
 __all__ = [
     "CHOICES",

@@ -66,6 +66,7 @@ from slimtorch.quant.targets import (
     kept_float,
     weight_bytes,
 )
+from slimtorch.schemes import scheme as scheme_row
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ def quantize(
     chosen = _options(options, overrides)
     wait_for_checks(model)  # the weights are read (quantized) outside a forward
     scheme, group_size = chosen.scheme, chosen.group_size
+    row = scheme_row(scheme)
     check_skip_patterns(model, chosen.skip)
     choice = choose_targets(model, scheme, chosen.skip, chosen.embeddings)
     skipped = choice.skipped
@@ -174,7 +176,7 @@ def quantize(
                 for t in choice.targets
                 if type(t.module) is nn.Linear or is_hf_conv1d(t.module)
             }
-            moments = InputMoments(linear if scheme == "int4-weight" else {})
+            moments = InputMoments(linear if row.codec == "int4" else {})  # GPTQ chooses int4 codes
             candidates = {t.name: t.module for t in choice.targets}
             with moments.recording(), watching_weight_reads(candidates) as readers:
                 references = each_sample(
@@ -186,14 +188,15 @@ def quantize(
             targets, twins = _twins(choice.targets, chosen, moments, skipped, progress)
             sensitive: dict[str, str] = {}
             if chosen.keep_sensitive:
-                codec = "int4" if scheme == "int4-weight" else "int8"
                 build = one_unit_quantized(twins, scheme, group_size)
-                sensitive = sensitive_units(model, targets, build, inputs, _call, codec, group_size, progress)
+                sensitive = sensitive_units(
+                    model, targets, build, inputs, _call, row.codec, group_size, progress
+                )
                 targets, twins = without_units(targets, twins, sensitive, scheme, group_size)
                 skipped.update(sensitive)
             if not twins:
-                listed, _ = kept_float(model, skipped, set(skipped), weights_before)
-                raise SlimtorchError(_nothing_quantized(scheme, listed))
+                kept, _ = kept_float(model, skipped, set(skipped), weights_before)
+                raise SlimtorchError(_nothing_quantized(scheme, kept))
             originals, layers = {}, []
             for target in targets:
                 quantized = twins[target.name]
@@ -214,7 +217,7 @@ def quantize(
     float_layers, summary = kept_float(model, skipped, listed, weights_before)
     return QuantizeReport(
         scheme,
-        group_size if scheme == "int4-weight" else None,
+        group_size if row.grouped else None,
         layers,
         skipped,
         before,
@@ -233,7 +236,7 @@ def _kernel_notes(scheme: str, layers: list[LayerResult]) -> list[str]:
     or torch's operations, and why), whether this CPU's oneDNN product saturates, and the kernel each
     layer shape got at each batch size the calibration ran, with the timing and refusals behind it. A
     speed that depends on the CPU or an optional package is said, not left to guess."""
-    if scheme != "int8-dynamic" or not layers:
+    if not scheme_row(scheme).dynamic or not layers:
         return []
     notes = [f"activation rows quantized with {rowcodes.describe()}"]
     if kernels.onednn_available() and not kernels.onednn_exact("uint8"):
@@ -324,9 +327,10 @@ def dequantize(model: nn.Module) -> list[str]:
         >>> dequantize(model), type(model[0]).__name__
         (['0'], 'Linear')
     """
-    names = [name for name, module in model.named_modules() if isinstance(module, QuantizedWeight)]
-    for name in names:
-        put_module(model, name, model.get_submodule(name).float_module())
+    layers = {name: module for name, module in model.named_modules() if isinstance(module, QuantizedWeight)}
+    for name, layer in layers.items():
+        put_module(model, name, layer.float_module())
+    names = list(layers)
     delta = delta_of(model)
     if delta is not None:  # a save must not record layers that are float again
         delta.quantized = {k: v for k, v in delta.quantized.items() if k not in names}
@@ -345,7 +349,7 @@ def model_bytes(model: nn.Module) -> int:
 
 # -- results ----------------------------------------------------------------------------------
 def _recorded(twins: dict[str, QuantizedWeight], scheme: str, group_size: int) -> dict[str, dict[str, Any]]:
-    group = group_size if scheme == "int4-weight" else None
+    group = group_size if scheme_row(scheme).grouped else None
     recorded = {}
     for name, twin in twins.items():
         how: dict[str, Any] = {"scheme": scheme, "group_size": group, "dtype": dtype_name(twin.weight_dtype)}

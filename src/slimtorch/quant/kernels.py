@@ -43,7 +43,7 @@ import time
 import weakref
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -619,8 +619,9 @@ def _agreeing(
             continue
         try:
             out = run()
-        except (RuntimeError, NotImplementedError) as error:
-            refused[name] = f"cannot run here ({str(error).splitlines()[0][:80] if str(error) else 'error'})"
+        except (RuntimeError, NotImplementedError) as failure:
+            first = str(failure).splitlines()[0][:80] if str(failure) else "error"
+            refused[name] = f"cannot run here ({first})"
             continue
         if out.shape != expected.shape:
             refused[name] = f"gave shape {tuple(out.shape)}, not {tuple(expected.shape)}"
@@ -701,6 +702,14 @@ class CompiledLayer(Protocol):
     def fake_forward(self, *args: Any) -> Any: ...
 
 
+class ProductLayer(CompiledLayer, Protocol):
+    """What ``slimtorch::onednn_product`` calls back into: an int8-dynamic Linear's oneDNN product."""
+
+    out_features: int
+
+    def onednn_product(self, codes: torch.Tensor, zero_point: int = 128) -> torch.Tensor: ...
+
+
 _LAYERS: weakref.WeakValueDictionary[int, CompiledLayer] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count()
 
@@ -755,11 +764,14 @@ def _quantize_rows_shapes(x: torch.Tensor, codes: str) -> tuple[torch.Tensor, to
 
 def _onednn_product_op(codes: torch.Tensor, layer: int, zero_point: int) -> torch.Tensor:
     """:func:`onednn_product` of an int8-dynamic layer, as one operator of a compiled graph."""
-    return _LAYERS[layer].onednn_product(codes, zero_point)
+    # ``layer`` is the handle of the int8-dynamic Linear whose traced graph calls this (the only layer
+    # that does): an int in the graph, it cannot carry that type
+    return cast(ProductLayer, _LAYERS[layer]).onednn_product(codes, zero_point)
 
 
 def _onednn_product_shape(codes: torch.Tensor, layer: int, zero_point: int) -> torch.Tensor:
-    return codes.new_empty((codes.shape[0], _LAYERS[layer].out_features), dtype=torch.float32)
+    rows, columns = codes.shape[0], cast(ProductLayer, _LAYERS[layer]).out_features  # as above
+    return codes.new_empty((rows, columns), dtype=torch.float32)
 
 
 _LIBRARY = torch.library.Library("slimtorch", "FRAGMENT")

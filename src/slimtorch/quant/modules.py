@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, ClassVar
 
@@ -58,6 +58,12 @@ class QuantizedWeight(nn.Module):
     stage: dict[str, Any]
     kernel: str | None
     """A kernel forced by the user (None: the fastest measured here)."""
+    # nn.Module's dicts allow None (``register_buffer(name, None)``); a quantized layer's never hold it:
+    # each buffer is a codec part, each parameter a float tensor (a bias, an LSTM / GRU matrix kept
+    # float). Declared so, the kernels read them straight from the dicts as tensors, with no check on the
+    # call's path (``prepared_source`` reads each of them on every call).
+    _buffers: dict[str, torch.Tensor]  # type: ignore[assignment]  # narrower than nn.Module's: see above
+    _parameters: dict[str, nn.Parameter]  # type: ignore[assignment]  # likewise
 
     def _init_parts(self, parts: dict[str, torch.Tensor], stage: dict[str, Any]) -> None:
         for attr, (_, role) in self.SLIM_PARTS.items():
@@ -208,7 +214,7 @@ class QuantizedWeight(nn.Module):
         self,
         x: torch.Tensor,
         rows: int,
-        candidates: dict[str, Callable[[], torch.Tensor]],
+        candidates: Mapping[str, Callable[[], torch.Tensor]],
         tolerance: dict[str, float] | None = None,
         truth: Callable[[], torch.Tensor] | None = None,
     ) -> str:
@@ -296,10 +302,14 @@ class QuantizedWeight(nn.Module):
         with torch.no_grad():  # as in eager: no gradient flows through quantized codes
             return kernels.quantized_layer(x, self._compile_handle)
 
-    def eager_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def eager_forward(self, *args: Any) -> Any:
+        """The forward a compiled graph's operator runs (:class:`kernels.CompiledLayer`): ``(x) -> output``
+        for a Linear or a convolution (``slimtorch::quantized_layer``), ``(input, hx) -> [output, *state]``
+        for an LSTM / GRU (``slimtorch::quantized_rnn``); each kind declares its own."""
         raise NotImplementedError
 
-    def fake_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def fake_forward(self, *args: Any) -> Any:
+        """:meth:`eager_forward`'s outputs as empty tensors of their shapes, for tracing."""
         raise NotImplementedError
 
 
@@ -464,9 +474,7 @@ class Int8DynamicLinear(_QuantizedLinear):
         return run(values, row_scale)
 
     @staticmethod
-    def joint_run(
-        layers: tuple[Int8DynamicLinear, ...], kernel: str
-    ) -> Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]] | None:
+    def joint_run(layers: tuple[Int8DynamicLinear, ...], kernel: str) -> sharing.JointRun | None:
         """One run for several layers reading one input (:class:`sharing.Siblings`), on ``kernel``:
         their weights packed side by side, one product, each layer's output split off in the epilogue;
         ``None`` for a kernel that does not run jointly (those that do not pack: :data:`PACKED`). The

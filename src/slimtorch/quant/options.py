@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from slimtorch.errors import OptionError
 from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, check_group_size
-from slimtorch.quant.build import LINEAR, SCHEMES
-from slimtorch.quant.recurrent import RECURRENT_LAYERS
+from slimtorch.quant.build import layer_class
+from slimtorch.schemes import scheme as scheme_row
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,8 @@ class QuantizeOptions:
     """
 
     scheme: str = "int8-dynamic"
-    """``"int8-dynamic"`` (fastest on CPU), ``"int8-weight"`` or ``"int4-weight"``."""
+    """a name of :data:`slimtorch.schemes.SCHEMES`: ``"int8-dynamic"`` (fastest on CPU), ``"int8-weight"`` or
+    ``"int4-weight"``."""
     group_size: int = INT4_GROUP_SIZE
     """Inputs sharing one int4 scale and zero point (even, 32 to 256; checked under every scheme)."""
     skip: tuple[str, ...] = ()
@@ -51,15 +52,15 @@ class QuantizeOptions:
         return "symmetric" if self.symmetric else "integer_zero" if self.integer_zero else ""
 
     def __post_init__(self) -> None:
-        if self.scheme not in SCHEMES:
-            raise OptionError(f"unknown scheme {self.scheme!r} (known: {', '.join(SCHEMES)})")
+        row = scheme_row(self.scheme)
         check_group_size(self.group_size)
         if self.symmetric and self.integer_zero:
             raise OptionError("int4 zero points are symmetric or integer, not both")
         if isinstance(self.skip, str):  # one pattern, not its characters
             raise OptionError(f"skip takes a list of patterns, not the string {self.skip!r}")
         object.__setattr__(self, "skip", tuple(self.skip))
-        known = dict.fromkeys([*LINEAR[self.scheme].KERNELS, *RECURRENT_LAYERS[self.scheme].KERNELS])
+        classes = [layer_class(self.scheme, kind) for kind in ("linear", "recurrent") if row.quantizes(kind)]
+        known = dict.fromkeys(kernel for cls in classes for kernel in cls.KERNELS)
         if self.kernel is not None and self.kernel not in known:
             raise OptionError(
                 f"kernel {self.kernel!r} does not compute {self.scheme} (its kernels: {', '.join(known)})"

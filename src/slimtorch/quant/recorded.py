@@ -11,10 +11,12 @@ from slimtorch.format.codecs.chain import parse_dtype
 from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, is_int4_group_size
 from slimtorch.format.delta import Swaps
 from slimtorch.graph.layers import is_hf_conv1d
-from slimtorch.quant.build import CONV, SCHEMES, quantized_on_meta
+from slimtorch.quant.build import quantized_on_meta
 from slimtorch.quant.conv import quantizable_conv
 from slimtorch.quant.recurrent import is_recurrent, recurrent_matrices
 from slimtorch.quant.sharing import share_input_codes
+from slimtorch.schemes import SCHEMES
+from slimtorch.schemes import scheme as scheme_row
 
 FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
@@ -39,7 +41,7 @@ def restore(model: nn.Module, quantized: dict[str, dict[str, Any]]) -> None:
         if (
             module is None
             or not quantizable_type(module)
-            or (quantizable_conv(module) and how["scheme"] not in CONV)
+            or (quantizable_conv(module) and not scheme_row(how["scheme"]).quantizes("conv"))
         ):
             what = "which the model does not have" if module is None else f"a {type(module).__name__}"
             raise SlimtorchError(f"the file quantized module {name!r}, {what}")

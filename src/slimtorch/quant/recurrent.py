@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ from torch import nn
 from slimtorch.format.codecs import Encoded, decode, encode
 from slimtorch.quant import kernels
 from slimtorch.quant.modules import INT4_PARTS, INT8_PARTS, QuantizedWeight
+from slimtorch.schemes import scheme as scheme_row
 
 RECURRENT = (nn.LSTM, nn.GRU)
 _LAYER_IDS = itertools.count()  # tells layers apart in the kernel choice (copies share their original's)
@@ -61,7 +62,7 @@ layer) lose nothing by it; trained matrices usually lose 2.5 to 12x (resemblyzer
 scale per row."""
 
 
-def is_recurrent(module: nn.Module) -> bool:
+def is_recurrent(module: nn.Module) -> TypeGuard[nn.LSTM | nn.GRU]:
     """``nn.LSTM`` or ``nn.GRU`` themselves (a subclass may read its weights in its own code).
 
     Example:
@@ -71,7 +72,7 @@ def is_recurrent(module: nn.Module) -> bool:
     return type(module) in RECURRENT
 
 
-def recurrent_matrices(module: nn.Module) -> list[str]:
+def recurrent_matrices(module: nn.RNNBase) -> list[str]:
     """The weight matrices of an LSTM / GRU, in torch's order.
 
     Example:
@@ -100,7 +101,7 @@ def encode_matrices(module: nn.Module, names: Sequence[str], scheme: str, chain:
     for name in names:
         weight = getattr(module, name).detach()
         encoded = encode(weight, chain)
-        if scheme == "int8-dynamic" and chain == ["int8"]:
+        if scheme_row(scheme).dynamic and chain == ["int8"]:  # torch's int8 RNN kernels: per matrix
             shared = encode(weight, [("int8", {"one_scale": True})])
             if _error(shared, weight) <= ONE_SCALE_COST * _error(encoded, weight):
                 encoded = shared
@@ -130,7 +131,7 @@ class QuantizedRecurrent(QuantizedWeight):
     REFERENCE = "dequantize"
     KERNELS: ClassVar[tuple[str, ...]] = ("dequantize",)
 
-    def __init__(self, rnn: nn.Module, coded: Mapping[str, Encoded]) -> None:
+    def __init__(self, rnn: nn.LSTM | nn.GRU, coded: Mapping[str, Encoded]) -> None:
         super().__init__()
         self.mode = type(rnn).__name__
         for name in SETTINGS:
@@ -337,11 +338,6 @@ class Int4WeightRecurrent(QuantizedRecurrent):
 
     SCHEME = "int4-weight"
     SLIM_PARTS: ClassVar[dict[str, tuple[str, str]]] = {}
-
-
-RECURRENT_LAYERS = {
-    cls.SCHEME: cls for cls in (Int8DynamicRecurrent, Int8WeightRecurrent, Int4WeightRecurrent)
-}
 
 
 def quantized_rnn_available() -> bool:

@@ -157,7 +157,7 @@ def shift_product_fused(
 
 def shift_epilogue(
     weight_sums: torch.Tensor, bias: torch.Tensor | None
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None:
     """:func:`shift_product_fused` for one layer, its weight sums and bias made numpy arrays once: a call
     converts only the product and the row parameters (converting all four took 40 of the 55 microseconds
     a call cost, at 128 rows of a 384-wide layer). ``None`` without numba; the returned call gives

@@ -20,12 +20,28 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from slimtorch.quant import kernels
+
+JointRun = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
+"""A group's joint run: ``(x, x2d) -> [each layer's output]`` (``Int8DynamicLinear.joint_run``)."""
+
+
+class SharingLayer(Protocol):
+    """What this module reads of an int8-dynamic layer: ``Int8DynamicLinear``, whose module imports this
+    one (named here, it would make the two a circle)."""
+
+    _run_of: dict[tuple, Any]
+
+    def prepared_source(self) -> tuple: ...
+
+    @staticmethod
+    def joint_run(layers: tuple[Any, ...], kernel: str) -> JointRun | None: ...
+
 
 SHARING_PARENTS = frozenset(
     {
@@ -98,15 +114,15 @@ class Siblings:
 
     def __init__(self) -> None:
         self.adopted = False
-        self.group_of: dict[nn.Module, tuple[nn.Module, ...]] = {}
-        self._last: frozenset[tuple[nn.Module, ...]] | None = None
+        self.group_of: dict[SharingLayer, tuple[SharingLayer, ...]] = {}
+        self._last: frozenset[tuple[SharingLayer, ...]] | None = None
         self._seen = 0
-        # (group, kernel) -> (what the joint state was made from, the joint run)
-        self._runs: dict[tuple[tuple[nn.Module, ...], str], tuple[tuple, Callable]] = {}
+        # (group, kernel) -> (what the joint state was made from, the joint run or None)
+        self._runs: dict[tuple[tuple[SharingLayer, ...], str], tuple[tuple, JointRun | None]] = {}
 
-    def learn(self, inputs: dict[nn.Module, torch.Tensor]) -> None:
+    def learn(self, inputs: dict[SharingLayer, torch.Tensor]) -> None:
         """One call's layers grouped by the tensor each got; adopted after :data:`SETTLE` alike."""
-        by_input: dict[int, list[nn.Module]] = {}
+        by_input: dict[int, list[SharingLayer]] = {}
         for layer, x in inputs.items():
             by_input.setdefault(id(x), []).append(layer)
         groups = frozenset(tuple(layers) for layers in by_input.values() if len(layers) > 1)
@@ -116,13 +132,13 @@ class Siblings:
             self.adopted = True
             self.group_of = {layer: group for group in groups for layer in group}
 
-    def part(self, group: tuple[nn.Module, ...]) -> None:
+    def part(self, group: tuple[SharingLayer, ...]) -> None:
         for layer in group:
             self.group_of.pop(layer, None)
         for key in [key for key in self._runs if key[0] == group]:
             del self._runs[key]
 
-    def run_for(self, group: tuple[nn.Module, ...], known: tuple, kernel: str) -> Callable | None:
+    def run_for(self, group: tuple[SharingLayer, ...], known: tuple, kernel: str) -> JointRun | None:
         """The joint run of ``group`` where every member chose ``kernel`` for this key and the kernel can
         run jointly (``joint_run``); else ``None`` (each runs alone this call)."""
         for layer in group:
@@ -144,11 +160,13 @@ class _Call:
 
     def __init__(self, siblings: Siblings) -> None:
         self.siblings = siblings
-        self.inputs: dict[nn.Module, torch.Tensor] = {}
-        self.pending: dict[tuple[nn.Module, ...], tuple[torch.Tensor, dict[nn.Module, torch.Tensor]]] = {}
+        self.inputs: dict[SharingLayer, torch.Tensor] = {}
+        self.pending: dict[
+            tuple[SharingLayer, ...], tuple[torch.Tensor, dict[SharingLayer, torch.Tensor]]
+        ] = {}
 
     def output(
-        self, layer: nn.Module, x: torch.Tensor, x2d: torch.Tensor, known: tuple, kernel: str
+        self, layer: SharingLayer, x: torch.Tensor, x2d: torch.Tensor, known: tuple, kernel: str
     ) -> torch.Tensor | None:
         """``layer``'s output (rows x out_features) from its group's joint product of ``x``, made by the
         first member called; ``None`` where the layer runs alone."""

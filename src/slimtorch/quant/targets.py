@@ -17,11 +17,13 @@ from torch.nn.utils import parametrize
 
 from slimtorch.errors import OptionError
 from slimtorch.format.names import unmatched_pattern
-from slimtorch.quant.build import CONV, float_weight
+from slimtorch.quant.build import float_weight
 from slimtorch.quant.conv import quantizable_conv
 from slimtorch.quant.modules import QuantizedWeight
 from slimtorch.quant.recorded import quantizable_type
 from slimtorch.quant.recurrent import QuantizedRecurrent, is_recurrent, recurrent_matrices, unsupported
+from slimtorch.schemes import quantizing
+from slimtorch.schemes import scheme as scheme_row
 
 SIGNIFICANT = 0.01
 """Share of the model's weight bytes from which a layer left float is listed on its own in the report."""
@@ -142,9 +144,12 @@ def _why_not(
     if isinstance(module, (nn.Linear, nn.Embedding)) and not quantizable_type(module):
         base = "Linear" if isinstance(module, nn.Linear) else "Embedding"
         return f"{type(module).__name__} subclasses nn.{base}; its owner may use the weight directly"
-    if isinstance(module, nn.modules.conv._ConvNd) and (scheme not in CONV or not quantizable_conv(module)):
-        if scheme not in CONV:
-            return f"{scheme} has no convolution kernel (int8-weight and int4-weight quantize convolutions)"
+    if isinstance(module, nn.modules.conv._ConvNd) and not (
+        scheme_row(scheme).quantizes("conv") and quantizable_conv(module)
+    ):
+        if not scheme_row(scheme).quantizes("conv"):
+            those = " and ".join(quantizing("conv"))
+            return f"{scheme} has no convolution kernel ({those} quantize convolutions)"
         return "transposed, or padded other than with zeros: only plain zero-padded convolutions are swapped"
     if isinstance(module, nn.RNNBase) and not is_recurrent(module):
         if type(module) is nn.RNN:

@@ -123,8 +123,9 @@ def recover(
     adapters = _Matcher(student, teacher, options.features) if options.features else None
     if adapters is not None:
         first = _to(next(iter(train_data))[0], _device_of(student))
-        adapters.prepare(student, teacher, first)  # widths known before the optimizer
+        adapters.prepare(first)  # widths known before the optimizer
     trainable = list(student.parameters()) + (list(adapters.parameters()) if adapters else [])
+    stepper: torch.optim.Optimizer
     if optimizer is None:
         stepper = torch.optim.AdamW(trainable, lr=options.lr, weight_decay=options.weight_decay)
     else:
@@ -216,6 +217,7 @@ class _Matcher:
         if teacher is None:
             raise SlimtorchError("features needs a teacher")
         students, teachers = dict(student.named_modules()), dict(teacher.named_modules())
+        self.student, self.teacher = student, teacher
         self.pairs = dict(pairs)
         self.outputs: dict[str, torch.Tensor] = {}
         self.adapters: dict[str, nn.Module] = {}
@@ -232,11 +234,11 @@ class _Matcher:
 
         return keep
 
-    def prepare(self, student: nn.Module, teacher: nn.Module, inputs: torch.Tensor) -> None:
+    def prepare(self, inputs: torch.Tensor) -> None:
         """One forward of both models on a batch, to size an adapter per pair."""
         with torch.no_grad():
-            student(inputs)
-            teacher(inputs)
+            self.student(inputs)
+            self.teacher(inputs)
         for s_name, t_name in self.pairs.items():
             mine, theirs = self.outputs[f"s:{s_name}"], self.outputs[f"t:{t_name}"]
             self.adapters[s_name] = _adapter(mine.shape[1], theirs.shape[1], mine.dim()).to(mine.device)

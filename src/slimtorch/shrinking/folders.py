@@ -81,7 +81,7 @@ def choose_layout(
         # compressed-tensors' int4 is for Linear layers: embeddings go int8, which it holds, not float
         int4 = ct_weights(model, 4) if model is not None else set()
         policy = replace(policy, stored_as={**dict.fromkeys(weights - int4, "int8"), **policy.stored_as})
-    return folder, replace(policy, layout="hf", hf_weights=weights)
+    return folder, replace(policy, layout="hf", hf_weights=frozenset(weights))
 
 
 def config_file(found: Path | bytes | None) -> dict[str, Any] | None:

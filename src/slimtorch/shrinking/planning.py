@@ -8,6 +8,7 @@ through :func:`state_dict_source`, so a state dict saved in memory and the same 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -75,14 +76,14 @@ def plan_tensors(source: TensorSource, *, keep_training: bool, keep_names: bool)
         if category == "pruning_leftovers":
             continue  # a *_mask: folded into its weight below
         name = info.name
-        fetch: Callable[[], torch.Tensor] = lambda info=info: source.get(info.name)  # noqa: E731
+        fetch: Callable[[], torch.Tensor] = functools.partial(source.get, info.name)
         before = info.nbytes if info.stored_nbytes is None else info.stored_nbytes
         if name.endswith("_orig") and name[: -len("_orig")] + "_mask" in names:
             name = name[: -len("_orig")]
             mask = source.info(name + "_mask")
             if mask.shape != info.shape:
                 raise FormatError(source.path, _unfoldable(info.name, info.shape, mask.shape))
-            fetch = lambda info=info, mask=mask: source.get(info.name) * source.get(mask.name)  # noqa: E731
+            fetch = functools.partial(_masked, source, info.name, mask.name)
             before += mask.nbytes
             plan.folded.append(name)
             category = "parameters"
@@ -97,6 +98,11 @@ def plan_tensors(source: TensorSource, *, keep_training: bool, keep_names: bool)
     if not keep_names and not source.coded:  # a slim file's names are as chosen already
         _strip_wrapper_prefix(plan, _wrapper_prefix(plan, source))
     return plan
+
+
+def _masked(source: TensorSource, name: str, mask: str) -> torch.Tensor:
+    """``name * mask`` (torch.nn.utils.prune's ``weight_orig`` and ``weight_mask``): the weight it prunes."""
+    return source.get(name) * source.get(mask)
 
 
 def _view_key(info: TensorInfo, storage: str) -> tuple:
@@ -173,7 +179,8 @@ class _StateDictSource(TensorSource):
 def state_dict_source(state_dict: Mapping[str, torch.Tensor]) -> TensorSource:
     """``state_dict`` as a source :func:`plan_tensors` reads; refuses what is not a dense tensor with data
     (a sparse, quantized, nested or meta tensor, or no tensor at all), saying what to do instead."""
-    infos, locations, storages = [], {}, {}
+    infos, locations = [], {}
+    storages: dict[str, torch.Tensor] = {}
     for name, tensor in state_dict.items():
         _check_storable(name, tensor)
         whole = tensor.untyped_storage()
@@ -186,7 +193,7 @@ def state_dict_source(state_dict: Mapping[str, torch.Tensor]) -> TensorSource:
                 tuple(tensor.shape),
                 tuple(tensor.stride()),
                 storage,
-                tensor.storage_offset() * tensor.element_size(),
+                int(tensor.storage_offset()) * tensor.element_size(),  # never symbolic here
                 whole.nbytes(),
             )
         )

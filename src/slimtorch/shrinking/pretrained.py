@@ -50,7 +50,9 @@ def save_pretrained(
     """
     options = resolve_save_options(options or ShrinkOptions(sparse="off"), overrides, "save_pretrained")
     update = config_update(model)
-    config = model.config.__class__.from_dict(model.config.to_dict())
+    # transformers' PretrainedConfig: a plain attribute, which torch types as a module's tensor or submodule
+    current: Any = model.config
+    config = current.__class__.from_dict(current.to_dict())
     for key, value in update.values.items():
         setattr(config, key, value)
     with tempfile.TemporaryDirectory() as staging:

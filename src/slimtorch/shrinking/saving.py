@@ -45,6 +45,7 @@ from slimtorch.format.source import FileRest, dtype_name
 from slimtorch.format.verbs import resolve
 from slimtorch.inspection.breakdown import inspect
 from slimtorch.models.hub import config_model
+from slimtorch.schemes import BY_NAME as SCHEME_ROWS
 from slimtorch.shrinking.folders import (
     Folder,
     choose_layout,
@@ -338,7 +339,8 @@ def _model_tensors(
             )
             if folder.layout == "slim" or ct_ready:
                 coded.update({n: module.encoded(t) for t, n in names.items()})
-                dynamic |= set(names.values()) if module.SCHEME == "int8-dynamic" else set()
+                row = SCHEME_ROWS.get(module.SCHEME)  # an embedding's class, shared, names its codec
+                dynamic |= set(names.values()) if row is not None and row.dynamic else set()
                 continue
             # compressed-tensors cannot express this layer: its dequantized weight, and a float layer
             for tensor, name in names.items():

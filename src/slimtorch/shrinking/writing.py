@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ def write(
     policy: TensorPolicy,
     shard_bytes: int | None,
     provenance: dict[str, Any],
-    companions: dict[str, Path],
+    companions: Mapping[str, Path | bytes],
     progress: Progress | None,
     delta: dict[str, Any] | None = None,
     *,

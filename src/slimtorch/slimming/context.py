@@ -72,7 +72,9 @@ class Context:
     def model_of(self, stage: str) -> nn.Module:
         """The model stage folder ``stage`` saved: from this run's memory, else loaded from its file."""
         if stage not in self.models:
-            self.models[stage] = load_model(self.work.root / stage / MODEL_FILE, self.factory).model
+            model = load_model(self.work.root / stage / MODEL_FILE, self.factory).model
+            assert model is not None  # load_model's report holds the model it filled
+            self.models[stage] = model
         return self.models[stage]
 
     def calibration(self, batches: int = 2) -> list[torch.Tensor]:

@@ -3,6 +3,7 @@ before and after (latency, load time, a training step's memory), and the report 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import replace
@@ -40,15 +41,17 @@ def finish(
     original was kept)."""
     chosen = _best(context, first.result, attempts)
     best = attempts[chosen] if chosen is not None else None
-    deliverable = best.stage("save").folder if best is not None else first.folder  # type: ignore[union-attr]
+    kept = best.stage("save") if best is not None else first
+    assert kept is not None and kept.folder is not None  # a kept attempt saved its model, as the baseline did
+    deliverable = kept.folder
     met, reason = _verdict(context, first.result, best, chosen)
     tried = [run for attempt in attempts for run in attempt.runs]
     runs = [first, *(tried or not_attempted(first.result, met))]
     bundle = None
     if export is not None:
-        runs.append(export(deliverable))  # type: ignore[arg-type]
+        runs.append(export(deliverable))
         bundle = runs[-1].entry["output"]
-    result_model = context.model_of(deliverable)  # type: ignore[arg-type]
+    result_model = context.model_of(deliverable)
     values: dict[str, Any] = {
         "version": 1,
         "command": command,
@@ -134,7 +137,7 @@ def _layers(
     """The per-layer table of the kept result."""
     after = layer_params(context.work.root / deliverable / MODEL_FILE)
     before = layer_params(context.work.root / "01-baseline" / MODEL_FILE)
-    zeros = {}
+    zeros: dict[str, float] = {}
     quantized = None
     if best is not None:
         sparsified = best.stage("sparsify")
@@ -169,7 +172,7 @@ def _measurements(
         "command": f"slimtorch.load_model(FILE, factory), {LOAD_RUNS} times each: "
         f"01-baseline/{MODEL_FILE}, then {deliverable}/{MODEL_FILE}",
         **{
-            key: load_times(lambda path=path: load_model(path, context.factory))
+            key: load_times(functools.partial(load_model, path, context.factory))
             for key, path in files.items()
         },
     }
@@ -185,11 +188,11 @@ def _memory(context: Context, best: Attempt | None) -> dict[str, Any]:
     not train, so a quantized result is measured as it was before its quantization)."""
     example = next(iter(context.data.train))[0]
     after = "01-baseline"
-    for run in best.runs if best is not None else []:
-        if run.folder and (
-            run.entry["name"] in ("prune", "sparsify", "recover") or best.stage("quantize") is None
-        ):
-            after = run.folder
+    if best is not None:
+        float_only = best.stage("quantize") is None
+        for run in best.runs:
+            if run.folder and (run.entry["name"] in ("prune", "sparsify", "recover") or float_only):
+                after = run.folder
     return {
         "command": f"slimtorch.memory.profile(model, a training batch of {len(example)}, device='cpu'); "
         f"after: the model of {after}",

@@ -10,12 +10,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from slimtorch.errors import OptionError
+from slimtorch.schemes import SCHEMES as ALL_SCHEMES
+from slimtorch.schemes import scheme as scheme_row
 from slimtorch.slimming.goal import parse_goal
 from slimtorch.slimming.schema import Check, Invalid, flag, items, number, text
 
 STAGES = ("prune", "sparsify", "recover", "quantize")
 """the stages the plan may use (baseline and save always run; export with ``export=True``)"""
-SCHEMES = ("int8-weight", "int4-weight", "int8-dynamic")
+SCHEMES = tuple(sorted(ALL_SCHEMES, key=lambda name: scheme_row(name).dynamic))
+"""every quantization scheme (:mod:`slimtorch.schemes`), weight-only ones first (those a size goal tries)"""
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,8 @@ class SlimOptions:
     stages: tuple[str, ...] = STAGES
     """the stages the plan may use, of prune, sparsify, recover and quantize"""
     schemes: tuple[str, ...] = SCHEMES
-    """the quantization schemes the plan may use (int8-weight and int4-weight for size, int8-dynamic for
-    latency)"""
+    """the quantization schemes the plan may use: the weight-only ones (int8-weight, int4-weight) for size,
+    those that quantize activations too (int8-dynamic) for latency"""
     ratios: tuple[float, ...] = (0.25, 0.5, 0.75)
     """the shares of channels structured pruning tries, each below 1"""
     sparsities: tuple[float, ...] = (0.5, 0.75, 0.9)

@@ -188,16 +188,8 @@ def _attempt(context: Context, candidate: Candidate, index: int, params: int | N
             attempt.runs.append(StageRun(entry, {}, None))
             continue
         folder_name = f"{2 + index * len(ATTEMPT_STAGES) + offset:02d}-{name}"
-        step = _step(name)
-        source = previous
-        run = _run(
-            context,
-            folder_name,
-            name,
-            {"candidate": candidate.to_dict()},
-            previous,
-            lambda where, step=step, source=source: step(context, where, context.model_of(source), candidate),
-        )
+        work = _on_model_of(context, previous, _step(name), candidate)
+        run = _run(context, folder_name, name, {"candidate": candidate.to_dict()}, previous, work)
         run.entry["reason"] = tag + run.entry["reason"]
         attempt.runs.append(run)
         previous, params = folder_name, run.result.get("params")
@@ -222,6 +214,14 @@ def _skip(name: str, candidate: Candidate, options: SlimOptions) -> str | None:
 
 
 WITH_CANDIDATE = ("prune", "sparsify", "quantize")
+
+
+def _on_model_of(
+    context: Context, source: str, step: Callable[..., tuple[dict[str, Any], nn.Module]], candidate: Candidate
+) -> Callable[[Path], tuple[dict[str, Any], nn.Module]]:
+    """``step`` as a stage's work in the folder it is given, on the model of folder ``source`` (loaded only
+    when the stage runs, not when it resumes)."""
+    return lambda where: step(context, where, context.model_of(source), candidate)
 
 
 def _step(name: str) -> Callable[..., tuple[dict[str, Any], nn.Module]]:

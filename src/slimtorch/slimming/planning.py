@@ -21,13 +21,11 @@ from torch import nn
 from slimtorch.prune import channels
 from slimtorch.prune import weights as zero_weights
 from slimtorch.quant import quantize as quantize_model
+from slimtorch.schemes import scheme as scheme_row
 from slimtorch.shrinking import save_model
 from slimtorch.slimming.goal import Goal
 from slimtorch.slimming.measuring import file_bytes
 from slimtorch.slimming.options import SlimOptions
-
-BITS = {None: 32, "int8-weight": 8, "int8-dynamic": 8, "int4-weight": 4}
-SIZE_SCHEMES = ("int8-weight", "int4-weight")
 
 
 @dataclass(frozen=True)
@@ -66,13 +64,14 @@ class Probe:
     removed: float
 
     def order(self) -> tuple[float, int]:
-        return round(self.removed, 4), -BITS[self.candidate.scheme]
+        bits = scheme_row(self.candidate.scheme).bits if self.candidate.scheme else 32
+        return round(self.removed, 4), -bits
 
 
 def levels(goal: Goal, options: SlimOptions) -> list[list[Candidate]]:
     """The candidates the options allow for ``goal``, cheapest level first."""
     quantize = "quantize" in options.stages
-    schemes = [s for s in options.schemes if (s == "int8-dynamic") == (goal.kind == "latency")]
+    schemes = [s for s in options.schemes if scheme_row(s).dynamic == (goal.kind == "latency")]
     schemes = schemes if quantize and goal.kind != "params" else []
     with_bits: list[str | None] = [None, *schemes]
     found = [[Candidate(scheme=s) for s in schemes]]

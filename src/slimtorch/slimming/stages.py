@@ -114,6 +114,7 @@ def save(context: Context, folder: Path, model: nn.Module) -> tuple[Result, nn.M
     path = folder / MODEL_FILE
     save_model(model, path)
     loaded = load_model(path, context.factory).model
+    assert loaded is not None  # load_model's report holds the model it filled
     facts = saved_facts(path, context.kinds)
     result = {"metric": context.score(loaded), "output": context.work.relative(path), **facts}
     if context.goal.kind == "latency":

@@ -148,7 +148,8 @@ class DcpSource(TensorSource):
             if low >= high:
                 continue
             rest = (slice(o, o + s) for o, s in zip(chunk.offsets[1:], chunk.sizes[1:], strict=True))
-            out[(slice(low - start, high - start), *rest)] = self._map(chunk.info)[low - first : high - first]
+            where = (slice(low - start, high - start), *rest)
+            out[where] = self._map(chunk.info)[low - first : high - first]
         return out
 
 
@@ -160,7 +161,8 @@ def open_dcp(folder: Path, trusted: list[tuple[Any, str]]) -> DcpSource:
     metadata = _read_metadata(metadata_path, trusted)
     tensors, names = _entries(metadata_path, metadata)
     items = _items(folder, metadata_path, metadata, tensors, names)
-    infos, locations, chunks = [], {}, {}
+    infos, locations = [], {}
+    chunks: dict[str, list[Chunk]] = {}
     structure = metadata_path.stat().st_size
     for name, saved in tensors.items():
         _check_tiling(metadata_path, name, saved)
@@ -276,7 +278,9 @@ def _check_tiling(path: Path, name: str, saved: _Saved) -> None:
         total += math.prod(sizes)
     dims = range(len(saved.shape))
     axis = max(dims, key=lambda d: len({o[d] for o, _ in saved.chunks}), default=None)
-    boxes = sorted((c for c in saved.chunks if math.prod(c[1])), key=lambda c: c[0][axis] if dims else 0)
+    boxes = sorted(
+        (c for c in saved.chunks if math.prod(c[1])), key=lambda c: 0 if axis is None else c[0][axis]
+    )
     for i, (offsets, sizes) in enumerate(boxes):
         for other, other_sizes in boxes[i + 1 :]:
             if axis is not None and other[axis] >= offsets[axis] + sizes[axis]:
@@ -316,6 +320,7 @@ def _items(
         key = (name, None if offset is None else _ints(path, name, "item offset", offset))
         item = _item(folder, path, name, where, files)
         items[key] = item
+    wanted: list[tuple[str, tuple[int, ...] | None]]
     wanted = [(n, offsets) for n, saved in tensors.items() for offsets, _ in saved.chunks]
     wanted += [(n, None) for n in names]
     for key in wanted:

@@ -132,11 +132,12 @@ def cached_snapshot(hub_id: HubId, *, missing_ok: bool = False) -> Path | None:
     except LocalEntryNotFoundError as exc:
         # huggingface_hub >= 2.4 refuses a snapshot that lacks any file of its cached listing, even those
         # the user left out on purpose (hf download --include): judge it by what slimtorch reads instead.
-        found = getattr(exc, "snapshot_path", None)
-        if found is None:
+        refused = getattr(exc, "snapshot_path", None)
+        if refused is None:
             if missing_ok:
                 return None
             raise CheckpointNotFoundError(str(hub_id), _not_cached(hub_id, cache)) from None
+        found = refused
     snapshot = Path(found)
     _check_complete(hub_id, snapshot)
     return snapshot

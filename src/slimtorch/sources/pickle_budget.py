@@ -179,7 +179,7 @@ class _Scan:
         )
         self.stack: list[_Token] = []
         self.frames: list[list[_Token]] = []
-        self.memo: dict[int, _Token] = {}
+        self.memo: dict[object, _Token] = {}  # keyed by the index BINPUT gives
         self.shared = 0
         self.extra_globals = len(trusted) + len(weights_only._get_user_allowed_globals())
         self.lookups = 0
@@ -192,6 +192,7 @@ class _Scan:
         for count, (opcode, arg, position) in enumerate(pickletools.genops(stream)):
             if count >= limit:
                 raise self.refuse(f"more than {limit:,} opcodes")
+            assert position is not None  # genops gives each opcode's position in a stream (tell())
             if position > end:
                 raise self.refuse(f"more than {MAX_PICKLE_BYTES:,} bytes")
             handler = handlers.get(opcode.name)
@@ -206,7 +207,7 @@ class _Scan:
         handlers.update(BINFLOAT=push_scalar, BININT=push_int, LONG1=push_int)
         handlers.update(
             PROTO=lambda arg: None,
-            STOP=lambda arg: self.stack.pop(),
+            STOP=self._stop,
             BINUNICODE=self._string,
             SHORT_BINSTRING=self._string,
             EMPTY_TUPLE=lambda arg: self.stack.append(_tuple([])),
@@ -234,9 +235,12 @@ class _Scan:
         )
         return handlers
 
+    def _stop(self, arg: object) -> None:
+        self.stack.pop()
+
     def _string(self, arg: object) -> None:
-        text = arg if isinstance(arg, str) else ""
-        self.stack.append(_Token("str", len(arg), text=text if len(text) <= 16 else ""))
+        text = str(arg)  # pickletools decodes both string opcodes to str
+        self.stack.append(_Token("str", len(text), text=text if len(text) <= 16 else ""))
 
     def _pop(self, count: int) -> list[_Token]:
         if len(self.stack) < count:

@@ -97,7 +97,7 @@ class _Rewrite:
         elif name == "FRAME":
             return
         elif name == "PROTO":
-            if not 2 <= int(arg) <= 5 or self.size:
+            if not isinstance(arg, int) or not 2 <= arg <= 5 or self.size:
                 raise self.refuse(f"protocol {arg}", position)
             self.write(b"\x80\x02")
         elif name in _KEPT or name in _GETS:
@@ -177,6 +177,7 @@ def downgrade_pickle(data: bytes, path: str | Path) -> bytes:
         for count, (opcode, arg, position) in enumerate(pickletools.genops(data)):
             if count >= MAX_OPCODES:
                 raise FormatError(path, f"refused pickle: more than {MAX_OPCODES:,} opcodes")
+            assert position is not None  # genops reads bytes through a BytesIO: every opcode has its offset
             if previous is not None:  # an opcode's bytes end where the next one starts
                 rewrite.opcode(*previous[:2], data[previous[2] : position], previous[2])
             previous = (opcode.name, arg, position)

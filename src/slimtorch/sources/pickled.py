@@ -109,9 +109,11 @@ def unpickle(
     check_pickle(path, stream, {name for _, name in trusted}, can_be_allowed)
     unpickler = weights_only.Unpickler(stream, encoding="utf-8")
     if persistent_load is not None:
-        unpickler.persistent_load = persistent_load
+        # pickle's documented hook, set per instance over the class's default method
+        unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
     try:
-        with torch.serialization.safe_globals(trusted), warnings.catch_warnings():
+        # a copy: torch annotates the argument as a list of its own (invariant) element type
+        with torch.serialization.safe_globals(list(trusted)), warnings.catch_warnings():
             # torch warns of any protocol but 2 on stderr; the opcodes were checked above, and a warning
             # would make the CLI's one line two
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
@@ -187,6 +189,7 @@ def globals_in(data: bytes | BinaryIO, path: str | Path = "<pickle>") -> set[str
     try:
         with untrusted(path, "pickle"):
             for count, (opcode, arg, position) in enumerate(pickletools.genops(stream)):
+                assert position is not None  # genops gives each opcode's position in a stream (tell())
                 if count > MAX_OPCODES or position - start > MAX_PICKLE_BYTES:
                     break
                 if opcode.name == "GLOBAL":
@@ -403,20 +406,21 @@ def _numpy_globals() -> dict[str, Any]:
     data, allowed by default. An array is made empty, then given the pickle's bytes by its state (numpy
     checks their length against its shape), so it holds no more memory than the pickle itself."""
     import numpy as np
+    from numpy._core.multiarray import scalar
 
     def reconstruct(subtype: Any, shape: Any, dtype: Any) -> Any:
         if subtype is not np.ndarray or tuple(shape) != (0,):
             raise ValueError(f"numpy array pickled as {short_repr(subtype)} of shape {short_repr(shape)}")
         return np.ndarray.__new__(np.ndarray, (0,), dtype)
 
-    found = {"numpy.ndarray": np.ndarray, "numpy.dtype": np.dtype}
+    found: dict[str, Any] = {"numpy.ndarray": np.ndarray, "numpy.dtype": np.dtype}
     # a dtype is built as np.dtype(...) and then given its state, as an instance of its own class
     found.update(
         {f"numpy.dtypes.{name}": kind for name, kind in vars(np.dtypes).items() if name.endswith("DType")}
     )
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
         found[f"{module}._reconstruct"] = reconstruct
-        found[f"{module}.scalar"] = np._core.multiarray.scalar
+        found[f"{module}.scalar"] = scalar
     return found
 
 
@@ -538,7 +542,7 @@ def _describe(
         shape=tuple(tensor.shape),
         stride=tuple(tensor.stride()),
         storage=storage_prefix + key,
-        storage_offset=tensor.storage_offset() * tensor.element_size(),
+        storage_offset=int(tensor.storage_offset()) * tensor.element_size(),  # never symbolic here
         storage_nbytes=claim.nbytes,
         role=role,
     )

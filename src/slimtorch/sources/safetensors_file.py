@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import struct
 from pathlib import Path
+from typing import TypeGuard
 
 from slimtorch.errors import FormatError
 from slimtorch.format.container import DTYPES, read_header
@@ -68,9 +69,10 @@ def _describe(
 ) -> tuple[TensorInfo, StorageLocation]:
     if not isinstance(entry, dict):
         raise FormatError(path, f"tensor {name!r}: header entry is not an object")
-    dtype = DTYPES.get(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
+    kind = entry.get("dtype")
+    dtype = DTYPES.get(kind) if isinstance(kind, str) else None
     if dtype is None:
-        raise FormatError(path, f"tensor {name!r}: unknown dtype {str(entry.get('dtype'))[:40]!r}")
+        raise FormatError(path, f"tensor {name!r}: unknown dtype {str(kind)[:40]!r}")
     shape, offsets = entry.get("shape"), entry.get("data_offsets")
     if not _ints(shape) or not _ints(offsets) or len(offsets) != 2:
         raise FormatError(
@@ -120,7 +122,7 @@ def _check_back_to_back(
         raise FormatError(path, f"{size - reach} bytes after the last tensor belong to none (corrupt file)")
 
 
-def _ints(value: object) -> bool:
+def _ints(value: object) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(
         isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
     )

@@ -8,7 +8,7 @@ are mapped from the file without a copy, like any safetensors tensor. The physic
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,6 @@ from slimtorch.format.codecs.chain import undo
 from slimtorch.format.codecs.lossy import int4_layer_parts
 from slimtorch.format.layout import (
     CHECKSUM_CHUNK,
-    ChunkCheck,
     Entry,
     Layout,
     check_seal,
@@ -92,9 +91,9 @@ class SlimSource(TensorSource):
             parts[role] = tensor
         return parts
 
-    def checks(self, name: str, parts: Mapping[str, torch.Tensor]) -> list[ChunkCheck]:
+    def checks(self, name: str, parts: Mapping[str, torch.Tensor]) -> list[Callable[[], int]]:
         """The CRC-32 checks of tensor ``name``'s ``parts`` as :meth:`parts` or :meth:`part` mapped them
-        (with ``verify`` off), one per stored chunk."""
+        (with ``verify`` off), one :class:`~slimtorch.format.layout.ChunkCheck` per stored chunk."""
         entry = self.entry(name)
         return [
             check

@@ -129,7 +129,8 @@ def _read_whole(
         for check in source.checks(entry.name, parts):
             check()
     tensor = source.decode_parts(entry.name, parts)
-    out.copy_(tensor[(slice(*rows), *([slice(*cols)] if cols else []))])
+    where = (slice(*rows), *([slice(*cols)] if cols else []))
+    out.copy_(tensor[where])
     stored = sum(p.nbytes for p in parts.values())
     return ShardRead(stored, note=f"{entry.name}: {entry.chain} has no row access: decoded whole")
 

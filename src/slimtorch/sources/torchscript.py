@@ -8,6 +8,7 @@ is read as text from each class's ``__parameters__`` declaration in ``code/``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import zipfile
@@ -61,7 +62,7 @@ def open_script(
             path,
             named,
             storages,
-            lambda claim, f=folder: locate_storage(path, archive, f"{root}/{f}", claim),
+            functools.partial(locate_storage, path, archive, f"{root}/{folder}"),
             storage_prefix=f"{folder}/",
         )
         # Each module class declares its parameters in code/; where it cannot be found, a tensor that requires

@@ -149,6 +149,8 @@ def locate_storage(
 def _data_offset(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
     # The local header's extra field (torch pads it for alignment) can differ from the central directory's,
     # so read the real lengths from the local header itself.
+    if archive.fp is None:
+        raise ValueError(f"{path}: the zip archive is closed")
     archive.fp.seek(info.header_offset)
     header = archive.fp.read(_LOCAL_HEADER.size)
     if len(header) != _LOCAL_HEADER.size:

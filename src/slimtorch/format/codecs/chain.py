@@ -33,7 +33,10 @@ class Codec(Protocol):
     the tensor's own name, so plain safetensors readers see it as the tensor)."""
     lossless: bool
 
-    def encode(self, x: torch.Tensor, **options: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict]:
+    # each codec takes its own keyword options: `*args: Any, **options: Any` lets any signature after x match
+    def encode(
+        self, x: torch.Tensor, *args: Any, **options: Any
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict]:
         """-> (primary, side parts by role, parameters for decode)."""
         ...
 

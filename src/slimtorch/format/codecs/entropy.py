@@ -43,7 +43,7 @@ def available() -> bool:
 
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
-    return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data
 
 
 def compress_parts(

@@ -41,6 +41,7 @@ import math
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import torch
 
@@ -230,7 +231,7 @@ class Int8:
         return out.reshape(shape)
 
 
-def is_int4_group_size(value: object) -> bool:
+def is_int4_group_size(value: object) -> TypeGuard[int]:
     """The one rule for an int4 group size: an even int from 32 to 256 (two codes fill a byte, and the
     kernels' group sizes lie in that range). ``bool`` is an int to Python, not a size."""
     return type(value) is int and value in INT4_GROUP_SIZES and value % 2 == 0
@@ -246,7 +247,7 @@ def check_group_size(value: object) -> int:
     """
     if not is_int4_group_size(value):
         raise OptionError(f"int4 group size must be even, 32 to 256, not {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 class Int4:
@@ -336,7 +337,8 @@ class Int4:
             unpacked = int4_layer_parts({**parts, "q4": primary}, stage)
             primary, parts = unpacked.pop("q4"), unpacked
         # Odd sizes are refused like in encode: two codes per byte could not fill a group of them.
-        require(is_int4_group_size(group_size), "bad int4 group size")
+        if not is_int4_group_size(group_size):
+            raise CodecError("bad int4 group size")
         require(isinstance(flat, bool), "int4 'flat' is not true or false")
         n_rows = shape[0] if len(shape) >= 2 and not flat else 1
         cols = math.prod(shape) // n_rows if n_rows else math.prod(shape[1:])
@@ -463,7 +465,7 @@ def pack_points(points: torch.Tensor) -> torch.Tensor:
     padded = torch.zeros(-(-rows // 8) * 8, groups, dtype=torch.int64)
     padded[:rows] = points.to(torch.int64)
     nibbles = padded.reshape(-1, 8, groups)
-    words = sum(nibbles[:, i] << (4 * i) for i in range(8))
+    words = torch.stack([nibbles[:, i] << (4 * i) for i in range(8)], dim=1).sum(dim=1)
     return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)  # the same 32 bits
 
 
