@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint typecheck fast check bench clean
 
 $(STAMP): pyproject.toml constraints.txt tests/wild/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,24 +30,39 @@ demo: $(STAMP)
 # two workers (the CI machine's two cores), each test file on one of them: a file's module-scoped set-up
 # (the hostile corpora, the fresh-process writers) runs once; `make test PYTEST_ARGS=-n0` runs serially.
 # Tests marked `alone` time real work on free cores: they run afterwards, with nothing beside them.
+# `make test TESTS=slow` runs only what `make fast` leaves out: CI runs `make check` and then that.
 PYTEST_ARGS ?= -n 2 --dist loadfile
+TESTS ?= all
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m "not alone"
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m "$(if $(filter slow,$(TESTS)),slow and )not alone"
 	$(BIN)/python -m pytest -q -m alone
 
+LINTED := src tests benchmarks examples scripts
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 
+# the package's annotations (it ships py.typed), with pyproject.toml's [tool.mypy]: 0 errors
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+# the inner loop: every test not marked slow (nor alone), in under two minutes on two cores
+fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not alone"
+
+# before a commit, and first in CI: lint, types, the fast tests
+check: lint typecheck fast
+
+# each benchmark is a module run from here: python -m benchmarks.NAME (--help lists its flags)
 bench: $(STAMP)
-	$(BIN)/python benchmarks/inspect_speed.py
-	$(BIN)/python benchmarks/shrink.py
-	$(BIN)/python benchmarks/load.py
+	$(BIN)/python -m benchmarks.inspect_speed
+	$(BIN)/python -m benchmarks.shrink
+	$(BIN)/python -m benchmarks.load
 	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(BIN)/pip install --quiet -e '.[bench]'
-	$(BIN)/python benchmarks/prune.py
-	$(BIN)/python benchmarks/quant.py
-	$(BIN)/python benchmarks/memory.py
-	$(BIN)/python benchmarks/deploy.py
+	$(BIN)/python -m benchmarks.prune
+	$(BIN)/python -m benchmarks.quant
+	$(BIN)/python -m benchmarks.memory
+	$(BIN)/python -m benchmarks.deploy
 
 clean:
 	rm -rf $(VENV) demo-out build dist

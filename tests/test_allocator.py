@@ -40,6 +40,7 @@ print(json.dumps(measure_host(train).to_dict()))
 """
 
 
+@pytest.mark.slow
 def test_three_adamw_steps_of_an_mlp_grow_rss_at_least_by_their_live_tensors() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     done = subprocess.run(
@@ -78,6 +79,7 @@ def _ones(psutil: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_kept_64mib_tensor_grows_rss_by_about_64mib() -> None:
     """In a fresh process: in one that ran other tests, a heap with a larger mmap threshold (glibc raises
     it as blocks are freed) held 64 MiB free, and the tensor grew RSS by 4 KiB."""
@@ -90,23 +92,27 @@ def test_a_kept_64mib_tensor_grows_rss_by_about_64mib() -> None:
         assert host["malloc_in_use"] >= 64 * MiB and host["malloc_held"] >= 64 * MiB
 
 
+@pytest.mark.slow
 def test_a_run_that_allocates_nothing_grows_rss_by_almost_nothing() -> None:
     host = measure_host(lambda: sum(range(1000)))
     assert host.live_tensor_peak == 0 and host.ratio is None
     assert 0 <= host.rss_growth < 16 * MiB
 
 
+@pytest.mark.slow
 def test_in_place_updates_of_tensors_made_before_the_run_allocate_nothing() -> None:
     weights = torch.zeros(4 * MiB)
     host = measure_host(lambda: weights.add_(1.0).mul_(2.0))
     assert host.live_tensor_peak == 0
 
 
+@pytest.mark.slow
 def test_a_storage_wrapped_in_a_parameter_stays_counted_after_its_first_tensor_dies() -> None:
     host = measure_host(lambda: nn.Linear(1024, 1024))
     assert host.live_tensor_peak >= (1024 * 1024 + 1024) * 4
 
 
+@pytest.mark.slow
 def test_temporaries_count_while_alive_and_the_peak_is_their_most_at_once() -> None:
     def run() -> torch.Tensor:
         kept = torch.ones(MiB)  # 4 MiB
@@ -118,6 +124,7 @@ def test_temporaries_count_while_alive_and_the_peak_is_their_most_at_once() -> N
     assert 12 * MiB <= host.live_tensor_peak < 12 * MiB + 1024  # and the sum's scalar
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc/self/statm")
 def test_without_psutil_rss_is_read_from_proc_and_the_notes_say_so() -> None:
     host = _ones("without-psutil")
@@ -125,6 +132,7 @@ def test_without_psutil_rss_is_read_from_proc_and_the_notes_say_so() -> None:
     assert host["rss_growth"] >= 60 * MiB
 
 
+@pytest.mark.slow
 def test_the_report_is_json_ready_and_a_bad_interval_is_refused() -> None:
     host = measure_host(lambda: None)
     assert isinstance(host, HostMemory)

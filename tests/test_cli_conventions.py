@@ -233,6 +233,7 @@ TORCH_FREE_ARGV = (
 )
 
 
+@pytest.mark.slow
 def test_help_version_completion_and_argument_errors_import_no_torch() -> None:
     probe = (
         "import sys\nfrom slimtorch.cli.main import main\n"
@@ -249,6 +250,7 @@ def test_help_version_completion_and_argument_errors_import_no_torch() -> None:
     assert not {name for name in imported if name.split(".")[0] in ("torch", "rich")}
 
 
+@pytest.mark.slow
 def test_a_reader_that_stops_early_ends_the_command_quietly_with_exit_0(tmp_path) -> None:
     checkpoint = tmp_path / "many.pt"
     torch.save({f"layer{i}.weight": torch.zeros(4) for i in range(400)}, checkpoint)

@@ -49,6 +49,7 @@ def command_args(command: str, model: str, tmp_path: Path) -> list[str]:
     return [command, model, *extra]
 
 
+@pytest.mark.slow
 def test_quantize_the_real_minilm_folder_keeps_what_its_sentences_mean(tmp_path, capsys) -> None:
     out = tmp_path / "minilm-int8"
     assert main(["quantize", str(MINILM), "-o", str(out), "--runs", "0", "--samples", "2", "--json"]) == 0
@@ -65,6 +66,7 @@ def test_quantize_the_real_minilm_folder_keeps_what_its_sentences_mean(tmp_path,
     assert cosine.min() >= 0.99, cosine
 
 
+@pytest.mark.slow
 def test_export_the_real_minilm_folder_without_an_example_takes_ids_and_mask(tmp_path, capsys) -> None:
     bundle = tmp_path / "bundle"
     assert main(["export", str(MINILM), "-o", str(bundle), "--samples", "2", "--json"]) == 0
@@ -75,6 +77,7 @@ def test_export_the_real_minilm_folder_without_an_example_takes_ids_and_mask(tmp
     assert report["passed"] and report["outputs"][0]["shape"] == ["batch", 384]  # one embedding per sentence
 
 
+@pytest.mark.slow
 def test_memory_of_the_real_minilm_folder_counts_its_parameters(capsys) -> None:
     assert main(["memory", str(MINILM), "--device", "cpu", "--json"]) == 0
     step = json.loads(capsys.readouterr().out)["steps"][0]
@@ -84,6 +87,7 @@ def test_memory_of_the_real_minilm_folder_counts_its_parameters(capsys) -> None:
     assert 2 * (params - pooler) <= step["breakdown"]["optimizer_state"] < 2 * params
 
 
+@pytest.mark.slow
 def test_prune_the_real_minilm_folder_and_open_the_result_with_the_original_folder(tmp_path, capsys) -> None:
     out = tmp_path / "pruned"
     assert main(["prune", str(MINILM), "-o", str(out), "--ratio", "0.1", "--runs", "0", "--json"]) == 0
@@ -122,6 +126,7 @@ def test_the_default_shape_an_lstm_rejects_is_one_line_and_the_right_one_works(
         assert main([*command_args(command, spec, tmp_path), "--input-shape", "1,5,40"]) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", LOADING)
 def test_non_strict_loads_a_file_with_an_extra_tensor_and_says_what_was_left_out(
     command, tmp_path, capsys
@@ -136,6 +141,7 @@ def test_non_strict_loads_a_file_with_an_extra_tensor_and_says_what_was_left_out
     assert "slimtorch: note: the load left out extra.weight (not in the model)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", LOADING)
 def test_prefix_and_rename_reach_load_model(command, tmp_path, capsys, monkeypatch) -> None:
     from slimtorch.loading import loader

@@ -371,6 +371,7 @@ def assert_within(y: torch.Tensor, x: torch.Tensor, bound: torch.Tensor) -> None
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 @pytest.mark.parametrize("chain_id", LOSSY_CHAINS)
 @FEW
@@ -882,6 +883,7 @@ def corruptions(draw):
     return chain_id, ("part", draw(st.integers(0, 3)), None), (dtype, shape, draw(st.integers(0, 2**32 - 1)))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None)
 @given(corruption=corruptions())
 @example(corruption=("int8", ("stage", 0, "dtype"), "qint8"))

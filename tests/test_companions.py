@@ -204,6 +204,7 @@ def test_the_writer_refuses_a_companion_outside_the_folder_or_over_its_weights(
     assert not (tmp_path / "escape.json").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_what_stays_behind_is_said_by_shrink_and_quantize_not_dropped_silently(tmp_path, capsys) -> None:
     """A stale ``onnx/`` export is left behind by every writer, and each says so: shrink in its report's
     notes, quantize and prune on stderr (stdout may be --json)."""

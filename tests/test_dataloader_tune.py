@@ -162,6 +162,7 @@ def test_the_search_keeps_the_settings_measured_fastest_with_no_clock_in_the_tes
     assert "num_workers=4" not in labels  # the climb stopped before it
 
 
+@pytest.mark.slow
 def test_cheap_in_memory_tensor_dataset_keeps_num_workers_0() -> None:
     report = tune(cheap_dataset(), batch_size=64, budget_s=10, max_workers=2)
     assert report.settings == {"batch_size": 64, "num_workers": 0, "pin_memory": False}
@@ -207,6 +208,7 @@ def test_the_step_is_timed_alone_after_a_warm_up_call() -> None:
     assert rate == pytest.approx(160, rel=0.25)
 
 
+@pytest.mark.slow
 def test_loading_under_a_tenth_of_the_step_needs_no_worker(monkeypatch) -> None:
     """With no clock in it: loading at 400 samples/s beside a step of 20 costs under a tenth of the step
     (real timings under a parallel suite put a cheap loader below that share, and workers were tried)."""
@@ -258,6 +260,7 @@ def test_options_as_a_dataclass_or_keywords_and_bad_ones_refused_before_any_timi
     assert report.stopped == "max_workers is 0"
 
 
+@pytest.mark.slow
 def test_report_is_json_its_schema_describes_and_progress_names_each_candidate() -> None:
     recorder = Recorder()
     report = tune(cheap_dataset(), batch_size=64, budget_s=5, max_workers=1, progress=recorder)
@@ -273,6 +276,7 @@ def test_report_is_json_its_schema_describes_and_progress_names_each_candidate()
     }
 
 
+@pytest.mark.slow
 def test_cli_prints_the_table_or_json_and_refuses_a_bad_spec(capsys) -> None:
     spec = "tests.test_dataloader_tune:cheap_dataset"
     assert main(["dataloader", spec, "--batch", "64", "--budget-s", "5", "--max-workers", "1"]) == 0

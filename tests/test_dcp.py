@@ -144,6 +144,7 @@ def slim_files(root: Path) -> tuple[int, dict[str, int]]:
 
 
 # -- two and four ranks ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_two_ranks_save_a_dcp_folder_slimtorch_reads_and_fill_fsdp2_and_tp_models_from_slim_files(
     tmp_path, capsys
 ) -> None:
@@ -178,6 +179,7 @@ def test_two_ranks_save_a_dcp_folder_slimtorch_reads_and_fill_fsdp2_and_tp_model
     assert all(rank["tp"]["max_diff"] < 1e-6 for rank in ranks)  # row-parallel sums add in another order
 
 
+@pytest.mark.slow
 def test_four_ranks_fill_an_fsdp2_model_from_a_slim_int8_file_one_rank_holding_no_rows(tmp_path) -> None:
     floats, stored = slim_files(tmp_path)
     ranks = run_ranks(4, tmp_path, "int8")

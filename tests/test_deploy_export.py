@@ -39,6 +39,7 @@ def _run_predict(bundle, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cnn_exports_to_onnx_within_1e4_of_eager_as_a_complete_bundle(tmp_path) -> None:
     model = SmallCNN().eval()
     report = export(model, IMAGE, tmp_path / "cnn")
@@ -57,6 +58,7 @@ def test_cnn_exports_to_onnx_within_1e4_of_eager_as_a_complete_bundle(tmp_path) 
     assert json.loads(done.stdout)["ok"] is True
 
 
+@pytest.mark.slow
 def test_runner_predicts_from_npy_and_json_and_refuses_a_wrong_shape(tmp_path) -> None:
     model = SmallCNN().eval()
     export(model, IMAGE, tmp_path / "b")
@@ -74,6 +76,7 @@ def test_runner_predicts_from_npy_and_json_and_refuses_a_wrong_shape(tmp_path) -
         Bundle(tmp_path / "b").predict([np.zeros((2, 1, 8, 8), np.float32)])
 
 
+@pytest.mark.slow
 def test_dynamic_batch_runs_any_batch_size(tmp_path) -> None:
     model = SmallCNN().eval()
     report = export(model, IMAGE, tmp_path / "b", dynamic_batch=True)
@@ -84,6 +87,7 @@ def test_dynamic_batch_runs_any_batch_size(tmp_path) -> None:
     np.testing.assert_allclose(got, model(x).detach().numpy(), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_int8_onnx_is_smaller_and_within_the_quantized_tolerance(tmp_path) -> None:
     model = MLP((256, 512, 512, 10)).eval()
     fp32 = export(model, torch.randn(4, 256), tmp_path / "fp32")
@@ -93,6 +97,7 @@ def test_int8_onnx_is_smaller_and_within_the_quantized_tolerance(tmp_path) -> No
     assert int8.model_bytes < 0.3 * fp32.model_bytes
 
 
+@pytest.mark.slow
 def test_slimtorch_int8_model_keeps_its_codes_through_onnxruntime_int8(tmp_path) -> None:
     model = MLP((64, 128, 16)).eval()
     slimtorch.quantize(model, "int8-dynamic")
@@ -107,6 +112,7 @@ def test_slimtorch_int8_model_keeps_its_codes_through_onnxruntime_int8(tmp_path)
     assert type(model.layers[0]).__name__ == "Int8DynamicLinear"  # the caller's model is untouched
 
 
+@pytest.mark.slow
 def test_pt2_of_a_quantized_model_keeps_int8_codes_and_loads_with_torch_export(tmp_path) -> None:
     model = MLP((256, 512, 10)).eval()
     fp32 = export(model, torch.randn(2, 256), tmp_path / "fp32", format="pt2")
@@ -119,6 +125,7 @@ def test_pt2_of_a_quantized_model_keeps_int8_codes_and_loads_with_torch_export(t
     assert _run_predict(tmp_path / "int8", "--check").returncode == 0
 
 
+@pytest.mark.slow
 def test_bert_outputs_are_named_and_agree(tmp_path) -> None:
     model = bert().eval()
     report = export(model, example("bert")[0][:1], tmp_path / "b")
@@ -178,6 +185,7 @@ class WobbleLayer(nn.Module):
         return wobble(x)
 
 
+@pytest.mark.slow
 def test_an_op_without_onnx_translation_is_named_with_its_module(tmp_path) -> None:
     with pytest.raises(ExportError, match=r"slimtorch_test::wobble, used in inner\.1 \(WobbleLayer\)"):
         export(Wobbly(), torch.randn(2, 4), tmp_path / "b")
@@ -185,6 +193,7 @@ def test_an_op_without_onnx_translation_is_named_with_its_module(tmp_path) -> No
     assert report.passed
 
 
+@pytest.mark.slow
 def test_cli_exits_2_on_export_failure_and_1_outside_tolerance(tmp_path, capsys) -> None:
     args = ["export", "tests.test_deploy_export:Branchy", "--input-shape", "1,8", "-o", str(tmp_path / "b")]
     assert main(args) == 2
@@ -197,6 +206,7 @@ def test_cli_exits_2_on_export_failure_and_1_outside_tolerance(tmp_path, capsys)
     assert _run_predict(tmp_path / "m", "--check").returncode == 1  # the bundle knows it failed
 
 
+@pytest.mark.slow
 def test_cli_json_report_and_example_from_npz(tmp_path, capsys) -> None:
     np.savez(tmp_path / "in.npz", x=np.random.randn(3, 64).astype(np.float32))
     given = str(tmp_path / "in.npz")
@@ -210,6 +220,7 @@ def test_cli_json_report_and_example_from_npz(tmp_path, capsys) -> None:
     assert "has no input 'y' (it takes x)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_replaces_a_bundle_but_never_a_folder_of_other_files(tmp_path) -> None:
     export(SmallCNN().eval(), IMAGE, tmp_path / "b")
     export(MLP().eval(), torch.randn(1, 64), tmp_path / "b")  # a bundle is replaced
@@ -221,6 +232,7 @@ def test_replaces_a_bundle_but_never_a_folder_of_other_files(tmp_path) -> None:
     assert (tmp_path / "work" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_check_fails_when_a_file_no_longer_matches_its_checksum(tmp_path) -> None:
     export(MLP().eval(), torch.randn(1, 64), tmp_path / "b")
     with open(tmp_path / "b" / "model.onnx", "r+b") as stream:
@@ -242,6 +254,7 @@ def test_read_inputs_takes_npz_json_objects_and_lists(tmp_path) -> None:
         read_inputs([str(tmp_path / "x.npy")], [ids, mask])
 
 
+@pytest.mark.slow
 def test_onnx_bundle_runs_in_its_own_venv_without_torch_within_150_mb(tmp_path) -> None:
     """The whole promise: requirements.txt alone, in a clean venv, runs the model; torch is not there."""
     from slimtorch.deploy import measure_footprint
@@ -276,6 +289,7 @@ class FixedBatch(nn.Module):
         return self.head(x.view(2, -1))  # the batch of 2 is written into the model
 
 
+@pytest.mark.slow
 def test_a_batch_the_model_fixes_cannot_be_dynamic_and_says_so(tmp_path) -> None:
     with pytest.raises(ExportError, match=r"the batch dimension cannot stay dynamic .*without --dynamic"):
         export(FixedBatch(), torch.randn(2, 8), tmp_path / "b", dynamic_batch=True)
@@ -301,6 +315,7 @@ class Cancelling(nn.Module):
         return y + self.offset if torch.compiler.is_exporting() else y
 
 
+@pytest.mark.slow
 def test_fp32_tolerance_grows_to_the_models_own_rounding_noise_but_a_wrong_export_still_fails(tmp_path):
     x = torch.randn(4, 256) * 10
     report = export(Cancelling(), x, tmp_path / "right")
@@ -323,6 +338,7 @@ def _seeded_export(model: nn.Module, x: torch.Tensor, out, *args, **kwargs) -> d
     return data
 
 
+@pytest.mark.slow
 def test_options_by_dataclass_and_by_override_give_the_same_report(tmp_path) -> None:
     model, x = MLP((16, 32, 4)).eval(), torch.randn(2, 16)
     options = ExportOptions(format="pt2", dynamic_batch=True, samples=2)
@@ -357,6 +373,7 @@ def test_a_bad_option_value_is_an_option_error_where_it_is_written(tmp_path, fie
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_the_onnx_report_as_json_fits_its_schema(tmp_path) -> None:
     tolerance = Tolerance(1e-3, 0.0, "given: within 1e-3")
     report = export(MLP().eval(), torch.randn(1, 64), tmp_path / "b", tolerance=tolerance)
@@ -382,6 +399,7 @@ class _Recording(nn.Module):
         return self.linear(x)
 
 
+@pytest.mark.slow
 def test_the_random_inputs_verified_on_are_the_same_whatever_ran_before(tmp_path) -> None:
     """Two exports of one model and example verify on the same drawn inputs, whatever torch's global
     random state: a verdict on a model whose output jumps with its input (a distance cutoff) is

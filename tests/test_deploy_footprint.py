@@ -46,6 +46,8 @@ from slimtorch.errors import (
 )
 from slimtorch.format.progress import Recorder
 
+pytestmark = pytest.mark.slow  # each test installs a bundle's runtime into a fresh venv
+
 # The module, even where slimtorch.deploy re-exports the function under the same name.
 footprint_module = importlib.import_module("slimtorch.deploy.footprint")
 

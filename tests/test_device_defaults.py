@@ -59,6 +59,7 @@ def test_every_memory_function_defaults_to_the_machines_device() -> None:
     assert memory.estimate(Blocks(), torch.randn(2, 256)).device == default_device()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
 def test_the_readmes_find_batch_size_example_runs_as_written_on_a_cpu_machine(no_cuda) -> None:
     code = _readme_example("### `find_batch_size`")
@@ -78,6 +79,7 @@ def test_the_readmes_find_batch_size_example_runs_as_written_on_a_cpu_machine(no
     assert names["report"].device == "cpu"
 
 
+@pytest.mark.slow
 def test_the_readmes_fit_example_runs_as_written_on_a_cpu_machine(no_cuda) -> None:
     code = _readme_example("### `fit`")
     assert "device" not in code
@@ -90,6 +92,7 @@ def test_the_readmes_fit_example_runs_as_written_on_a_cpu_machine(no_cuda) -> No
     assert "forward" not in vars(model)  # plan.remove() ran
 
 
+@pytest.mark.slow
 def test_fit_keeps_bf16_on_the_cpu_and_says_so(no_cuda) -> None:
     model, x = Blocks(), torch.randn(4096, 256)
     every = memory.estimate(model, x, checkpointing="blocks").steps[0].peak_bytes

@@ -21,6 +21,7 @@ def _example():
     return module
 
 
+@pytest.mark.slow
 def test_demo_checkpoint_is_mostly_optimizer_state_with_masks_and_a_tied_head(tmp_path):
     path = tmp_path / "checkpoint.pt"
     torch.save(_example().build_checkpoint(steps=2), path)
@@ -34,6 +35,7 @@ def test_demo_checkpoint_is_mostly_optimizer_state_with_masks_and_a_tied_head(tm
     assert report.savings[-1].bytes_after < 0.1 * report.file_bytes
 
 
+@pytest.mark.slow
 def test_digits_example_meets_every_target_of_issue_6(tmp_path):
     """Real data (scikit-learn's bundled digits): dense >= 97%; (a) 90% sparse + int8 within 1 point in
     <= 0.10x the file; (b) half the channels, distilled, within 1.5 points with >= 1.8x fewer MACs."""

@@ -43,6 +43,7 @@ def _rank_peak(plan, optimizer: str = "adamw") -> int:
     return rank_memory(parallel_step(model, step), plan.strategy, plan.world_size).peak_bytes
 
 
+@pytest.mark.slow
 def test_a_budget_only_two_fsdp_ranks_fit_gets_two_fsdp_ranks_at_rank_memorys_peak() -> None:
     plan = _fit(ONLY_TWO_FSDP_RANKS, world_size="auto")
     assert (plan.world_size, plan.strategy, plan.checkpointed, plan.precision) == (2, "fsdp", [], "fp32")
@@ -64,6 +65,7 @@ def test_a_budget_one_device_fits_gets_no_ranks_even_when_ranks_are_allowed() ->
     assert plan.fits and plan.predicted_peak_bytes == plan.unmodified_peak_bytes
 
 
+@pytest.mark.slow
 def test_one_device_by_default_and_its_refusal_names_the_ranks_that_would_fit() -> None:
     with pytest.raises(
         SlimtorchError, match=r"no plan fits .* on 2 ranks with fsdp it fits: world_size='auto'"
@@ -71,6 +73,7 @@ def test_one_device_by_default_and_its_refusal_names_the_ranks_that_would_fit() 
         _fit(ONLY_TWO_FSDP_RANKS)
 
 
+@pytest.mark.slow
 def test_a_budget_nothing_fits_is_an_error_naming_the_least_per_rank_peak() -> None:
     with pytest.raises(SlimtorchError, match="shrink the per-rank batch") as raised:
         _fit(MIB, world_size="auto", max_world_size=16)
@@ -93,6 +96,7 @@ def test_a_budget_nothing_fits_is_an_error_naming_the_least_per_rank_peak() -> N
         _fit(60 * MIB, world_size=2)
 
 
+@pytest.mark.slow
 def test_a_fixed_world_size_takes_the_first_strategy_asked_for_that_fits() -> None:
     plan = _fit(2**30, world_size=2, strategies=["zero1", "fsdp"], optimizer="sgd")
     assert (plan.world_size, plan.strategy) == (2, "zero1") and plan.predicted_peak_bytes == _rank_peak(
@@ -109,6 +113,7 @@ def test_rank_options_are_checked_when_made() -> None:
     assert slimtorch.memory.FitOptions(strategies="fsdp").strategies == ("fsdp",)
 
 
+@pytest.mark.slow
 def test_cli_fit_prints_the_proposal_and_its_json(capsys) -> None:
     from slimtorch.cli.main import main
 

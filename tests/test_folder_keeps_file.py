@@ -53,6 +53,7 @@ def _folder(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_quantizing_a_folder_keeps_its_heads_and_loads_into_the_users_class_in_a_fresh_process(
     tmp_path, capsys
 ) -> None:

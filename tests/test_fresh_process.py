@@ -330,6 +330,7 @@ def _output_file(writer: Writer, folder: Path) -> Path:
 CASES = [(w, r) for w in WRITERS for r in w.readers]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("writer", "reader"), CASES, ids=[f"{w.name}->{r}" for w, r in CASES])
 def test_each_output_loads_back_in_a_fresh_process(written, writer: Writer, reader: str) -> None:
     folder, runs = written

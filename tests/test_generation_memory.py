@@ -43,6 +43,7 @@ def _measured(model, prompt: int, new: int) -> tuple[int, int]:
     return params, held
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt", [64, 700])
 def test_weights_and_kv_cache_are_within_5_percent_of_a_real_generate(prompt):
     model = _llama()
@@ -88,6 +89,7 @@ def test_tied_weights_count_once():
     )
 
 
+@pytest.mark.slow
 def test_memory_cli_generate_prints_the_cache_and_the_longest_context(tmp_path):
     model = _llama()
     model.save_pretrained(tmp_path / "llama")

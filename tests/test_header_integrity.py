@@ -24,6 +24,7 @@ from tests.hostile import read_safetensors, write_safetensors_raw
 from tests.support.header import KINDS, flip_bits, slim_template, small_state
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_random_single_bit_flips_in_slim_files_are_detected_or_harmless(tmp_path, kind):
     path = slim_template(tmp_path, kind)

@@ -193,6 +193,7 @@ print(json.dumps(measure_host(train).rss_growth))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the model is glibc's malloc")
 @pytest.mark.parametrize(("name", "batch_size"), [("bert", 4), ("unet", 16)])
 def test_a_real_loops_rss_growth_is_predicted_within_15_percent(name: str, batch_size: int) -> None:

@@ -76,6 +76,7 @@ def _quantized_layers(folder) -> dict:
 
 
 # -- shrink ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_lossless_shrink_loads_equal_in_from_pretrained_and_load_model(bases, name, tmp_path) -> None:
     model, folder = bases[name]
@@ -88,6 +89,7 @@ def test_lossless_shrink_loads_equal_in_from_pretrained_and_load_model(bases, na
     assert torch.equal(got, want) and torch.equal(loaded, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize(("quantize", "least"), [("int8", 0.99), ("int4", 0.95)])
 def test_quantized_shrink_is_read_by_compressed_tensors_as_slimtorch_reads_it(
@@ -109,6 +111,7 @@ def test_quantized_shrink_is_read_by_compressed_tensors_as_slimtorch_reads_it(
     assert _cosine(got, original) >= least
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_float16_shrink_loads_the_same_float16_values_in_both(bases, name, tmp_path) -> None:
     model, folder = bases[name]
@@ -121,6 +124,7 @@ def test_float16_shrink_loads_the_same_float16_values_in_both(bases, name, tmp_p
     assert _cosine(got, original) >= 0.999
 
 
+@pytest.mark.slow
 def test_90pct_sparse_bert_shrinks_losslessly_and_from_pretrained_reads_every_weight(bases, tmp_path) -> None:
     model, _ = bases["bert"]
     sparse = copy.deepcopy(model)
@@ -138,6 +142,7 @@ def test_90pct_sparse_bert_shrinks_losslessly_and_from_pretrained_reads_every_we
 
 
 # -- quantize ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_quantized_model_folder_loads_in_transformers_and_stays_quantized_in_load_model(
@@ -158,6 +163,7 @@ def test_quantized_model_folder_loads_in_transformers_and_stays_quantized_in_loa
     assert _cosine(loaded, original) >= (0.99 if scheme.startswith("int8") else 0.95)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("calibrated", [False, True], ids=["rounded", "gptq"])
 def test_int4_with_integer_zero_points_loads_in_transformers_as_it_was_quantized(
     bases, calibrated, tmp_path
@@ -180,6 +186,7 @@ def test_int4_with_integer_zero_points_loads_in_transformers_as_it_was_quantized
     assert _relative(got, loaded) <= INT4_BOUND and _cosine(loaded, original) >= 0.95
 
 
+@pytest.mark.slow
 def test_cli_quantize_writes_int8_dynamic_activations_in_the_quantization_config(bases, tmp_path) -> None:
     from slimtorch.cli.main import main
 
@@ -211,6 +218,7 @@ def test_load_model_of_hf_int4_folder_maps_the_compressed_tensors_words_as_the_l
 
 
 # -- prune -------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 @pytest.mark.parametrize("quantize", [None, "int8"])
 def test_pruned_folder_loads_in_both_and_int8_stays_close(bases, name, quantize, tmp_path) -> None:
@@ -226,6 +234,7 @@ def test_pruned_folder_loads_in_both_and_int8_stays_close(bases, name, quantize,
     assert torch.equal(loaded, want) if quantize is None else _cosine(loaded, want) >= 0.99
 
 
+@pytest.mark.slow
 def test_pruned_bert_whose_config_cannot_say_its_head_size_is_refused_by_from_pretrained(bases, tmp_path):
     from slimtorch.cli.main import main
 
@@ -243,6 +252,7 @@ def test_pruned_bert_whose_config_cannot_say_its_head_size_is_refused_by_from_pr
 
 
 # -- the slim layout -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_slim_layout_folder_is_refused_by_from_pretrained_and_read_by_slimtorch(bases, tmp_path) -> None:
     from slimtorch.cli.main import main
 

@@ -87,12 +87,14 @@ def predicted(request, tmp_path_factory) -> dict:
     return {o.case.id: o for o in run_predict_cases(chosen, tmp_path_factory.mktemp("predict"))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_footprint_refuses_a_tampered_bundle_in_one_line_before_anything_in_it_runs(outcomes, case):
     outcome = outcomes[case.id]
     assert outcome.passed, outcome.describe()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("predict_case", PREDICT_CASES, ids=[case.id for case in PREDICT_CASES])
 def test_predict_py_refuses_in_one_line_or_accepts_cleanly_within_budget(predicted, predict_case):
     outcome = predicted[predict_case.id]

@@ -29,6 +29,7 @@ def outcomes(request, tmp_path_factory) -> dict:
     return selected_outcomes(request, tmp_path_factory, CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_hostile_input_is_refused_in_one_line_or_accepted_cleanly_within_budget(outcomes, case):
     outcome = outcomes[case.id]
@@ -50,6 +51,7 @@ def test_the_corpus_covers_every_family_of_issue_17_with_over_120_cases():
     assert len(CASES) > 120
 
 
+@pytest.mark.slow
 def test_the_harness_sees_a_crash_a_hang_and_a_memory_bomb(tmp_path, monkeypatch):
     """The controls: without them a harness that reports everything as clean would pass the corpus."""
     import slimtorch.cli.main as cli

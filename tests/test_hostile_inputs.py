@@ -62,6 +62,7 @@ def test_an_npz_reads_back_what_numpy_wrote_compressed_or_not(tmp_path: Path) ->
     assert np.array_equal(read_npy(tmp_path / "x.npy"), x)
 
 
+@pytest.mark.slow
 def test_a_deflate_bomb_is_refused_before_it_is_decompressed(tmp_path: Path) -> None:
     path = npz_bomb(tmp_path / "bomb.npz", {"x": ("<f4", (1 << 28,))})  # 1 GiB from about 1 MiB
     with pytest.raises(FormatError, match=r"member 'x\.npy' would decode 1,073,741,\d+ bytes from") as caught:
@@ -69,6 +70,7 @@ def test_a_deflate_bomb_is_refused_before_it_is_decompressed(tmp_path: Path) -> 
     assert str(path) in str(caught.value) and "SLIMTORCH_MAX_EXPANSION" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_a_member_claiming_more_than_its_declared_size_is_refused(tmp_path: Path) -> None:
     path = npz_bomb(tmp_path / "lying.npz", {"x": ("<f4", (1 << 28,))}, lying=True)
     with pytest.raises(FormatError, match=r"member 'x\.npy' claims 1,073,741,824 bytes, more than the file"):
@@ -230,6 +232,7 @@ def outcomes(request, tmp_path_factory) -> dict:
     return selected_outcomes(request, tmp_path_factory, CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_hostile_input_is_refused_in_one_line_or_accepted_cleanly_within_budget(outcomes, case):
     outcome = outcomes[case.id]

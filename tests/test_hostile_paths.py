@@ -58,6 +58,7 @@ print(json.dumps(results))
 """
 
 
+@pytest.mark.slow
 def test_auto_map_folder_runs_nothing_when_yes_is_piped_to_prune_quantize_memory_and_export(tmp_path):
     marker = tmp_path / "ran"
     folder = str(remote_code_folder(tmp_path / "remote", marker))
@@ -317,6 +318,7 @@ def test_other_exceptions_are_bugs_and_keep_their_traceback(monkeypatch, checkpo
         main(["inspect", str(checkpoint)])
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_is_no_traceback_and_no_error_line(tmp_path):
     path = tmp_path / "many.safetensors"
     save_file({f"layer{i}.weight": torch.zeros(2) for i in range(2000)}, path)

@@ -93,6 +93,7 @@ def test_a_terminal_console_writes_no_control_character_from_the_string() -> Non
         assert "\\x1b]52;c;ZWNobyBoaQ==\\x07" in out and LINK in out
 
 
+@pytest.mark.slow
 def test_a_dollar_in_a_slim_report_chart_is_drawn_as_text(tmp_path: Path) -> None:
     """Layer names and the data's path are drawn on the charts: mathtext would fail on ``$_$``."""
     pytest.importorskip("matplotlib")
@@ -113,6 +114,7 @@ def outcomes(request, tmp_path_factory) -> dict:
     return selected_outcomes(request, tmp_path_factory, CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_hostile_text_reaches_the_terminal_as_data(outcomes, case):
     outcome = outcomes[case.id]

@@ -300,6 +300,7 @@ def _imported_before_the_forks() -> None:
     require_pyplot()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_a_tampered_work_folder_or_recipe_is_redone_or_refused_in_one_line(outcomes, case):
     outcome = outcomes[case.id]

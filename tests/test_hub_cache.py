@@ -114,6 +114,7 @@ def test_a_sentence_transformers_repo_opens_as_its_pipeline(cache, tmp_path) -> 
     assert isinstance(open_model("org/tiny-st").model, SentenceEmbedder)
 
 
+@pytest.mark.slow
 def test_memory_needs_only_the_cached_config(cache, tmp_path, capsys) -> None:
     folder = bert_folder(tmp_path / "bert")
     (folder / "model.safetensors").unlink()

@@ -222,6 +222,7 @@ def test_human_report_shows_each_section(tmp_path, capsys):
     assert "optimizer state" in out and "epoch=3" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("action", "options"),
     [

@@ -64,6 +64,7 @@ def _float_error(layer: Int8DynamicLinear, x: torch.Tensor, out: torch.Tensor) -
     return float(torch.linalg.vector_norm(out - truth))
 
 
+@pytest.mark.slow
 def test_row_codes_are_rounded_values_over_a_symmetric_per_row_scale() -> None:
     x = torch.randn(9, 31) * torch.logspace(-3, 3, 9).unsqueeze(1)
     codes, scale = kernels.quantize_rows(x)
@@ -278,6 +279,7 @@ def test_an_input_that_requires_grad_is_quantized_without_a_graph() -> None:
     assert torch.equal(codes, kernels.quantize_rows_torch(x.detach())[0])
 
 
+@pytest.mark.slow
 def test_without_numba_the_layer_runs_torch_ops_and_says_so(monkeypatch) -> None:
     layer = _layer(64, 32)
     x = torch.randn(7, 64)
@@ -367,6 +369,7 @@ def _counting(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
 def test_bert_attention_quantizes_its_input_once_for_query_key_and_value(mode: str, monkeypatch) -> None:
     model = slimtorch.quantize(_tiny_bert(), "int8-dynamic").model
@@ -417,6 +420,7 @@ def test_a_forward_that_raises_closes_its_sharing_scope() -> None:
     assert getattr(kernels.SHARED_INPUTS._local, "last", None) is None
 
 
+@pytest.mark.slow
 def test_codes_cached_in_one_call_are_not_reused_after_the_input_changes_between_calls() -> None:
     model = slimtorch.quantize(_tiny_bert(1), "int8-dynamic").model
     attention = model.encoder.layer[0].attention.self
@@ -461,6 +465,7 @@ def test_asymmetric_codes_hold_zero_exactly_and_each_value_within_half_a_step() 
     assert torch.all(scale[:6] < 0.6 * gelu.abs().amax(dim=1) / 63)
 
 
+@pytest.mark.slow
 def test_every_kernel_here_is_close_to_the_float_layer() -> None:
     """Each kernel this CPU admits, against the float layer it replaced (not against another kernel): on
     symmetric and on skewed (GELU) rows, the int8 layer's output within cosine 0.9995 of nn.Linear's."""
@@ -506,6 +511,7 @@ def test_forcing_a_kernel_this_cpu_does_not_run_right_warns_and_runs_the_referen
     assert torch.allclose(out, _reference(layer, x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_quantize_says_which_kernel_each_shape_got_and_why() -> None:
     kernels.CHOICES.clear()
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 32))
@@ -522,6 +528,7 @@ def test_quantize_says_which_kernel_each_shape_got_and_why() -> None:
 CAPPED = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the ISA caps are x86's")
 def test_the_kernel_tests_pass_again_on_a_cpu_without_vnni(tmp_path) -> None:
     """Every test of this module and of the kernel choice, once more in a fresh process with the ISA capped

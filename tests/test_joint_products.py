@@ -62,6 +62,7 @@ def _parted(model: nn.Module) -> nn.Module:
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["bert", "llama"])
 @pytest.mark.parametrize("kernel", JOINT)
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])

@@ -31,6 +31,7 @@ def _layers(count: int) -> nn.Module:
 INPUTS = (torch.randn(64, 256),)
 
 
+@pytest.mark.slow
 def test_a_model_compared_to_itself_is_reported_unchanged() -> None:
     model = _layers(1)
     result = compare(model, model, INPUTS, budget_s=1.0)
@@ -40,6 +41,7 @@ def test_a_model_compared_to_itself_is_reported_unchanged() -> None:
     assert result.before.iqr_s == pytest.approx(result.before.p75_s - result.before.p25_s)
 
 
+@pytest.mark.slow
 def test_a_model_ten_times_heavier_is_reported_slower() -> None:
     result = compare(_layers(1), _layers(10), INPUTS, budget_s=1.0)
     assert result.changed and result.ratio > 1 and result.verdict().endswith("(slower)")
@@ -78,6 +80,7 @@ def test_a_model_slower_than_the_budget_gets_fewer_rounds_not_a_longer_wait() ->
     assert result.before.rounds == result.after.rounds == MIN_ROUNDS
 
 
+@pytest.mark.slow
 def test_cli_quantize_prints_median_iqr_threads_and_json_has_the_comparison(tmp_path, capsys) -> None:
     out = tmp_path / "mlp.safetensors"
     args = ["quantize", "tests.zoo.models:MLP", "-o", str(out), "--input-shape", "8,64", "--runs", "3"]
@@ -90,6 +93,7 @@ def test_cli_quantize_prints_median_iqr_threads_and_json_has_the_comparison(tmp_
     assert latency["before"]["rounds"] == 3 and latency["before"]["iqr_s"] >= 0
 
 
+@pytest.mark.slow
 def test_cli_prune_prints_median_iqr_and_a_verdict_and_runs_0_times_nothing(tmp_path, capsys) -> None:
     out = tmp_path / "mlp.safetensors"
     args = ["prune", "tests.zoo.models:MLP", "-o", str(out), "--ratio", "0.5", "--input-shape", "8,64"]

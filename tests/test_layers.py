@@ -136,6 +136,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_import_goes_down() -> None:
     assert violations(SRC) == []
 
@@ -168,6 +169,7 @@ def _planted(tmp_path: Path, package: str, module: str, text: str) -> Path:
     return tree
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("package", "text", "complaint"),
     [
@@ -184,6 +186,7 @@ def test_a_planted_upward_import_is_caught(tmp_path: Path, package: str, text: s
     assert len(found) == 1 and complaint in found[0] and "planted.py" in found[0]
 
 
+@pytest.mark.slow
 def test_a_planted_loose_module_has_no_layer(tmp_path: Path) -> None:
     tree = _planted(tmp_path, "format", "ok.py", "")
     (tree / "helpers").mkdir()
@@ -191,6 +194,7 @@ def test_a_planted_loose_module_has_no_layer(tmp_path: Path) -> None:
     assert violations(tree) == ["helpers/__init__.py: 'helpers' is in no layer (add it to LAYERS)"]
 
 
+@pytest.mark.slow
 def test_a_planted_cycle_inside_a_package_is_caught(tmp_path: Path) -> None:
     tree = _planted(tmp_path, "format", "ping.py", "def late():\n    from slimtorch.format import pong\n")
     (tree / "format" / "pong.py").write_text("from slimtorch.format.ping import late\n")
@@ -213,6 +217,7 @@ def reader_classes_named_outside_sources(src: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_only_the_readers_know_their_own_classes(tmp_path: Path) -> None:
     assert reader_classes_named_outside_sources(SRC) == []
     tree = _planted(tmp_path, "loading", "planted.py", "def f(s):\n    return isinstance(s, SlimSource)\n")

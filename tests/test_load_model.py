@@ -209,6 +209,7 @@ def test_dtype_converts_floats_and_leaves_integer_buffers(cnn, tmp_path) -> None
     assert loaded.features[1].num_batches_tracked.dtype == torch.int64
 
 
+@pytest.mark.slow
 def test_training_checkpoint_loads_the_model_under_its_wrapper_prefix(tmp_path) -> None:
     cnn = SmallCNN()
     path = tmp_path / "ckpt.pt"
@@ -228,6 +229,7 @@ def test_works_under_no_grad_and_keeps_requires_grad(tmp_path) -> None:
     assert all(p.grad is not None for p in loaded.parameters())
 
 
+@pytest.mark.slow
 def test_hugging_face_folder_loads_into_a_transformers_model(tmp_path) -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300, n_positions=32)

@@ -18,6 +18,7 @@ def _params_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_adamw_step_holds_weights_gradients_and_two_moments() -> None:
     model = Blocks()
     step = estimate(model, torch.randn(32, 256), device="cpu").steps[0]
@@ -29,6 +30,7 @@ def test_adamw_step_holds_weights_gradients_and_two_moments() -> None:
     assert step.peak_phase == "optimizer"
 
 
+@pytest.mark.slow
 def test_the_estimate_on_fake_tensors_equals_the_same_step_run_for_real() -> None:
     model, x = Blocks(), torch.randn(64, 256)
     for mode in ("train", "inference"):
@@ -38,6 +40,7 @@ def test_the_estimate_on_fake_tensors_equals_the_same_step_run_for_real() -> Non
         assert [s.breakdown for s in fake.steps] == [s.breakdown for s in real.steps]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
 def test_the_estimate_is_within_10_percent_of_the_heap_the_real_step_used() -> None:
     model, x = Blocks(512, 2048), torch.randn(256, 512)
@@ -47,6 +50,7 @@ def test_the_estimate_is_within_10_percent_of_the_heap_the_real_step_used() -> N
     assert measured is not None and abs(predicted / measured - 1) < 0.10
 
 
+@pytest.mark.slow
 def test_an_lstm_holds_its_own_weights_in_its_flat_weight_list_after_a_step() -> None:
     # nn.LSTM keeps its weights a second time, in _flat_weights, refreshed by its forward: left holding
     # the step's tensors, it kept them alive after the step
@@ -58,6 +62,7 @@ def test_an_lstm_holds_its_own_weights_in_its_flat_weight_list_after_a_step() ->
             assert [id(weight) for weight in model._flat_weights] == own
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
 @pytest.mark.parametrize("mode", ["train", "inference"])
 def test_an_lstms_heap_measured_after_an_earlier_profile_matches_the_estimate(mode: str) -> None:
@@ -70,6 +75,7 @@ def test_an_lstms_heap_measured_after_an_earlier_profile_matches_the_estimate(mo
     assert measured is not None and abs(predicted / measured - 1) < 0.05
 
 
+@pytest.mark.slow
 def test_inference_holds_no_gradients_and_keeps_no_activations() -> None:
     model, x = Blocks(), torch.randn(64, 256)
     train = estimate(model, x, device="cpu").steps[0]
@@ -78,6 +84,7 @@ def test_inference_holds_no_gradients_and_keeps_no_activations() -> None:
     assert infer.breakdown["activations"] == 0 and infer.peak_bytes < train.peak_bytes / 3
 
 
+@pytest.mark.slow
 def test_checkpointing_blocks_cuts_the_forward_peak_and_matches_a_real_run() -> None:
     model, x = Blocks(), torch.randn(512, 256)
     plain = estimate(model, x, device="cpu").steps[0]
@@ -87,6 +94,7 @@ def test_checkpointing_blocks_cuts_the_forward_peak_and_matches_a_real_run() -> 
     assert not any(name == "forward" for name in vars(model.blocks[0]))  # the model is left as it was
 
 
+@pytest.mark.slow
 def test_activations_are_attributed_to_the_modules_that_saved_them() -> None:
     step = estimate(Blocks(), torch.randn(64, 256), device="cpu").steps[0]
     hidden, width = 64 * 1024 * 4, 64 * 256 * 4  # float32 bytes of a block's hidden and outer widths
@@ -106,6 +114,7 @@ def test_the_peak_grows_on_a_line_in_the_batch_size_and_predicts_another() -> No
     assert abs(report.predict(128) / at_128 - 1) < 0.01
 
 
+@pytest.mark.slow
 def test_optimizer_and_precision_change_what_the_step_holds() -> None:
     model, x = Blocks(), torch.randn(32, 256)
     weights = _params_bytes(model)
@@ -122,6 +131,7 @@ def test_cuda_sizes_are_rounded_like_the_caching_allocator() -> None:
     assert step.breakdown["parameters"] == 2 * 512
 
 
+@pytest.mark.slow
 def test_a_model_built_on_meta_is_estimated_without_memory_for_its_weights() -> None:
     with torch.device("meta"):
         model = nn.Sequential(*(nn.Linear(8192, 8192) for _ in range(16)))  # 4 GiB of float32
@@ -129,6 +139,7 @@ def test_a_model_built_on_meta_is_estimated_without_memory_for_its_weights() -> 
     assert step.breakdown["parameters"] > 4 * 2**30 and step.breakdown["optimizer_state"] > 8 * 2**30
 
 
+@pytest.mark.slow
 def test_a_hugging_face_model_is_estimated_and_its_layers_named() -> None:
     pytest.importorskip("transformers")
     from tests.zoo.transformers_models import TRANSFORMERS
@@ -158,6 +169,7 @@ def test_bad_options_are_clear_errors() -> None:
         estimate(nn.Linear(4, 4), torch.randn(2, 4), checkpointing="blocks")
 
 
+@pytest.mark.slow
 def test_cli_prints_the_breakdown_and_the_largest_batch_in_a_budget(capsys) -> None:
     from slimtorch.cli.main import main
 
@@ -174,6 +186,7 @@ def test_cli_prints_the_breakdown_and_the_largest_batch_in_a_budget(capsys) -> N
     assert 0 < data["steps"][0]["first_step_peak_bytes"] <= data["steps"][0]["peak_bytes"]
 
 
+@pytest.mark.slow
 def test_cli_gives_each_ranks_peak_under_a_strategy(capsys) -> None:
     from slimtorch.cli.main import main
 
@@ -226,6 +239,7 @@ class _Loop:
             raise torch.OutOfMemoryError("DefaultCPUAllocator: can't allocate memory: over the budget")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
 def test_find_batch_size_lands_near_the_true_largest_in_at_most_3_trials_of_2_real_steps() -> None:
     model = Blocks()
@@ -242,6 +256,7 @@ def test_find_batch_size_lands_near_the_true_largest_in_at_most_3_trials_of_2_re
     assert 0.9 * 1500 <= found.batch_size <= 1.05 * 1500
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
 def test_find_batch_size_never_returns_a_batch_whose_third_step_runs_out_of_memory() -> None:
     model = Blocks()
@@ -264,6 +279,7 @@ def _first_step_peak(report: memory.MemoryReport, batch_size: int) -> float:
     return p0 + (p1 - p0) / (b1 - b0) * (batch_size - b0)
 
 
+@pytest.mark.slow
 def test_find_batch_size_backs_off_after_running_out_of_memory() -> None:
     report = estimate(Blocks(), torch.randn(8, 256), batch_sizes=[64, 128], device="cpu")
     budget = report.predict(1000)
@@ -286,6 +302,7 @@ def test_out_of_memory_is_told_by_type_then_message() -> None:
     assert not memory.is_out_of_memory(ValueError("out of memory"))
 
 
+@pytest.mark.slow
 def test_find_batch_size_lets_other_errors_through_and_needs_two_batch_sizes() -> None:
     report = estimate(Blocks(), torch.randn(8, 256), batch_sizes=[8, 16], device="cpu")
 
@@ -332,6 +349,7 @@ def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int = 5) -
     return losses
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
 def test_fit_meets_60_percent_of_the_peak_and_trains_exactly_as_before() -> None:
     import copy
@@ -366,6 +384,7 @@ def test_fit_meets_60_percent_of_the_peak_and_trains_exactly_as_before() -> None
     assert "forward" not in vars(fitted.blocks[0]) and "forward" not in vars(fitted)
 
 
+@pytest.mark.slow
 def test_fit_turns_to_mixed_precision_when_checkpointing_is_not_enough_and_refuses_the_impossible() -> None:
     model, x = Blocks(), torch.randn(4096, 256)
     every = estimate(model, x, checkpointing="blocks", device="cpu").steps[0].peak_bytes
@@ -377,6 +396,7 @@ def test_fit_turns_to_mixed_precision_when_checkpointing_is_not_enough_and_refus
     assert "forward" not in vars(model)  # a refused plan leaves nothing applied
 
 
+@pytest.mark.slow
 def test_cli_draws_memory_over_the_step(tmp_path, capsys) -> None:
     pytest.importorskip("matplotlib")
     from slimtorch.cli.main import main
@@ -388,6 +408,7 @@ def test_cli_draws_memory_over_the_step(tmp_path, capsys) -> None:
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_the_curve_follows_the_step_through_its_phases() -> None:
     step = estimate(Blocks(), torch.randn(64, 256), device="cpu").steps[0]
     phases = [phase for phase, _ in step.curve]

@@ -33,6 +33,7 @@ def _estimate_at_two_sizes() -> memory.MemoryReport:
     return memory.estimate(Blocks(), X, batch_sizes=[64, 128], mode="inference", device="cpu")
 
 
+@pytest.mark.slow
 def test_estimate_and_profile_take_step_options_or_the_same_fields_as_keywords() -> None:
     model = Blocks()
     options = StepOptions(mode="inference", batch_sizes=(8, 16), device="cpu")
@@ -56,6 +57,7 @@ def test_find_batch_size_takes_batch_size_options_or_the_same_fields_as_keywords
     ]
 
 
+@pytest.mark.slow
 def test_fit_takes_fit_options_or_the_same_fields_as_keywords_and_holds_the_model() -> None:
     model, x = Blocks(), torch.randn(4096, 256)
     every = memory.estimate(model, x, checkpointing="blocks", device="cpu").steps[0].peak_bytes
@@ -129,6 +131,7 @@ def test_the_old_step_plan_name_warns_and_is_step_options() -> None:
         assert memory.StepPlan is StepOptions
 
 
+@pytest.mark.slow
 def test_progress_hears_of_each_step() -> None:
     recorder = Recorder()
     memory.estimate(Blocks(), X, batch_sizes=[8, 16], device="cpu", progress=recorder)
@@ -175,6 +178,7 @@ def _conforms(value: Any, schema: dict[str, Any]) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_every_memory_report_is_json_its_schema_describes_key_for_key() -> None:
     report = memory.estimate(Blocks(), X, batch_sizes=[8, 16], checkpointing="blocks", device="cpu")
     searched = _estimate_at_two_sizes()

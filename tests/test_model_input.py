@@ -63,6 +63,7 @@ def linear() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 3))
 
 
+@pytest.mark.slow
 def test_the_real_minilm_folder_opens_as_its_sentence_pipeline_with_the_transformers_own_names() -> None:
     opened = open_model(MINILM)
     assert isinstance(opened.model, SentenceEmbedder) and isinstance(opened.model, transformers.BertModel)
@@ -79,6 +80,7 @@ def test_the_real_minilm_folder_opens_as_its_sentence_pipeline_with_the_transfor
     assert similarity[0, 1] > 0.5 > similarity[0, 2]  # the two sentences about eating are the close ones
 
 
+@pytest.mark.slow
 def test_a_text_models_example_is_ids_and_mask_of_ordinary_tokens_with_one_padded_row() -> None:
     opened = open_model(MINILM)
     assert list(opened.kwargs) == ["input_ids", "attention_mask", "token_type_ids"] and opened.args == ()
@@ -90,6 +92,7 @@ def test_a_text_models_example_is_ids_and_mask_of_ordinary_tokens_with_one_padde
     assert opened.positional() == (ids, mask, opened.kwargs["token_type_ids"])  # BertModel's forward order
 
 
+@pytest.mark.slow
 def test_samples_draw_new_tokens_and_keep_the_masks() -> None:
     opened = open_model(MINILM)
     first, second, third = opened.samples(3)

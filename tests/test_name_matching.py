@@ -53,6 +53,7 @@ def _names(path: Path) -> list[str]:
         return source.names()
 
 
+@pytest.mark.slow
 def test_resemblyzer_lstm_loads_under_the_found_model_state_prefix_with_identical_output() -> None:
     profile = slimtorch.load_model(RESEMBLYZER, VoiceEncoder)
     model = profile.model
@@ -497,6 +498,7 @@ def _albert_pretraining_folder(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_transformers_model_skips_tensors_its_class_lacks_as_from_pretrained_does(tmp_path) -> None:
     transformers = pytest.importorskip("transformers")
     folder = _albert_pretraining_folder(tmp_path)
@@ -534,6 +536,7 @@ def test_a_plain_module_still_refuses_a_tensor_it_lacks(tmp_path) -> None:
         slimtorch.load_model(tmp_path / "extra.pt", MLP)
 
 
+@pytest.mark.slow
 def test_every_command_over_such_a_folder_loads_it_and_says_what_it_skipped(tmp_path, capsys) -> None:
     folder = _albert_pretraining_folder(tmp_path)
     for args in (["quantize", str(folder), "-o", str(tmp_path / "q"), "--scheme", "int8-weight"],

@@ -81,6 +81,7 @@ def _outputs(model: nn.Module, times: int = 2) -> list[torch.Tensor]:
         return [model(TOKENS) for _ in range(times)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["safetensors", "slim", "slim-int8"])
 def test_offloaded_model_gives_the_whole_models_outputs_bit_for_bit(files, kind) -> None:
     whole = slimtorch.load_model(files[kind], Decoder).model.eval()
@@ -101,6 +102,7 @@ def test_int8_tensors_wait_on_meta_and_exist_only_during_their_units_forward(fil
     assert seen == [False] and model.blocks[3].up.weight.is_meta
 
 
+@pytest.mark.slow
 def test_a_quantized_models_codes_stay_mapped_and_give_the_same_outputs(tmp_path) -> None:
     torch.manual_seed(0)
     model = slimtorch.quantize(Decoder().eval(), "int8-weight").model

@@ -37,6 +37,7 @@ def _session(path) -> onnxruntime.InferenceSession:
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.slow
 def test_bert_int8_passes_on_its_embedding_cosine_with_per_token_matmuls(tmp_path) -> None:
     report = export(bert().eval(), _tokens(), tmp_path / "b", quantize_to="int8")
     assert report.tolerance == INT8_TEXT and "decided by the sentence embedding" in report.tolerance.meaning
@@ -55,6 +56,7 @@ def test_bert_int8_passes_on_its_embedding_cosine_with_per_token_matmuls(tmp_pat
     assert checked["ok"] and checked["embedding_cosine"] >= 0.99
 
 
+@pytest.mark.slow
 def test_the_bundles_own_check_fails_a_text_model_whose_embedding_drifts(tmp_path) -> None:
     export(bert().eval(), _tokens(), tmp_path / "b", quantize_to="int8")
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
@@ -80,6 +82,7 @@ def _scrambled(source, target) -> None:
     onnx.save(model, str(target))
 
 
+@pytest.mark.slow
 def test_a_wrongly_quantized_bert_fails_the_embedding_check(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(onnx_model, "quantize_int8", _scrambled)
     report = export(bert().eval(), _tokens(), tmp_path / "b", quantize_to="int8")
@@ -161,6 +164,7 @@ def test_cosine_decides_a_text_tolerance_and_the_output_errors_decide_otherwise(
     assert replace(report, tolerance=INT8).passed is output_passed  # no min_cosine: each output decides
 
 
+@pytest.mark.slow
 def test_a_cnn_keeps_onnxruntime_int8_convolutions_beside_per_token_linears(tmp_path) -> None:
     report = export(SmallCNN().eval(), torch.randn(2, 1, 8, 8), tmp_path / "b", quantize_to="int8")
     ops = {n.op_type for n in onnx.load(tmp_path / "b" / "model.onnx").graph.node}
@@ -169,6 +173,7 @@ def test_a_cnn_keeps_onnxruntime_int8_convolutions_beside_per_token_linears(tmp_
     assert sorted(p.name for p in (tmp_path / "b").iterdir() if p.name.endswith(".onnx")) == ["model.onnx"]
 
 
+@pytest.mark.slow
 def test_a_bundle_whose_manifest_names_no_such_embedding_output_is_one_clear_error(tmp_path) -> None:
     from slimtorch.deploy.runner import BundleError
 
@@ -180,6 +185,7 @@ def test_a_bundle_whose_manifest_names_no_such_embedding_output_is_one_clear_err
         Bundle(tmp_path / "b").check()
 
 
+@pytest.mark.slow
 def test_the_bundles_own_check_lets_the_embedding_decide_over_the_outputs_errors(tmp_path) -> None:
     export(bert().eval(), _tokens(), tmp_path / "b", quantize_to="int8")
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())

@@ -56,6 +56,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return sdist, wheel
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_py_typed_and_the_license(built: tuple[Path, Path]) -> None:
     names = zipfile.ZipFile(built[1]).namelist()
     assert "slimtorch/py.typed" in names
@@ -87,6 +88,7 @@ def test_the_sdist_holds_what_its_tests_and_makefile_need(built: tuple[Path, Pat
     assert not [n for n in names if "__pycache__" in n or n.startswith("benchmarks/results")]
 
 
+@pytest.mark.slow
 def test_the_unpacked_sdist_runs_its_own_tests(built: tuple[Path, Path], tmp_path: Path) -> None:
     with tarfile.open(built[0]) as sdist:
         sdist.extractall(tmp_path, filter="data")

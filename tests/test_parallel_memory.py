@@ -127,6 +127,7 @@ def two_ranks(tmp_path_factory) -> list[dict[str, int]]:
     return measure(2, ["ddp", "zero1", "fsdp"], str(tmp_path_factory.mktemp("ranks") / "peaks"))
 
 
+@pytest.mark.slow
 @GLOO
 def test_two_cpu_ranks_peak_within_10pct_of_estimate_under_ddp_zero1_and_fsdp2(two_ranks):
     for strategy in ["ddp", "zero1", "fsdp"]:
@@ -136,6 +137,7 @@ def test_two_cpu_ranks_peak_within_10pct_of_estimate_under_ddp_zero1_and_fsdp2(t
             assert abs(error) < 0.10, (strategy, rank, estimate.ranks[rank] / MIB, peaks[strategy] / MIB)
 
 
+@pytest.mark.slow
 @GLOO
 def test_fits_proposal_of_two_fsdp_ranks_runs_within_the_budget_on_real_ranks(two_ranks):
     budget = 100 * MIB  # one device needs 136 MiB whatever fit pulls; FSDP2 on 2 ranks about 90
@@ -148,6 +150,7 @@ def test_fits_proposal_of_two_fsdp_ranks_runs_within_the_budget_on_real_ranks(tw
         assert abs(plan.per_rank.ranks[rank] / peaks["fsdp"] - 1) < 0.10
 
 
+@pytest.mark.slow
 def test_fsdp_shards_weights_state_and_gradients_so_the_peak_falls_with_ranks():
     peaks = [estimated("fsdp", n).peak_bytes for n in (1, 2, 4, 8)]
     assert peaks == sorted(peaks, reverse=True)

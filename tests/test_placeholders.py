@@ -103,6 +103,7 @@ def test_shrink_keeps_their_plain_state_and_no_objects_still_works(tmp_path) -> 
         assert kept["epoch"] == 7
 
 
+@pytest.mark.slow
 def test_numpy_in_a_config_is_data_and_survives_shrink_in_a_fresh_process(tmp_path) -> None:
     path, out = tmp_path / "potential.pt", tmp_path / "potential.safetensors"
     torch.save(

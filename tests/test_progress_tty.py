@@ -86,6 +86,7 @@ def _in_a_terminal(args: list[str]) -> tuple[int, str]:
     return process.wait(timeout=120), screen.decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_prune_on_a_terminal_names_each_stage_while_it_runs(slow_model: str, tmp_path: Path) -> None:
     out = tmp_path / "pruned.safetensors"
     code, screen = _in_a_terminal(
@@ -96,6 +97,7 @@ def test_prune_on_a_terminal_names_each_stage_while_it_runs(slow_model: str, tmp
         assert stage in screen, f"{stage!r} never shown:\n{screen}"
 
 
+@pytest.mark.slow
 def test_quantize_on_a_terminal_draws_a_bar_for_each_pass_over_the_samples(
     slow_model: str, tmp_path: Path
 ) -> None:
@@ -109,6 +111,7 @@ def test_quantize_on_a_terminal_draws_a_bar_for_each_pass_over_the_samples(
     assert "━" in screen and "4/4" in screen  # a bar, counted in samples
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args",
     [
@@ -127,6 +130,7 @@ def test_off_a_terminal_the_commands_draw_nothing(
     assert not any(stage in captured.out for stage in PRUNE_STAGES + QUANTIZE_STAGES)
 
 
+@pytest.mark.slow
 def test_quantize_with_samples_tells_progress_of_every_pass_over_them() -> None:
     recorder = Recorder()
     samples = [torch.randn(2, 64) for _ in range(3)]

@@ -14,6 +14,7 @@ from tests.zoo.transformers_models import TRANSFORMERS, example, main_output
 pytest.importorskip("transformers")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_pruned_folder_loads_with_from_pretrained_and_load_model(name: str, tmp_path) -> None:
     model = TRANSFORMERS[name]().eval()
@@ -30,6 +31,7 @@ def test_pruned_folder_loads_with_from_pretrained_and_load_model(name: str, tmp_
     assert torch.equal(main_output(loaded(*example(name))), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "vit"])
 def test_a_head_size_the_config_cannot_express_is_reported_and_load_model_still_works(name, tmp_path) -> None:
     model = TRANSFORMERS[name]().eval()
@@ -40,6 +42,7 @@ def test_a_head_size_the_config_cannot_express_is_reported_and_load_model_still_
     assert torch.equal(main_output(loaded(*example(name))), main_output(model(*example(name))))
 
 
+@pytest.mark.slow
 def test_saving_again_replaces_the_folder(tmp_path) -> None:
     model = TRANSFORMERS["gpt2"]().eval()
     slimtorch.prune.channels(model, example("gpt2"), ratio=0.5)
@@ -48,6 +51,7 @@ def test_saving_again_replaces_the_folder(tmp_path) -> None:
     assert {p.name for p in (tmp_path / "gpt2").iterdir()} == {"config.json", "model.safetensors"}
 
 
+@pytest.mark.slow
 def test_cli_prunes_a_hugging_face_folder_into_a_folder(tmp_path, capsys) -> None:
     from slimtorch.cli.main import main
 

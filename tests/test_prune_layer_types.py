@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 IMAGES = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_class", ["PReLUAttentionCNN", "NormsCNN"])
 def test_a_pruned_cnn_loads_back_in_a_fresh_process_that_imports_only_slimtorch(
     model_class, tmp_path

@@ -44,6 +44,7 @@ def test_a_shared_prelu_slope_passes_the_channels_on_untouched() -> None:
     assert model[0].out_channels == model[2].in_channels == 4 and model[1].weight.numel() == 1
 
 
+@pytest.mark.slow
 def test_resemblyzer_lstm_has_nothing_to_prune_and_is_refused_in_one_line() -> None:
     net, args = _shipped("resemblyzer")
     before = {k: v.clone() for k, v in net.state_dict().items()}
@@ -53,12 +54,14 @@ def test_resemblyzer_lstm_has_nothing_to_prune_and_is_refused_in_one_line() -> N
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
 
 
+@pytest.mark.slow
 def test_a_budget_no_channel_can_meet_is_refused_the_same_way() -> None:
     net, args = _shipped("resemblyzer")
     with pytest.raises(SlimtorchError, match="no prunable channel group"):
         channels(net, args, target_params=_params(net) // 2)
 
 
+@pytest.mark.slow
 def test_torchfcpe_conformer_prunes_its_residual_stream_and_its_weight_normed_projection() -> None:
     net, args = _shipped("fcpe")
     shape = tuple(net(*args).shape)

@@ -18,6 +18,7 @@ SMALL = torch.randn(2, 3, 64, 64)
 ZOO = {"resnet18": resnet18, "resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "unet": UNet}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ZOO))
 def test_pruned_model_saves_and_loads_back_with_identical_outputs(name, tmp_path) -> None:
     model = ZOO[name]().eval()
@@ -34,6 +35,7 @@ def test_pruned_model_saves_and_loads_back_with_identical_outputs(name, tmp_path
     assert delta["shapes"] and delta["attributes"]
 
 
+@pytest.mark.slow
 def test_pruning_twice_saves_both_changes(tmp_path) -> None:
     model = resnet18().eval()
     slimtorch.prune.channels(model, SMALL, ratio=0.3)
@@ -53,6 +55,7 @@ def test_unpruned_model_saves_no_delta(tmp_path) -> None:
         assert json.loads(f.metadata()["slimtorch"])["delta"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("edit", "words"),
     [
@@ -80,6 +83,7 @@ def test_a_tampered_delta_is_refused_with_the_file_named(tmp_path, capsys, edit,
     assert str(path) in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_prune_prints_the_gain_and_writes_a_file_load_model_reads(tmp_path, capsys) -> None:
     factory_file = tmp_path / "zoo_models.py"
     factory_file.write_text("from tests.zoo import resnet18\n")
@@ -97,6 +101,7 @@ def test_cli_prune_prints_the_gain_and_writes_a_file_load_model_reads(tmp_path, 
     assert report["after"]["params"] == 3_055_880 and report["before"]["macs"] > 3.5 * report["after"]["macs"]
 
 
+@pytest.mark.slow
 def test_cli_prune_with_weights_prunes_the_trained_model(tmp_path, capsys) -> None:
     factory_file = tmp_path / "zoo_models.py"
     factory_file.write_text("from tests.zoo import resnet18\n")
@@ -118,6 +123,7 @@ def test_cli_prune_bad_arguments_are_usage_errors(tmp_path, capsys, extra, words
     assert exit_info.value.code == 2 and words in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_prune_to_a_parameter_budget(tmp_path, capsys) -> None:
     factory_file = tmp_path / "zoo_models.py"
     factory_file.write_text("from tests.zoo import resnet18\n")

@@ -51,6 +51,7 @@ def _sizes_agree_with_tensors(model: nn.Module) -> None:
             assert tuple(module.weight.shape) == (module.out_features, module.in_features), name
 
 
+@pytest.mark.slow
 def test_pruned_resnet18_loses_74pct_params_and_macs_like_torch_pruning() -> None:
     model = resnet18().eval()
     image = torch.randn(1, 3, 224, 224)
@@ -64,6 +65,7 @@ def test_pruned_resnet18_loses_74pct_params_and_macs_like_torch_pruning() -> Non
     _sizes_agree_with_tensors(model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ZOO))
 def test_ratio_0_changes_nothing(name: str) -> None:
     model = ZOO[name]().eval()
@@ -73,6 +75,7 @@ def test_ratio_0_changes_nothing(name: str) -> None:
     assert torch.equal(model(SMALL), reference(SMALL))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ZOO))
 def test_ratio_half_keeps_the_output_shape_and_removes_about_three_quarters(name: str) -> None:
     model = ZOO[name]().eval()
@@ -119,6 +122,7 @@ def test_flatten_maps_each_removed_channel_to_its_run_of_features() -> None:
     assert torch.equal(model.fc.weight, fc_before[:, 8 * 16 :])  # channels 8..31, 16 features each
 
 
+@pytest.mark.slow
 def test_depthwise_convolution_keeps_one_filter_per_remaining_channel() -> None:
     model = mobilenet_v2().eval()
     channels(model, SMALL, ratio=0.5)

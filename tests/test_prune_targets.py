@@ -13,6 +13,7 @@ from tests.zoo import count_params, resnet18
 SMALL = torch.randn(2, 3, 64, 64)
 
 
+@pytest.mark.slow
 def test_target_params_lands_just_under_the_budget() -> None:
     model = resnet18().eval()
     slimtorch.prune.channels(model, SMALL, target_params=5_000_000)
@@ -20,6 +21,7 @@ def test_target_params_lands_just_under_the_budget() -> None:
     assert model(SMALL).shape == (2, 1000)
 
 
+@pytest.mark.slow
 def test_target_macs_lands_just_under_the_budget() -> None:
     model = resnet18().eval()
     budget = count_macs(model, SMALL) // 3
@@ -27,6 +29,7 @@ def test_target_macs_lands_just_under_the_budget() -> None:
     assert 0.9 * budget < count_macs(model, SMALL) <= budget
 
 
+@pytest.mark.slow
 def test_exactly_one_of_ratio_and_the_targets_is_asked() -> None:
     with pytest.raises(SlimtorchError, match="one of ratio, target_params or target_macs"):
         slimtorch.prune.channels(resnet18(), SMALL)
@@ -36,6 +39,7 @@ def test_exactly_one_of_ratio_and_the_targets_is_asked() -> None:
         slimtorch.prune.channels(resnet18(), SMALL, target_params=1000)
 
 
+@pytest.mark.slow
 def test_iterative_steps_reach_the_same_widths_as_one_shot() -> None:
     one_shot, stepped = resnet18().eval(), resnet18().eval()
     slimtorch.prune.channels(one_shot, SMALL, ratio=0.5)
@@ -44,6 +48,7 @@ def test_iterative_steps_reach_the_same_widths_as_one_shot() -> None:
     assert widths == [m.out_channels for m in stepped.modules() if isinstance(m, torch.nn.Conv2d)]
 
 
+@pytest.mark.slow
 def test_taylor_importance_needs_gradients_and_uses_them() -> None:
     model = resnet18().eval()
     with pytest.raises(SlimtorchError, match="backward"):

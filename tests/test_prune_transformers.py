@@ -15,6 +15,7 @@ from tests.zoo.transformers_models import TRANSFORMERS, example, main_output
 pytest.importorskip("transformers")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TRANSFORMERS))
 def test_ratio_0_changes_nothing(name: str) -> None:
     model = TRANSFORMERS[name]().eval()
@@ -23,6 +24,7 @@ def test_ratio_0_changes_nothing(name: str) -> None:
     assert torch.equal(main_output(model(*example(name))), main_output(reference(*example(name))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TRANSFORMERS))
 def test_ratio_half_prunes_the_feed_forward_and_keeps_the_output_shape(name: str, tmp_path) -> None:
     model = TRANSFORMERS[name]().eval()
@@ -39,6 +41,7 @@ def test_ratio_half_prunes_the_feed_forward_and_keeps_the_output_shape(name: str
     assert torch.equal(main_output(loaded(*example(name))), out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "vit"])
 def test_attention_heads_are_pruned_whole_with_their_count_updated(name: str) -> None:
     model = TRANSFORMERS[name]().eval()
@@ -56,6 +59,7 @@ def test_attention_heads_are_pruned_whole_with_their_count_updated(name: str) ->
     assert main_output(model(*example(name))).shape == shape
 
 
+@pytest.mark.slow
 def test_grouped_query_attention_loses_whole_key_value_groups() -> None:
     model = TRANSFORMERS["llama"]().eval()  # 4 query heads sharing 2 key/value heads, 16 features each
     shape = main_output(model(*example("llama"))).shape
@@ -67,6 +71,7 @@ def test_grouped_query_attention_loses_whole_key_value_groups() -> None:
     assert main_output(model(*example("llama"))).shape == shape
 
 
+@pytest.mark.slow
 def test_gpt2_keeps_its_tied_head_tied_and_prunes_the_hidden_size() -> None:
     model = TRANSFORMERS["gpt2"]().eval()
     slimtorch.prune.channels(model, example("gpt2"), ratio=0.5)
@@ -75,6 +80,7 @@ def test_gpt2_keeps_its_tied_head_tied_and_prunes_the_hidden_size() -> None:
     assert model.transformer.h[0].mlp.c_fc.nf == model.transformer.h[0].mlp.c_fc.weight.shape[1] == 128
 
 
+@pytest.mark.slow
 def test_llama_gated_mlp_prunes_gate_and_up_together() -> None:
     model = TRANSFORMERS["llama"]().eval()
     slimtorch.prune.channels(model, example("llama"), ratio=0.5)
@@ -82,6 +88,7 @@ def test_llama_gated_mlp_prunes_gate_and_up_together() -> None:
     assert mlp.gate_proj.out_features == mlp.up_proj.out_features == mlp.down_proj.in_features == 64
 
 
+@pytest.mark.slow
 def test_gpt2_fused_qkv_loses_whole_heads_and_its_split_size_follows() -> None:
     model = TRANSFORMERS["gpt2"]().eval()
     slimtorch.prune.channels(model, example("gpt2"), ratio=0.5)

@@ -61,6 +61,7 @@ def test_n_of_m_leaves_at_most_n_non_zeros_in_every_group_of_m_inputs(model_fact
     assert all("multiple of" in why for why in report.skipped.values())  # e.g. a 1-channel input conv
 
 
+@pytest.mark.slow
 def test_keep_sparse_holds_the_zeros_through_training_and_leaves_no_hook() -> None:
     model = MLP((64, 128, 128, 10))
     weights(model, 0.8)

@@ -113,6 +113,7 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.float() - expected.float()).norm() / expected.float().norm().clamp(min=1e-12))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scheme", "layer"), [(scheme, layer) for scheme, kinds in LAYERS.items() for layer in kinds]
 )
@@ -123,12 +124,14 @@ def test_quantized_layer_compiles_fullgraph_with_inductor_and_matches_eager(comp
     assert relative_error(compiled[layer], eager[layer]) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_int8_dynamic_leaves_the_convolution_float_and_it_still_compiles(compiled_runs):
     model, eager, compiled = compiled_runs("int8-dynamic")
     assert type(model.conv) is nn.Conv1d
     assert relative_error(compiled["conv"], eager["conv"]) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_compiled_layers_follow_changing_batch_and_sequence_sizes():
     # dynamic shapes: the operators' fake kernels shape their outputs from symbolic sizes
     model = quantized("int8-dynamic")
@@ -150,6 +153,7 @@ def test_a_copied_layer_compiles_as_its_own_layer_not_its_originals():
     assert relative_error(got, model(x)) > 0.1
 
 
+@pytest.mark.slow
 def test_compiled_recurrent_layer_takes_an_initial_state_and_unbatched_input():
     torch.manual_seed(0)
     lstm = slimtorch.quantize(
@@ -176,6 +180,7 @@ class ReusedBuffer(nn.Module):
         return self.second(a * b.sum(-1, keepdim=True)) + b
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode])
 def test_int8_dynamic_layers_compiled_never_reuse_codes_of_a_buffer_inductor_rewrote(grad_mode):
     # Codes cached by input identity and version were the first layer's for the second (error 0.9)
@@ -216,6 +221,7 @@ def int8_mlp(kernel: str | None = None) -> nn.Module:
     return slimtorch.quantize(mlp, "int8-dynamic", keep_sensitive=False, kernel=kernel).model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["int_mm", "onednn"])
 def test_int8_dynamic_linear_at_a_fixed_batch_is_traced_with_its_kernel(kernel):
     if kernel not in int8_dynamic_kernels(torch.device("cpu")):
@@ -230,6 +236,7 @@ def test_int8_dynamic_linear_at_a_fixed_batch_is_traced_with_its_kernel(kernel):
     assert relative_error(got, model(x)) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_a_dynamic_batch_or_the_reference_kernel_keeps_each_layer_one_operator():
     x = torch.randn(3, WIDTH)
     _, graphs = graph_ops(int8_mlp(), x, dynamic=True)  # the kernel per batch size is chosen per call
@@ -239,6 +246,7 @@ def test_a_dynamic_batch_or_the_reference_kernel_keeps_each_layer_one_operator()
     assert relative_error(got, model(x)) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_a_batch_size_no_call_met_gets_its_kernel_chosen_while_tracing(monkeypatch):
     chosen_on = []
 
@@ -262,6 +270,7 @@ def test_a_batch_size_no_call_met_gets_its_kernel_chosen_while_tracing(monkeypat
     assert len(chosen_on) == 2  # the eager call found the choice made while tracing
 
 
+@pytest.mark.slow
 def test_forcing_another_kernel_after_compiling_compiles_again():
     model, x = int8_mlp("int_mm"), torch.randn(3, WIDTH)
     compiled, graphs = recording(model, dynamic=False)
@@ -287,6 +296,7 @@ def _tiny_transformer(kind: str) -> tuple[nn.Module, int]:
     return transformers.LlamaModel(config).eval(), 2 * 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["bert", "llama"])
 def test_layers_reading_one_input_compiled_share_one_quantization_of_it(kind):
     model, saved = _tiny_transformer(kind)
@@ -315,6 +325,7 @@ class BrokenAttention(nn.Module):
         return q + self.key(x)
 
 
+@pytest.mark.slow
 def test_a_sharing_scope_broken_by_a_graph_break_still_gives_eager_outputs_and_closes(monkeypatch):
     name = f"{BrokenAttention.__module__}.{BrokenAttention.__qualname__}"
     monkeypatch.setattr(sharing, "SHARING_PARENTS", sharing.SHARING_PARENTS | {name})
@@ -328,6 +339,7 @@ def test_a_sharing_scope_broken_by_a_graph_break_still_gives_eager_outputs_and_c
             assert sharing.TRACED_SCOPES == []
 
 
+@pytest.mark.slow
 def test_the_traced_kernel_is_marked_as_torchs_decorator_marks_without_importing_dynamo() -> None:
     """``constant_when_compiled`` sets the mark ``torch.compiler.assume_constant_result`` sets (so the
     traced kernel stays a constant of the graph), and a fresh process that loads quantized layers imports

@@ -90,6 +90,7 @@ def _run_child(script: str, *args: str, cpu: str | None = None) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(pages.RELEASE == "none", reason="pages are given back with Linux's madvise only")
 def test_packed_codes_leave_the_file_pages_and_read_back_the_same(saved) -> None:
     path, model = saved
@@ -183,6 +184,7 @@ def test_codes_are_packed_for_the_fused_kernel_a_block_of_rows_at_a_time_as_they
     assert torch.equal(kernels.int4pack_weight(codes, 512), whole)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(pages.RELEASE == "none", reason="pages are given back with Linux's madvise only")
 @pytest.mark.skipif(not kernels.onednn_available(), reason="torch has no oneDNN int8 kernels here")
 def test_onednns_opaque_packed_weight_counts_as_a_copy_and_gives_the_mapped_codes_back(tmp_path) -> None:
@@ -236,6 +238,7 @@ print(json.dumps(found))
 EXPECTED_LAYOUTS = {"DEFAULT": "pairs-32", "AVX2": "halves-32"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capability", ["default", "avx2", "native"])
 def test_codes_are_packed_byte_for_byte_as_torchs_conversion_on_each_cpu_build(capability) -> None:
     """The fused int4 kernel's layout differs by CPU build (ATen's default and AVX2 kernels pair different
@@ -289,6 +292,7 @@ print(json.dumps({"before": before, "after": after, "kept": kept,
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(pages.RELEASE == "none", reason="pages are given back with Linux's madvise only")
 def test_the_float_path_gives_back_each_block_it_read_once_a_packed_copy_exists(tmp_path) -> None:
     """With the fused kernel's copy of the codes made (or while the kernels are timed), the float path
@@ -349,6 +353,7 @@ print(json.dumps({"loaded": loaded, "rows": rows.tolist(), "out": out.tolist(), 
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(pages.RELEASE == "none", reason="pages are given back with Linux's madvise only")
 @pytest.mark.parametrize("scheme", ["float", "int4-weight"])
 @pytest.mark.parametrize("verify", ["eager", "before-use"])

@@ -36,6 +36,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.detach().flatten().double(), b.detach().flatten().double(), dim=0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_each_scheme_swaps_every_layer_and_agrees_with_the_float_model(scheme: str) -> None:
     model = TokenMLP().eval()
@@ -57,6 +58,7 @@ def test_int8_shrinks_weights_4x_and_int4_at_most_016x_of_fp32() -> None:
     assert int4.after_bytes < int8.after_bytes < 0.3 * int8.before_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_save_then_load_model_gives_identical_outputs_and_quantized_layers(scheme: str, tmp_path) -> None:
     model = slimtorch.quantize(TokenMLP().eval(), scheme, group_size=64).model
@@ -82,6 +84,7 @@ def test_a_quantized_file_still_decodes_to_float_weights_for_any_slim_reader(tmp
     assert (weights["up.weight"] - original).abs().max() <= original.abs().amax(1).max() / 254 + 1e-7
 
 
+@pytest.mark.slow
 def test_hugging_face_bert_and_gpt2_round_trip_quantized(tmp_path) -> None:
     pytest.importorskip("transformers")
     from tests.zoo.transformers_models import TRANSFORMERS, example, main_output
@@ -159,6 +162,7 @@ def test_fused_weight_only_kernels_run_on_weights_mapped_unaligned_from_a_file(t
         assert torch.allclose(layer(x), F.linear(x, layer.dequantized(), layer.bias), rtol=0.05, atol=0.05)
 
 
+@pytest.mark.slow
 def test_no_deprecation_or_other_warning_from_quantize_forward_save_and_load(tmp_path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch's quantized tensors warn on creation: none may be made
@@ -213,6 +217,7 @@ def test_shared_input_codes_follow_in_place_changes() -> None:
         assert codes.codes(y, y)[0] is not codes.codes(y, y)[0]  # no version counter: never cached
 
 
+@pytest.mark.slow
 def test_quantized_model_can_be_deep_copied_after_running() -> None:
     model = slimtorch.quantize(TokenMLP().eval(), "int8-dynamic").model
     expected = model(token_ids())
@@ -241,6 +246,7 @@ def test_layers_that_stay_float_are_reported_with_the_reason() -> None:
     assert {layer.name for layer in report.layers} == {"embed", "head"}
 
 
+@pytest.mark.slow
 def test_bfloat16_model_stays_bfloat16_and_round_trips(tmp_path) -> None:
     model = slimtorch.quantize(TokenMLP().to(torch.bfloat16).eval(), "int4-weight").model
     out = model(token_ids())
@@ -295,6 +301,7 @@ def test_int4_codes_of_a_layer_equal_what_the_codec_writes() -> None:
     assert all(torch.equal(quantized.parts()[role], part) for role, part in encoded.parts.items())
 
 
+@pytest.mark.slow
 def test_cli_quantizes_reports_and_writes_a_file_load_model_reads(tmp_path, capsys) -> None:
     out = tmp_path / "mlp.safetensors"
     args = ["quantize", "tests.zoo.models:MLP", "-o", str(out), "--input-shape", "8,64", "--runs", "2"]
@@ -336,6 +343,7 @@ def _correlated_inputs(rows: int, seed: int) -> torch.Tensor:
     )
 
 
+@pytest.mark.slow
 def test_gptq_codes_cut_the_output_error_of_int4_on_inputs_it_never_saw() -> None:
     layer = nn.Linear(128, 96).requires_grad_(False)
     held_out = _correlated_inputs(256, seed=2)
@@ -353,6 +361,7 @@ def test_gptq_codes_cut_the_output_error_of_int4_on_inputs_it_never_saw() -> Non
     assert error(gptq) < 0.5 * error(rounded)
 
 
+@pytest.mark.slow
 def test_gptq_parts_are_plain_int4_codec_parts_that_decode_to_what_the_layer_computes(tmp_path) -> None:
     model = slimtorch.quantize(
         TokenMLP().eval(), "int4-weight", group_size=64, calibration=[token_ids()], kernel="dequantize"
@@ -380,6 +389,7 @@ def test_gptq_falls_back_to_rounding_where_groups_do_not_tile_the_inputs() -> No
     assert all(torch.equal(a, b) for a, b in pairs)
 
 
+@pytest.mark.slow
 def test_int8_dynamic_outputs_are_bit_identical_after_loading_in_another_process(tmp_path) -> None:
     # The same kernel on the same codes gives the same bits in any process; a kernel a new process measures
     # fastest may take other activation codes (7-bit ones where oneDNN's 8-bit product saturates), so
@@ -415,6 +425,7 @@ def test_int8_dynamic_outputs_are_bit_identical_after_loading_in_another_process
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["int8-weight", "int4-weight"])
 def test_weight_only_schemes_quantize_convolutions_and_round_trip_them(scheme: str, tmp_path) -> None:
     from tests.zoo.models import SmallCNN
@@ -450,6 +461,7 @@ def test_a_weight_holding_inf_stays_float_with_the_reason() -> None:
     assert type(model.up) is Int8DynamicLinear
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_quantize_and_run_under_inference_mode(scheme: str) -> None:
     with torch.inference_mode():

@@ -21,6 +21,7 @@ def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
 
 
+@pytest.mark.slow
 def test_options_by_dataclass_by_overrides_and_by_scheme_string_give_the_same_model() -> None:
     base = TokenMLP().eval()
     options = QuantizeOptions("int4-weight", group_size=64, skip=["head"], embeddings=False)
@@ -89,6 +90,7 @@ def test_options_are_frozen_and_hold_skip_patterns_as_a_tuple() -> None:
         options.scheme = "int4-weight"  # type: ignore[misc]
 
 
+@pytest.mark.slow
 def test_the_report_holds_the_model_changed_in_place_and_its_json_fits_its_schema() -> None:
     model = TokenMLP().eval()
     report = slimtorch.quantize(model, "int8-dynamic", calibration=[token_ids()])

@@ -90,6 +90,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.detach().flatten().double(), b.detach().flatten().double(), dim=0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "options"), CONFIGS)
 def test_lstm_and_gru_become_int8_layers_that_agree_with_float_on_every_kernel(
     mode: str, options: dict
@@ -108,6 +109,7 @@ def test_lstm_and_gru_become_int8_layers_that_agree_with_float_on_every_kernel(
         assert _cosine(flat_outputs(model.rnn(x)), flat_outputs(expected)) >= 0.99, kernel
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_a_quantized_lstm_round_trips_through_save_and_load_with_its_int8_codes(
     kernel: str, tmp_path
@@ -172,6 +174,7 @@ def test_weight_only_schemes_keep_a_scale_per_row_in_every_matrix() -> None:
     assert all(len(set(layer.parts(m)["scale"].tolist())) > 1 for m in layer.stages)
 
 
+@pytest.mark.slow
 def test_unbatched_input_a_given_state_and_packed_sequences_run_like_nn_lstm() -> None:
     float_lstm = nn.LSTM(24, 48, 2).eval()
     model = slimtorch.quantize(nn.Sequential(copy.deepcopy(float_lstm)), "int8-dynamic").model
@@ -194,6 +197,7 @@ def test_a_model_of_only_an_lstm_is_quantized_and_reported_not_left_float_at_1x(
     assert report.kept_float == [] and report.ratio < 0.3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("scheme", "worst"), [("int8-weight", 0.999), ("int4-weight", 0.98)])
 def test_weight_only_schemes_quantize_lstm_matrices_and_round_trip(
     scheme: str, worst: float, tmp_path
@@ -218,6 +222,7 @@ def test_a_quantized_lstm_deep_copies_after_running_and_dequantizes_to_nn_lstm()
     assert _cosine(model(x), expected) > 0.99
 
 
+@pytest.mark.slow
 def test_torch_int8_rnn_kernel_is_never_chosen_where_it_disagrees_with_the_float_one() -> None:
     # an LSTM reading features spread over four decades through weights that make up for it, as
     # resemblyzer's reads power mel bands: per-tensor int8 activations lose the small features
@@ -302,6 +307,7 @@ def test_a_mistyped_skip_pattern_is_refused_naming_the_closest_modules(tmp_path,
     )
 
 
+@pytest.mark.slow
 def test_the_outlier_layer_stays_float_judged_by_its_outputs_or_by_its_weights() -> None:
     base, held_out = OutlierMLP().eval(), _features(64, seed=3)
     expected = base(held_out)
@@ -318,6 +324,7 @@ def test_the_outlier_layer_stays_float_judged_by_its_outputs_or_by_its_weights()
     assert report.kept_float == [] and _cosine(everything(held_out), expected) < 0.99
 
 
+@pytest.mark.slow
 def test_cli_lists_the_outlier_kept_float_and_quantize_all_quantizes_it(tmp_path, capsys) -> None:
     args = ["quantize", "tests.test_quantize_recurrent:OutlierMLP", "-o", str(tmp_path / "q.safetensors")]
     args += ["--input-shape", "4,16", "--runs", "0", "--json"]
@@ -330,6 +337,7 @@ def test_cli_lists_the_outlier_kept_float_and_quantize_all_quantizes_it(tmp_path
     assert json.loads(capsys.readouterr().out)["kept_float"] == []
 
 
+@pytest.mark.slow
 def test_no_deprecation_or_other_warning_from_quantized_lstm_forward_save_and_load(tmp_path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch's int8 RNN kernel is deprecated: it must not say so here
@@ -358,6 +366,7 @@ def speaker_encoder():
     return build, partials
 
 
+@pytest.mark.slow
 def test_resemblyzer_keeps_its_first_lstm_input_matrix_float_and_embeds_within_0_99(speaker_encoder) -> None:
     build, partials = speaker_encoder
     expected = build()(partials)
@@ -371,6 +380,7 @@ def test_resemblyzer_keeps_its_first_lstm_input_matrix_float_and_embeds_within_0
     assert F.cosine_similarity(everything(partials), expected).min() < 0.9
 
 
+@pytest.mark.slow
 def test_cli_quantizes_an_lstm_model_into_a_file_load_model_reads(tmp_path, capsys) -> None:
     out = tmp_path / "lstm.safetensors"
     args = ["quantize", "tests.test_quantize_recurrent:OnlyLSTM", "-o", str(out), "--input-shape", "20,2,32"]

@@ -41,6 +41,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.detach().flatten(), b.detach().flatten(), dim=0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_layer_read_outside_its_forward_stays_float_with_the_place_named(case: str, scheme: str) -> None:
@@ -89,6 +90,7 @@ COMMAND_LINE = [  # the model, its --input-shape, the scheme, a layer kept float
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "shape", "scheme", "reader", "quantized"), COMMAND_LINE)
 def test_the_command_line_keeps_it_float_and_the_file_loads_back_in_a_fresh_process(
     model: str, shape: str, scheme: str, reader: str, quantized: str, tmp_path

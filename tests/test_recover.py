@@ -44,6 +44,7 @@ def _trained() -> nn.Module:
     return model.eval()
 
 
+@pytest.mark.slow
 def test_fine_tuning_wins_back_what_unstructured_pruning_lost_and_keeps_the_zeros() -> None:
     model = _trained()
     assert _accuracy(model) > 0.95
@@ -57,6 +58,7 @@ def test_fine_tuning_wins_back_what_unstructured_pruning_lost_and_keeps_the_zero
     assert report.steps == 40 and report.metrics[-1][1] == _accuracy(model)
 
 
+@pytest.mark.slow
 def test_distillation_teaches_a_pruned_student_its_teacher_with_the_hinton_loss() -> None:
     teacher = _trained()
     student = _trained()

@@ -67,6 +67,7 @@ def recover_json(capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_recover_raises_a_pruned_models_accuracy_and_load_model_reads_what_it_wrote(
     digits_models, capsys
 ) -> None:
@@ -92,6 +93,7 @@ def test_recover_raises_a_pruned_models_accuracy_and_load_model_reads_what_it_wr
     assert evaluate(loaded, open_data("digits")) == pytest.approx(report["after"])
 
 
+@pytest.mark.slow
 def test_recover_distils_from_the_teacher_and_stops_at_the_target(digits_models, capsys) -> None:
     spec, out = str(digits_models["spec"]), digits_models["folder"] / "distilled.safetensors"
     pruned, dense = str(digits_models["pruned"]), str(digits_models["dense"])
@@ -102,6 +104,7 @@ def test_recover_distils_from_the_teacher_and_stops_at_the_target(digits_models,
     assert report["metrics"][-1][1] >= 40
 
 
+@pytest.mark.slow
 def test_a_cosine_task_trains_towards_the_teachers_outputs(tmp_path, capsys) -> None:
     net = tmp_path / "recover_cli_mlp.py"
     net.write_text(NET)

@@ -43,6 +43,7 @@ def test_os_system_pickle_is_refused_and_never_runs(tmp_path, build):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_cli_refuses_hostile_pickle_with_exit_2_in_a_fresh_process(tmp_path):
     marker = tmp_path / "pwned"
     path = torch_zip_with_pickle(tmp_path / "model.pt", os_system_pickle(touch_command(marker)))

@@ -85,6 +85,7 @@ def test_an_int8_shrink_opens_in_sentence_transformers_within_the_int8_bound(fol
     torch.testing.assert_close(our_embeddings(tmp_path / "out"), embeddings, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_a_quantize_output_opens_in_sentence_transformers_as_slimtorch_loads_it(folder, tmp_path) -> None:
     out = tmp_path / "out"
     assert main(["quantize", str(folder), "-o", str(out), "--scheme", "int8-dynamic", "--runs", "0"]) == 0
@@ -95,6 +96,7 @@ def test_a_quantize_output_opens_in_sentence_transformers_as_slimtorch_loads_it(
     assert cosine(our_embeddings(out), embeddings) >= 0.999
 
 
+@pytest.mark.slow
 def test_a_pruned_output_keeps_its_tokenizer_and_modules_and_opens_in_sentence_transformers(
     folder, tmp_path
 ) -> None:

@@ -25,6 +25,8 @@ from slimtorch.format import layout
 from slimtorch.sources import open_checkpoint
 from tests.ranks import run_ranks as run_on_ranks
 
+pytestmark = pytest.mark.slow  # ranks are processes, and the files they share are written once for the module
+
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
     pytest.skip("this torch has no torch.distributed", allow_module_level=True)

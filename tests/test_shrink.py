@@ -59,6 +59,7 @@ def training(tmp_path_factory):
 
 
 # -- training checkpoints ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_training_checkpoint_keeps_only_the_model_under_its_own_names(training, tmp_path, capsys):
     path, _, model = training
     out = tmp_path / "model.safetensors"
@@ -226,6 +227,7 @@ def pruned_90(tmp_path_factory):
     return {"masked": masked, "finalized": finalized}, state, dense.stat().st_size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["masked", "finalized"])
 @pytest.mark.parametrize(("quantize", "share"), [(None, 0.14), ("int8", 0.06)])
 def test_90pct_pruned_model_shrinks_to_a_small_share_of_its_dense_size(
@@ -380,6 +382,7 @@ def bert(tmp_path_factory):
     return transformers, config, model, folder
 
 
+@pytest.mark.slow
 def test_hugging_face_folder_shrinks_to_a_folder_its_model_loads_back_from(bert, tmp_path, capsys):
     transformers, config, model, folder = bert
     out = tmp_path / "bert-slim"

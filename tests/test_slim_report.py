@@ -58,6 +58,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_report(fixture_report(), tmp_path_factory.mktemp("report"))
 
 
+@pytest.mark.slow
 def test_report_json_is_the_report_dict_exactly(rendered: dict[str, Path]) -> None:
     assert json.loads(rendered["json"].read_text()) == fixture_report()
 
@@ -91,6 +92,7 @@ def test_the_page_holds_every_title_its_charts_inline_and_nothing_from_the_netwo
     assert ">0.046x<" in page and ">-0.45 points<" in page and ">2.21x faster<" in page
 
 
+@pytest.mark.slow
 def test_every_string_from_the_report_is_escaped(tmp_path: Path) -> None:
     report = fixture_report()
     report["model"] = '<img src="http://example.com/x.png" onerror="alert(1)">'
@@ -102,6 +104,7 @@ def test_every_string_from_the_report_is_escaped(tmp_path: Path) -> None:
     assert "&lt;script&gt;alert(2)&lt;/script&gt;" in page and "<td>a&amp;b</td>" in page
 
 
+@pytest.mark.slow
 def test_a_section_not_measured_is_not_drawn_and_says_the_stages_reason(tmp_path: Path) -> None:
     write_report(fixture_report(), tmp_path)  # an earlier run drew every chart
     report = fixture_report()
@@ -122,6 +125,7 @@ def test_a_section_not_measured_is_not_drawn_and_says_the_stages_reason(tmp_path
     assert page.count("<img ") == len(CHART_NAMES) - 4
 
 
+@pytest.mark.slow
 def test_a_section_no_stage_explains_says_so(tmp_path: Path) -> None:
     report = fixture_report()
     report.update(memory=None, footprint=None, stages=report["stages"][:-1])  # no export stage at all
@@ -130,6 +134,7 @@ def test_a_section_no_stage_explains_says_so(tmp_path: Path) -> None:
     assert "not measured: no bundle was exported (no export stage ran)" in page
 
 
+@pytest.mark.slow
 def test_a_footprint_without_torchs_size_draws_the_bundle_alone(tmp_path: Path) -> None:
     report = fixture_report()
     report["footprint"]["torch_bytes"] = None  # torch's own footprint was not cached
@@ -137,6 +142,7 @@ def test_a_footprint_without_torchs_size_draws_the_bundle_alone(tmp_path: Path) 
     assert "charts/footprint" in paths
 
 
+@pytest.mark.slow
 def test_a_goal_not_met_and_values_not_measured_show_as_such(
     rendered: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -192,6 +198,7 @@ def _chromium(browser: str, profile: Path, *args: str) -> subprocess.CompletedPr
     return done
 
 
+@pytest.mark.slow
 def test_chromium_shows_every_chart_loaded_and_drawn(rendered: dict[str, Path], tmp_path: Path) -> None:
     import numpy as np
     from matplotlib.image import imread
@@ -224,6 +231,7 @@ def test_chromium_shows_every_chart_loaded_and_drawn(rendered: dict[str, Path], 
         assert region.std() > 0.05 and len(colours) > 20, f"{alt}: nothing drawn where the chart is"
 
 
+@pytest.mark.slow
 def test_chromium_screenshot_differs_from_a_blank_page(rendered: dict[str, Path], tmp_path: Path) -> None:
     """The screenshot check above would pass on any busy page; the same check fails on an empty one."""
     from matplotlib.image import imread

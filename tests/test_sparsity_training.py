@@ -39,6 +39,7 @@ def _zeros(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: weight.detach() == 0 for name, weight in prunable_weights(model).items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", list(OPTIMIZERS))
 def test_gradual_pruning_to_80pct_ends_at_80pct_and_zeros_hold_after_every_optimizer_step(which) -> None:
     model = _mlp()
@@ -59,6 +60,7 @@ def test_gradual_pruning_to_80pct_ends_at_80pct_and_zeros_hold_after_every_optim
     assert sparsity_of(model).sparsity < 0.7
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["adamw", "sgd-momentum"])
 def test_recover_keeps_every_zero_with_adamw_and_sgd_momentum(which) -> None:
     model = _mlp()
@@ -117,6 +119,7 @@ def _all_zeros(model: nn.Module) -> float:
     return sum(int((p == 0).sum()) for p in params) / sum(p.numel() for p in params)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not RESEMBLYZER.is_file(), reason="resemblyzer's checkpoint is not installed")
 def test_resemblyzers_real_lstm_checkpoint_really_gets_90pct_zeros_and_the_report_is_the_models() -> None:
     state = slimtorch.load(RESEMBLYZER).tensors

@@ -72,6 +72,7 @@ MODELS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [4, 16])
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 @pytest.mark.parametrize("name", list(MODELS))
@@ -99,6 +100,7 @@ def test_the_optimizers_state_is_alive_through_the_steady_backward_pass() -> Non
     assert step.peak_bytes > step.first_step_peak_bytes + weights  # the issue's -47%, in miniature
 
 
+@pytest.mark.slow
 def test_gradients_kept_as_zeros_are_alive_through_the_forward_pass() -> None:
     model, x = Blocks(), torch.randn(64, 256)
     freed = memory.estimate(model, x, device="cpu").steps[0]
@@ -110,6 +112,7 @@ def test_gradients_kept_as_zeros_are_alive_through_the_forward_pass() -> None:
     assert report.steps[0].peak_bytes == kept.peak_bytes and report.set_to_none is False
 
 
+@pytest.mark.slow
 def test_accumulated_micro_batches_hold_the_gradients_through_the_second_forward() -> None:
     model, x = Blocks(), torch.randn(64, 256)
     one = memory.estimate(model, x, device="cpu").steps[0]
@@ -162,6 +165,7 @@ def _refused_where_the_cpu_cannot(name: str, estimate: Any) -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_inference_estimate_is_within_5pct_of_a_no_grad_loops_third_forward(
@@ -182,6 +186,7 @@ def test_the_inference_estimate_is_within_5pct_of_a_no_grad_loops_third_forward(
     assert step.first_step_peak_bytes == step.steady_peak_bytes and first == third
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_bf16_autocast_steady_estimate_is_within_5pct_of_a_real_loops_third_step(name: str) -> None:
     factory, inputs, loss_fn = MODELS[name]
@@ -196,6 +201,7 @@ def test_the_bf16_autocast_steady_estimate_is_within_5pct_of_a_real_loops_third_
     assert abs(step.steady_peak_bytes / third - 1) <= TOLERANCE, (step.steady_peak_bytes, third)
 
 
+@pytest.mark.slow
 def test_fp16_mixed_steps_through_a_grad_scaler_whose_state_is_alive_from_step_to_step() -> None:
     torch.manual_seed(0)
     model, batch = small_bert().train(), torch.randint(0, 1000, (8, 32))
@@ -223,6 +229,7 @@ def test_an_lstm_cannot_train_under_fp16_autocast_on_the_cpu_and_the_estimate_sa
         model(batch)  # torch's own kernel refuses too: no fp16 LSTM that keeps what backward needs
 
 
+@pytest.mark.slow
 def test_batch_norm_under_autocast_is_counted_to_the_byte() -> None:
     torch.manual_seed(0)
     model, batch = SmallCNN().train(), torch.randn(4, 3, 32, 32)

@@ -120,6 +120,7 @@ def test_a_small_file_comes_out_as_if_written_in_one_go(tmp_path):
     assert path.stat().st_size < 2048
 
 
+@pytest.mark.slow
 def test_the_writer_keeps_no_tensor_once_it_is_added(tmp_path):
     """Memory holds one tensor's parts at a time: after add, the writer holds no reference to them."""
     out = SlimWriter(tmp_path / "w.safetensors")
@@ -313,6 +314,7 @@ def _peak_anon(argv: list[str]) -> int:
     return peak
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RssAnon from /proc")
 def test_shrink_anonymous_memory_does_not_grow_with_the_file(tmp_path):
     """A 0.25 GB and a 1 GB file of the same layers, shrunk to int8 in fresh processes: the peak RssAnon

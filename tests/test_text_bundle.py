@@ -21,6 +21,8 @@ from slimtorch.deploy import export, measure_footprint
 from slimtorch.deploy.runner import Bundle, BundleError
 from slimtorch.errors import SlimtorchError
 
+pytestmark = pytest.mark.slow  # the bundles are exported once for the module (tokenizers, onnxruntime)
+
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["the", "a", "bundle", "runs", "text", "pads", "batch", "mask", "hello", "world", "station"]
 PIECES = list("abcdefghijklmnopqrstuvwxyz.,?!")

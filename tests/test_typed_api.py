@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test shares one mypy run over user scripts (20 s)
+
 pytest.importorskip("mypy", reason="mypy comes with slimtorch[dev]")
 
 USER_SCRIPT = """

@@ -423,6 +423,7 @@ def test_a_large_file_is_probed_near_its_end_before_its_first_check(tmp_path, mo
     assert probed and probed[0][1] == 1 << 20 and probed[0][0] >= 1 and probed[0][2] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verify", ["eager", "before-use"])
 def test_a_check_added_after_the_cold_reader_left_is_run_by_whoever_waits_for_it(
     tmp_path, monkeypatch, verify

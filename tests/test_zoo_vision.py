@@ -45,6 +45,7 @@ def test_resnet18_has_torchvisions_11_689_512_parameters_and_key_names() -> None
     assert isinstance(model.avgpool, nn.AdaptiveAvgPool2d)
 
 
+@pytest.mark.slow
 def test_resnet50_has_torchvisions_25_557_032_parameters_and_key_names() -> None:
     model = resnet50()
     shapes = _shapes(model)
@@ -56,6 +57,7 @@ def test_resnet50_has_torchvisions_25_557_032_parameters_and_key_names() -> None
     assert len(model.layer3) == 6
 
 
+@pytest.mark.slow
 def test_resnet50_strides_on_the_3x3_conv_as_in_v1_5() -> None:
     first_block = resnet50().layer2[0]
     assert first_block.conv1.stride == (1, 1)
@@ -89,12 +91,14 @@ def test_mobilenet_v2_adds_the_residual_only_when_stride_1_and_channels_match() 
     assert features[3].use_residual  # 24 -> 24, stride 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUILDERS)
 def test_model_maps_a_small_image_batch_to_the_expected_output_shape(name: str) -> None:
     model = BUILDERS[name]()
     assert model(torch.randn(IMAGES)).shape == EXPECTED_OUTPUT[name]
 
 
+@pytest.mark.slow
 def test_unet_keeps_the_input_size_and_concatenates_skip_connections() -> None:
     model = UNet(in_channels=3, classes=2)
     assert model(torch.randn(IMAGES)).shape == (2, 2, 64, 64)
@@ -112,6 +116,7 @@ def test_unet_channels_double_per_level() -> None:
     assert shapes["head.weight"] == [3, 8, 1, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUILDERS)
 def test_model_is_deterministic_under_manual_seed(name: str) -> None:
     torch.manual_seed(123)
@@ -122,6 +127,7 @@ def test_model_is_deterministic_under_manual_seed(name: str) -> None:
     assert all(torch.equal(first[key], second[key]) for key in first)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUILDERS)
 def test_model_runs_in_eval_mode_without_grad_and_repeats_its_output(name: str) -> None:
     model = BUILDERS[name]().eval()
@@ -134,6 +140,7 @@ def test_model_runs_in_eval_mode_without_grad_and_repeats_its_output(name: str) 
     assert torch.equal(first, second)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUILDERS)
 def test_model_traces_with_fx_and_the_trace_gives_the_same_outputs(name: str) -> None:
     model = BUILDERS[name]().eval()
