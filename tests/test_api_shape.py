@@ -17,7 +17,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 
 import slimtorch
 from slimtorch.format.verbs import Report
@@ -115,21 +114,25 @@ def _public_callables() -> list[tuple[str, object]]:
     return found
 
 
-def test_no_twin_survives_except_as_a_deprecated_alias() -> None:
-    twins = [(n, v) for n, v in _public_callables() if re.search(r"_(with_report|profiled)$", n)]
-    assert twins, "the aliases are public names: they must still be found"
-    for name, alias in twins:
-        assert (alias.__doc__ or "").startswith("Deprecated"), f"{name} is a twin, not a deprecated alias"
-        assert hasattr(alias, "__wrapped__"), name
+def test_no_twin_survives() -> None:
+    twins = [n for n, _ in _public_callables() if re.search(r"_(with_report|profiled)$", n)]
+    assert not twins, "each verb's report holds its result: a twin returning a pair is not public"
 
 
-def test_a_moved_name_warns_and_calls_the_new_one(tmp_path: Path) -> None:
-    with (
-        pytest.warns(DeprecationWarning, match="use slimtorch.save_pretrained"),
-        pytest.raises(slimtorch.SlimtorchError, match="no Hugging Face config"),  # the new verb speaks
-    ):
-        slimtorch.prune.save_pretrained(torch.nn.Linear(2, 2), tmp_path / "never")  # type: ignore[attr-defined]
-    assert not (tmp_path / "never").exists()
+@pytest.mark.parametrize(
+    ("module", "old"),
+    [
+        ("slimtorch", "quantize_with_report"),
+        ("slimtorch", "load_model_profiled"),
+        ("slimtorch", "LoadProfile"),
+        ("slimtorch.loading", "load_profiled"),
+        ("slimtorch.prune", "channels_with_report"),
+        ("slimtorch.prune", "save_pretrained"),
+        ("slimtorch.memory", "StepPlan"),
+    ],
+)
+def test_a_name_renamed_before_0_1_0_is_gone(module: str, old: str) -> None:
+    assert not hasattr(importlib.import_module(module), old), f"{module}.{old} (see CHANGELOG.md)"
 
 
 def _readme_names() -> list[str]:

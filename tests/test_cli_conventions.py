@@ -2,14 +2,13 @@
 ``python -m slimtorch``, shell completion.
 
 Every command's parser is walked, so a command added later is held to the same rules without a line
-here: a shared option has one spelling and one meaning, a retired spelling is never a command's own,
-and ``--help`` imports no torch.
+here: a shared option has one spelling and one meaning, a spelling renamed before 0.1.0 is refused
+and never a command's own again, and ``--help`` imports no torch.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -19,13 +18,13 @@ import pytest
 import torch
 
 from slimtorch.cli import choices, inspect_cmd
-from slimtorch.cli.arguments import DeprecatedOption, group_size, machine_device
+from slimtorch.cli.arguments import group_size, machine_device
 from slimtorch.cli.completion_cmd import SHELLS
 from slimtorch.cli.main import COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 RETIRED = {"--quantize", "--no-embeddings", "--ignore", "--keep", "--batch-size"}
-"""Spellings no command may use as its own any more (each still works where it was, with a warning)."""
+"""Spellings renamed before 0.1.0 (CHANGELOG.md): no command may take them again."""
 SAME_EVERYWHERE = ("type", "nargs", "choices", "default", "const", "required")
 """What an option shared by commands must agree on, unless listed in PER_COMMAND."""
 PER_COMMAND = {
@@ -49,12 +48,8 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 def own_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    """A command's options, without --help and the retired spellings it still accepts."""
-    return [
-        a
-        for a in parser._actions
-        if a.option_strings and not isinstance(a, (argparse._HelpAction, DeprecatedOption))
-    ]
+    """A command's options, without --help."""
+    return [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
 
 
 def test_every_shared_option_has_one_spelling_and_one_meaning() -> None:
@@ -102,71 +97,30 @@ def test_no_command_uses_a_retired_spelling_as_its_own() -> None:
     for command, parser in subcommands().items():
         own = {s for a in own_options(parser) for s in a.option_strings}
         assert not own & RETIRED, command
-        retired = [a for a in parser._actions if isinstance(a, DeprecatedOption)]
-        for action in retired:
-            assert action.help == argparse.SUPPRESS and action.new.split()[0] in own, (command, action.new)
     export = next(a for a in own_options(subcommands()["export"]) if "--format" in a.option_strings)
     assert export.dest == "format"  # --format is the bundle's format; a folder's layout is --layout
 
 
 @pytest.mark.parametrize(
-    ("argv", "dest", "value", "new"),
+    "argv",
     [
-        (
-            ["shrink", "m.pt", "-o", "o", "--quantize", "int8"],
-            "scheme",
-            "int8-weight",
-            "--scheme int8-weight",
-        ),
-        (
-            ["prune", "m:f", "-o", "o", "--ratio", "0.5", "--quantize", "int4"],
-            "scheme",
-            "int4-weight",
-            "--scheme",
-        ),
-        (
-            ["export", "m:f", "-o", "o", "--quantize", "int8"],
-            "scheme",
-            "int8-dynamic",
-            "--scheme int8-dynamic",
-        ),
-        (["quantize", "m:f", "-o", "o", "--no-embeddings"], "keep_embeddings", True, "--keep-embeddings"),
-        (["shrink", "m.pt", "-o", "o", "--format", "slim"], "layout", "slim", "--layout slim"),
-        (["prune", "m:f", "-o", "o", "--ratio", "0.5", "--ignore", "a", "b"], "skip", ["a", "b"], "--skip"),
-        (["footprint", "b", "--keep", "v"], "keep_venv", "v", "--keep-venv"),
-        (["dataloader", "m:d", "--batch-size", "8"], "batch", 8, "--batch"),
+        ["shrink", "m.pt", "-o", "o", "--quantize", "int8"],
+        ["prune", "m:f", "-o", "o", "--ratio", "0.5", "--quantize", "int4"],
+        ["export", "m:f", "-o", "o", "--quantize", "int8"],
+        ["quantize", "m:f", "-o", "o", "--no-embeddings"],
+        ["shrink", "m.pt", "-o", "o", "--format", "slim"],
+        ["prune", "m:f", "-o", "o", "--ratio", "0.5", "--ignore", "a", "b"],
+        ["dataloader", "m:d", "--batch-size", "8"],
+        ["footprint", "b", "--keep", "v"],  # no prefix of --keep-venv: options are matched whole
     ],
 )
-def test_a_retired_spelling_still_works_with_one_line_naming_the_new_one(
-    argv, dest, value, new, capsys
-) -> None:
-    args = build_parser().parse_args(argv)
-    assert getattr(args, dest) == value
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("slimtorch: warning: ") and f"use {new}" in lines[0]
-
-
-def test_retired_and_new_skips_add_up_and_a_bad_retired_value_is_a_usage_error(capsys) -> None:
-    args = build_parser().parse_args(
-        ["prune", "m:f", "-o", "o", "--ratio", "0.5", "--skip", "a", "--ignore", "b"]
-    )
-    assert args.skip == ["a", "b"]
+def test_a_spelling_renamed_before_0_1_0_is_a_usage_error(argv, capsys) -> None:
     with pytest.raises(SystemExit) as usage:
-        build_parser().parse_args(["shrink", "m.pt", "-o", "o", "--quantize", "int3"])
-    assert usage.value.code == 2 and "invalid choice: 'int3'" in capsys.readouterr().err
-
-
-def test_shrink_with_the_retired_quantize_writes_what_the_new_scheme_writes(tmp_path, capsys) -> None:
-    checkpoint = tmp_path / "m.pt"
-    torch.save({"fc.weight": torch.randn(64, 64), "fc.bias": torch.zeros(64)}, checkpoint)
-    reports = []
-    for option in (["--quantize", "int8"], ["--scheme", "int8-weight"]):
-        out = tmp_path / f"{option[0][2:]}.safetensors"
-        assert main(["shrink", str(checkpoint), "-o", str(out), "--json", *option]) == 0
-        reports.append(json.loads(capsys.readouterr().out))
-        assert out.read_bytes()
-    assert reports[0]["after_bytes"] == reports[1]["after_bytes"] < reports[0]["before_bytes"]
-    assert reports[0]["tensors"] == reports[1]["tensors"]
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert usage.value.code == 2 and "unrecognized arguments" in err
+    renamed = (RETIRED | {"--format"}) & set(argv)  # --format is export's own, a layout no longer
+    assert any(option in err for option in renamed), err
 
 
 def test_device_defaults_to_the_machine_everywhere(monkeypatch) -> None:

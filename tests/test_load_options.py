@@ -1,5 +1,5 @@
 """load and load_model in the one verb shape: options as a frozen dataclass or keywords, a report that holds
-the result, the old twins as deprecated aliases that still return the old pairs."""
+the result."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import slimtorch
 from slimtorch.cli.main import main
 from slimtorch.errors import OptionError
 from slimtorch.format.progress import Recorder
-from slimtorch.loading import LoadOptions, LoadProfile, LoadReport, load_model_profiled, load_profiled
+from slimtorch.loading import LoadOptions, LoadReport
 from tests.zoo import MLP, SmallCNN, TinyGPT
 
 
@@ -125,7 +125,7 @@ def test_the_report_holds_the_model_or_tensors_and_its_json_fits_the_schema(tmp_
     recorder = Recorder()
     loaded = slimtorch.load_model(path, MLP, progress=recorder)
     stored = slimtorch.load(path)
-    assert isinstance(loaded, LoadReport) and LoadProfile is LoadReport
+    assert isinstance(loaded, LoadReport)
     assert isinstance(loaded.model, MLP) and loaded.tensors is None
     assert stored.model is None and list(stored.tensors) == list(mlp.state_dict())
     assert recorder.labels == ["loading"]
@@ -138,17 +138,6 @@ def test_the_report_holds_the_model_or_tensors_and_its_json_fits_the_schema(tmp_
     assert loaded.to_dict()["tensors"] == stored.to_dict()["tensors"] == len(mlp.state_dict())
     assert schema["properties"]["tensors"] == {"type": "integer"}
     assert list(loaded.to_dict())[:7] == ["schema", "path", "format", "device", "threads", "model", "tensors"]
-
-
-def test_the_deprecated_twins_warn_and_return_the_old_pairs(tmp_path) -> None:
-    path = tmp_path / "mlp.safetensors"
-    slimtorch.save(MLP().state_dict(), path)
-    with pytest.warns(DeprecationWarning, match="load_model_profiled is deprecated: use .*report.model"):
-        model, profile = load_model_profiled(path, MLP, verify=False)
-    assert isinstance(model, MLP) and isinstance(profile, LoadProfile) and profile.model is model
-    with pytest.warns(DeprecationWarning, match="load_profiled is deprecated"):
-        state, profile = load_profiled(path, threads=1)
-    assert list(state) == list(MLP().state_dict()) and profile.threads == 1
 
 
 def test_cli_load_without_a_model_takes_dtype_and_refuses_name_matching(tmp_path, capsys) -> None:

@@ -126,11 +126,6 @@ def test_fit_needs_a_budget_and_says_where_it_goes_now() -> None:
         memory.fit(Blocks(), 2**30, X)  # the order before the one verb shape
 
 
-def test_the_old_step_plan_name_warns_and_is_step_options() -> None:
-    with pytest.warns(DeprecationWarning, match="use slimtorch.memory.StepOptions"):
-        assert memory.StepPlan is StepOptions
-
-
 @pytest.mark.slow
 def test_progress_hears_of_each_step() -> None:
     recorder = Recorder()

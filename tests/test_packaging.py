@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SDIST_NEEDS = (
     "LICENSE",
     "README.md",
+    "CHANGELOG.md",  # README links to it
     "Makefile",
     "constraints.txt",
     "pyproject.toml",

@@ -21,7 +21,6 @@ from slimtorch.prune import (
     SparsityOptions,
     SparsityReport,
     channels,
-    channels_with_report,
     scan,
     weights,
 )
@@ -121,13 +120,6 @@ def test_the_budget_search_counts_each_pruned_copy_it_measures() -> None:
     search = budget.events.index(("begin", "finding the ratio for the budget", TRIALS, "steps"))
     measured = budget.events[search + 1 : budget.events.index(("end",), search)]
     assert measured == [("advance", 1)] * TRIALS  # no pruning, 99%, then every bisection step
-
-
-def test_channels_with_report_warns_and_still_returns_the_model_and_the_report() -> None:
-    model = Net().eval()
-    with pytest.warns(DeprecationWarning, match=r"channels_with_report is deprecated: use .*prune\.channels"):
-        pruned, report = channels_with_report(model, X, ratio=0.5)
-    assert pruned is model and isinstance(report, PruneReport) and report.params_after < report.params_before
 
 
 # -- weights -------------------------------------------------------------------------------------------------

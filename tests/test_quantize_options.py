@@ -112,14 +112,6 @@ def test_progress_hears_every_byte_quantized_in_one_task() -> None:
     assert sum(amount for _, amount in advances) == total > 0
 
 
-def test_quantize_with_report_is_deprecated_and_still_returns_the_model_and_the_report() -> None:
-    model = TokenMLP()
-    with pytest.warns(DeprecationWarning, match="quantize_with_report is deprecated: use slimtorch.quantize"):
-        returned, report = slimtorch.quantize_with_report(model, "int4-weight", group_size=64, skip=["head"])
-    assert returned is model is report.model and isinstance(report, QuantizeReport)
-    assert report.group_size == 64 and "head" in report.skipped
-
-
 def test_the_cli_refuses_a_bad_group_size_before_it_loads_the_model(tmp_path, capsys) -> None:
     args = ["quantize", str(tmp_path / "never-read.pt"), "-o", str(tmp_path / "out.safetensors")]
     with pytest.raises(SystemExit) as usage:  # a usage error while parsing, as shrink's (one shared rule)

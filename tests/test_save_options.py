@@ -4,7 +4,6 @@ one planner, one report; inspect with its InspectOptions."""
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 import torch
@@ -157,16 +156,11 @@ def test_reports_fit_their_json_schema(tmp_path):
     assert schema["properties"]["savings"]["properties"]["actions"]["type"] == "array"
 
 
-def test_shard_size_still_shards_a_save_for_one_release_with_a_warning(tmp_path):
-    with pytest.warns(DeprecationWarning, match=r"save\(shard_size=...\) is deprecated: use shard_bytes"):
-        old = slimtorch.save(_state(), tmp_path / "old", shard_size=40_000)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        new = slimtorch.save(_state(), tmp_path / "new", shard_bytes=40_000)
-    shards = [f for f in old.files if f.endswith(".safetensors")]
-    assert len(shards) == len([f for f in new.files if f.endswith(".safetensors")]) > 1
-    with pytest.raises(OptionError, match="give shard_bytes only"), pytest.warns(DeprecationWarning):
-        slimtorch.save(_state(), tmp_path / "both", shard_size=1, shard_bytes=1)
+def test_shard_bytes_shards_a_save_and_its_pre_0_1_0_name_is_refused(tmp_path):
+    saved = slimtorch.save(_state(), tmp_path / "new", shard_bytes=40_000)
+    assert len([f for f in saved.files if f.endswith(".safetensors")]) > 1
+    with pytest.raises(OptionError, match="shard_size"):
+        slimtorch.save(_state(), tmp_path / "old", shard_size=40_000)
 
 
 def test_shrink_options_keep_their_positional_and_keyword_spellings(tmp_path):

@@ -448,15 +448,11 @@ OPTIONS = [
 ]
 
 
-RETIRED = {"--quantize", "--format", "--no-embeddings"}
-"""Spellings kept working for one release, left out of --help (tests/test_cli_conventions.py)."""
-
-
 def test_help_mentions_every_option(capsys):
     parser = build_parser()
     shrink = next(a for a in parser._subparsers._group_actions if a.dest == "command").choices["shrink"]
     declared = {s for action in shrink._actions for s in action.option_strings if s.startswith("--")}
-    assert declared == {*OPTIONS, *RETIRED, "--help"}
+    assert declared == {*OPTIONS, "--help"}
 
     with pytest.raises(SystemExit) as done:
         main(["shrink", "--help"])

@@ -30,8 +30,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import sys
-import types
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -44,25 +42,15 @@ from slimtorch.errors import (
     PlaceholderWarning,
     SlimtorchError,
     UnsafeCheckpointError,
-    deprecated,
 )
 
 if TYPE_CHECKING:  # type checkers see every name; at run time each is imported when first asked for
     from slimtorch import data, deploy, memory, models, prune
     from slimtorch.format.source import ObjectInfo, TensorInfo, TensorSource
     from slimtorch.inspection import InspectOptions, InspectReport, inspect
-    from slimtorch.loading import (
-        LoadOptions,
-        LoadProfile,
-        LoadReport,
-        ModelInput,
-        load,
-        load_model,
-        load_model_profiled,
-        open_model,
-    )
+    from slimtorch.loading import LoadOptions, LoadReport, ModelInput, load, load_model, open_model
     from slimtorch.loading.dcp_reader import SlimStorageReader
-    from slimtorch.quant import QuantizeOptions, QuantizeReport, quantize, quantize_with_report
+    from slimtorch.quant import QuantizeOptions, QuantizeReport, quantize
     from slimtorch.recovery import RecoverOptions, RecoverReport, recover
     from slimtorch.shrinking import ShrinkOptions, ShrinkReport, save, save_model, save_pretrained, shrink
     from slimtorch.slimming import SlimOptions, SlimReport, slim
@@ -73,18 +61,9 @@ if TYPE_CHECKING:  # type checkers see every name; at run time each is imported 
 _HOMES = {
     "slimtorch.format.source": ("ObjectInfo", "TensorInfo", "TensorSource"),
     "slimtorch.inspection": ("InspectOptions", "InspectReport", "inspect"),
-    "slimtorch.loading": (
-        "LoadOptions",
-        "LoadProfile",
-        "LoadReport",
-        "ModelInput",
-        "load",
-        "load_model",
-        "load_model_profiled",
-        "open_model",
-    ),
+    "slimtorch.loading": ("LoadOptions", "LoadReport", "ModelInput", "load", "load_model", "open_model"),
     "slimtorch.loading.dcp_reader": ("SlimStorageReader",),  # imports torch.distributed.checkpoint (~1 s)
-    "slimtorch.quant": ("QuantizeOptions", "QuantizeReport", "quantize", "quantize_with_report"),
+    "slimtorch.quant": ("QuantizeOptions", "QuantizeReport", "quantize"),
     "slimtorch.recovery": ("RecoverOptions", "RecoverReport", "recover"),
     "slimtorch.shrinking": (
         "ShrinkOptions",
@@ -114,27 +93,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-def _moved_save_pretrained(*args: Any, **kwargs: Any) -> Any:
-    from slimtorch.shrinking import save_pretrained
-
-    return save_pretrained(*args, **kwargs)
-
-
-class _PublicApi(types.ModuleType):
-    """The package's module: when ``slimtorch.prune`` is imported (by any route), the names the API moved
-    out of it are put back on it, kept working for one release (each warns once per call site)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name == "prune":
-            value.save_pretrained = deprecated(
-                _moved_save_pretrained, "slimtorch.prune.save_pretrained", "slimtorch.save_pretrained"
-            )
-
-
-sys.modules[__name__].__class__ = _PublicApi
 
 
 def open(path: str | os.PathLike[str], *, allow_globals: Iterable[str] = ()) -> TensorSource:
@@ -173,7 +131,6 @@ __all__ = [
     "InspectOptions",
     "InspectReport",
     "LoadOptions",
-    "LoadProfile",
     "LoadReport",
     "ModelInput",
     "ObjectInfo",
@@ -198,7 +155,6 @@ __all__ = [
     "inspect",
     "load",
     "load_model",
-    "load_model_profiled",
     "load_objects",
     "memory",
     "models",
@@ -206,7 +162,6 @@ __all__ = [
     "open_model",
     "prune",
     "quantize",
-    "quantize_with_report",
     "recover",
     "save",
     "save_model",

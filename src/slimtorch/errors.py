@@ -3,18 +3,11 @@
 Every error a user can cause (a missing file, a corrupt checkpoint, a pickle that wants to run code) is a
 :class:`SlimtorchError`. The CLI turns any of them into one line on stderr and exit code 2, in one place
 (``slimtorch.cli.main``); anything else is a bug and keeps its traceback.
-
-A name the API moved or retired keeps working for a release through :func:`deprecated`, which says once per
-call site what to use instead (a :class:`DeprecationWarning`).
 """
 
 from __future__ import annotations
 
-import functools
-import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 
 class SlimtorchError(Exception):
@@ -80,17 +73,3 @@ class UnsafeCheckpointError(CheckpointError):
         if allowable:
             problem += f". If you trust this file and that global, allow it with --allow-global {global_name}"
         super().__init__(path, problem)
-
-
-def deprecated(new: Callable[..., Any], old_name: str, instead: str) -> Callable[..., Any]:
-    """``new`` under a retired name: the same call, with a :class:`DeprecationWarning` that names what to
-    use instead (``instead``: the new spelling, a call or a sentence)."""
-
-    @functools.wraps(new)
-    def retired(*args: Any, **kwargs: Any) -> Any:
-        warnings.warn(f"{old_name} is deprecated: use {instead}", DeprecationWarning, stacklevel=2)
-        return new(*args, **kwargs)
-
-    retired.__name__ = retired.__qualname__ = old_name.rpartition(".")[2]
-    retired.__doc__ = f"Deprecated: use {instead}."
-    return retired

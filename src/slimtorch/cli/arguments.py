@@ -1,6 +1,5 @@
 """The command line's one vocabulary: every option two commands share is added here, so it has one
-spelling and one meaning everywhere (README, "The command line"), and a retired spelling keeps working
-for one release with one line on stderr.
+spelling and one meaning everywhere (README, "The command line").
 
 Nothing here imports torch: ``--help``, ``--version`` and a mistyped option answer at once. A value that
 only torch knows (the machine's device) is resolved when the command runs.
@@ -19,7 +18,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -48,7 +47,12 @@ class CommandParser(argparse.ArgumentParser):
     """A command's parser. A wrong value of an option (argparse's ``argument --batch: ...``) is one line,
     ``slimtorch: error: argument --batch: ...``, and exit 2, as every other error of a command is; a
     command called without what it needs, or with an option it does not know, keeps argparse's usage
-    above the line, which is what helps there."""
+    above the line, which is what helps there. Options are matched whole, never by a prefix: ``--keep``
+    would otherwise be ``--keep-venv``, and a prefix that is unique today means another option tomorrow."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         if not message.startswith("argument "):
@@ -72,51 +76,6 @@ def add_command(
         parents=[common],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-
-
-class DeprecatedOption(argparse.Action):
-    """A retired spelling: does what its successor does, after one line on stderr naming it.
-
-    ``values`` maps an old value to the new one (``--quantize int8`` -> ``--scheme int8-weight``); ``store``
-    is the value a flag without an argument stores (``--no-embeddings`` -> ``keep_embeddings=True``)."""
-
-    def __init__(
-        self,
-        option_strings: Sequence[str],
-        dest: str,
-        *,
-        new: str,
-        values: Mapping[str, str] | None = None,
-        store: Any = None,
-        extend: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        if values is not None:
-            kwargs["choices"] = tuple(values)
-        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
-        self.new, self.values_map, self.store, self.extend = new, values, store, extend
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        if self.nargs == 0:
-            value, new = self.store, self.new
-        elif self.values_map is not None:
-            value = self.values_map[values]
-            new = f"{self.new} {value}"
-        else:
-            value, new = values, self.new
-        if self.extend:
-            value = [*(getattr(namespace, self.dest, None) or []), *value]
-        print(
-            f"slimtorch: warning: {option_string} is deprecated, use {new} ({option_string} goes in the "
-            "next release)",
-            file=sys.stderr,
-        )
-        setattr(namespace, self.dest, value)
-
-
-def add_deprecated(parser: argparse.ArgumentParser, old: str, new: str, dest: str, **kwargs: Any) -> None:
-    """``old`` kept working for one release as ``new`` (see :class:`DeprecatedOption` for ``kwargs``)."""
-    parser.add_argument(old, action=DeprecatedOption, dest=dest, new=new, default=argparse.SUPPRESS, **kwargs)
 
 
 def add_output(
@@ -165,22 +124,20 @@ def add_skip(parser: argparse.ArgumentParser, help: str) -> None:
 
 
 def add_keep_embeddings(parser: argparse.ArgumentParser) -> None:
-    """``--keep-embeddings`` (retired: ``--no-embeddings``): embeddings stay at their precision."""
+    """``--keep-embeddings``: embeddings stay at their precision."""
     parser.add_argument(
         "--keep-embeddings", action="store_true", help="do not quantize embeddings (nn.Embedding)"
     )
-    add_deprecated(parser, "--no-embeddings", "--keep-embeddings", "keep_embeddings", nargs=0, store=True)
 
 
 def add_layout(parser: argparse.ArgumentParser) -> None:
-    """``--layout hf|slim`` (retired: ``--format``): the layout of a folder output."""
+    """``--layout hf|slim``: the layout of a folder output."""
     parser.add_argument(
         "--layout",
         choices=("hf", "slim"),
         help="folder layout: hf (from_pretrained reads it; int8/int4 in the compressed-tensors format), "
         "slim (smallest; from_pretrained refuses it); default hf from a Hugging Face folder, else slim",
     )
-    add_deprecated(parser, "--format", "--layout", "layout", values={"hf": "hf", "slim": "slim"})
 
 
 def add_group_size(parser: argparse.ArgumentParser, default: int) -> None:

@@ -16,8 +16,6 @@ WEIGHT_SCHEMES = WEIGHT_ONLY
 """The schemes a file stores (shrink, prune): weights quantized, activations computed in float."""
 SCHEME_CODECS = {row.name: row.codec for row in ROWS}
 """A scheme as the writers and the exporter name it (``quantize="int8"``)."""
-STORED_AS_SCHEME = {"int8": "int8-weight", "int4": "int4-weight"}
-"""The retired ``--quantize`` values of shrink and prune, as the schemes they meant."""
 
 INT4_GROUP_SIZE = 128
 """``slimtorch.format.codecs.lossy.INT4_GROUP_SIZE``: int4 values per scale of ``slimtorch quantize``."""

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slimtorch.cli.arguments import MAX_BATCH, add_command, add_deprecated, add_json, integer, print_json
+from slimtorch.cli.arguments import MAX_BATCH, add_command, add_json, integer, print_json
 from slimtorch.cli.choices import START_METHODS, TUNE_BUDGET_S
 from slimtorch.cli.untrusted_text import as_text
 from slimtorch.errors import SlimtorchError
@@ -41,7 +41,6 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("dataset", metavar="DATASET", help="pkg.module:name or file.py:name")
     batch = integer(1, MAX_BATCH)  # the bound of every --batch
     parser.add_argument("--batch", type=batch, metavar="N", help="samples per batch (required)")
-    add_deprecated(parser, "--batch-size", "--batch", "batch", type=batch, metavar="N")
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from slimtorch.cli.progress import TerminalProgress
     from slimtorch.data import TuneOptions, tune
 
-    if args.batch is None:  # not argparse's required: the retired --batch-size may give it
+    if args.batch is None:  # not argparse's required: --batch is optional elsewhere (one shape everywhere)
         raise SlimtorchError("dataloader needs --batch N: the samples per batch to time")
     dataset = resolve_dataset(args.dataset)
     options = TuneOptions(

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from slimtorch.cli.arguments import (
     MAX_SAMPLES,
     add_command,
-    add_deprecated,
     add_json,
     add_output,
     add_scheme,
@@ -82,7 +81,6 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     add_output(parser, "the bundle folder to write", metavar="DIR")
     parser.add_argument("--format", choices=("onnx", "pt2"), default="onnx", help="default onnx")
     add_scheme(parser, ("int8-dynamic",), "int8 weights and per-token int8 activations (onnx)")
-    add_deprecated(parser, "--quantize", "--scheme", "scheme", values={"int8": "int8-dynamic"})
     parser.add_argument("--dynamic-batch", action="store_true", help="let the first dimension vary")
     parser.add_argument(
         "--example", nargs="+", metavar="INPUT", help="the example input: .npy per input, or one .npz / .json"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from slimtorch.cli.arguments import add_command, add_deprecated, add_json, print_json
+from slimtorch.cli.arguments import add_command, add_json, print_json
 from slimtorch.cli.untrusted_text import as_text, printable
 from slimtorch.format.units import format_bytes
 
@@ -62,7 +62,6 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument(
         "--keep-venv", metavar="DIR", help="make the venv in this new or empty folder and leave it there"
     )
-    add_deprecated(parser, "--keep", "--keep-venv", "keep_venv", metavar="DIR")
     parser.add_argument(
         "--compile", action="store_true", help="install as plain pip does: every module compiled to bytecode"
     )

@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slimtorch",
         description="Make PyTorch models physically smaller, faster to load and lighter on memory.",
+        allow_abbrev=False,
     )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("--version", action="version", version=f"slimtorch {__version__}")

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from slimtorch.cli.arguments import (
     MAX_STEPS,
     add_command,
-    add_deprecated,
     add_json,
     add_layout,
     add_output,
@@ -24,7 +23,7 @@ from slimtorch.cli.arguments import (
     integer,
     print_json,
 )
-from slimtorch.cli.choices import SCHEME_CODECS, STORED_AS_SCHEME, WEIGHT_SCHEMES
+from slimtorch.cli.choices import SCHEME_CODECS, WEIGHT_SCHEMES
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
 from slimtorch.cli.untrusted_text import as_text
@@ -104,9 +103,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         help="reach the ratio in this many steps (default 1)",
     )
     add_skip(parser, "module names whose outputs stay (with --unstructured, --n-m: whose weights stay)")
-    add_deprecated(parser, "--ignore", "--skip", "skip", nargs="+", extend=True, metavar="MODULE")
     add_scheme(parser, WEIGHT_SCHEMES, "also quantize the saved weights (as shrink --scheme does)")
-    add_deprecated(parser, "--quantize", "--scheme", "scheme", values=STORED_AS_SCHEME)
     add_runs(parser)
     add_layout(parser)
     add_json(parser, "slimtorch.prune/1; slimtorch.sparsity/1 with --unstructured or --n-m")

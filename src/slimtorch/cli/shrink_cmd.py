@@ -7,7 +7,6 @@ import argparse
 from slimtorch.cli.arguments import (
     add_allow_global,
     add_command,
-    add_deprecated,
     add_group_size,
     add_json,
     add_keep_embeddings,
@@ -18,7 +17,7 @@ from slimtorch.cli.arguments import (
     print_json,
     size,
 )
-from slimtorch.cli.choices import SCHEME_CODECS, SHRINK_INT4_GROUP_SIZE, STORED_AS_SCHEME, WEIGHT_SCHEMES
+from slimtorch.cli.choices import SCHEME_CODECS, SHRINK_INT4_GROUP_SIZE, WEIGHT_SCHEMES
 from slimtorch.cli.model_spec import PATH_HELP
 
 HELP = "write a smaller, safe copy of a checkpoint (slim format on safetensors)"
@@ -64,7 +63,6 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     add_output(parser, "output .safetensors file or folder")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), help="convert floating-point tensors (lossy)")
     add_scheme(parser, WEIGHT_SCHEMES, "quantize weights (lossy): int8 per row, or int4 in groups")
-    add_deprecated(parser, "--quantize", "--scheme", "scheme", values=STORED_AS_SCHEME)
     add_group_size(parser, SHRINK_INT4_GROUP_SIZE)
     parser.add_argument(
         "--sparse",

@@ -2,19 +2,16 @@
 :class:`LoadOptions`, telling back a :class:`LoadReport`), and the model a command works on
 (:func:`open_model`)."""
 
-from slimtorch.loading.loader import load, load_model, load_model_profiled, load_profiled
+from slimtorch.loading.loader import load, load_model
 from slimtorch.loading.opening import ModelInput, open_meta_model, open_model
-from slimtorch.loading.options import LoadOptions, LoadProfile, LoadReport
+from slimtorch.loading.options import LoadOptions, LoadReport
 
 __all__ = [
     "LoadOptions",
-    "LoadProfile",
     "LoadReport",
     "ModelInput",
     "load",
     "load_model",
-    "load_model_profiled",
-    "load_profiled",
     "open_meta_model",
     "open_model",
 ]

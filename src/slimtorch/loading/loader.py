@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimtorch.errors import FormatError, OptionError, SlimtorchError, deprecated
+from slimtorch.errors import FormatError, OptionError, SlimtorchError
 from slimtorch.format.delta import StructuralDelta, apply_delta
 from slimtorch.format.pages import release_unwritten
 from slimtorch.format.progress import Progress
@@ -46,7 +46,7 @@ from slimtorch.loading.fetching import prefetch
 from slimtorch.loading.filling import fill
 from slimtorch.loading.model_slots import file_slots, match, place_the_rest
 from slimtorch.loading.offload import plan_offload
-from slimtorch.loading.options import LoadOptions, LoadProfile, LoadReport
+from slimtorch.loading.options import LoadOptions, LoadReport
 from slimtorch.loading.sharded import fill_sharded, is_sharded, shard_model
 from slimtorch.loading.staging import Stager
 from slimtorch.loading.verification import Verification
@@ -54,12 +54,9 @@ from slimtorch.sources import open_checkpoint
 
 __all__ = [
     "LoadOptions",
-    "LoadProfile",
     "LoadReport",
     "load",
     "load_model",
-    "load_model_profiled",
-    "load_profiled",
 ]
 
 DECODE_THREADS = min(4, os.cpu_count() or 1)
@@ -270,24 +267,6 @@ def _matched_model(
     if options.device is None:
         _check_intended_devices(slots)
     return model, slots
-
-
-def _load_model_profiled(*args: Any, **kwargs: Any) -> tuple[nn.Module, LoadReport]:
-    report = load_model(*args, **kwargs)
-    return report.model, report  # type: ignore[return-value]
-
-
-def _load_profiled(*args: Any, **kwargs: Any) -> tuple[dict[str, torch.Tensor], LoadReport]:
-    report = load(*args, **kwargs)
-    return report.tensors, report  # type: ignore[return-value]
-
-
-load_model_profiled = deprecated(
-    _load_model_profiled, "slimtorch.load_model_profiled", "report = slimtorch.load_model(...); report.model"
-)
-load_profiled = deprecated(
-    _load_profiled, "slimtorch.load_profiled", "report = slimtorch.load(...); report.tensors"
-)
 
 
 def _checks(

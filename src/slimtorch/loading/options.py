@@ -300,7 +300,3 @@ class LoadReport(Report):
         schema["properties"] = {cls.JSON_NAMES.get(k, k): v for k, v in schema["properties"].items()}
         schema["required"] = sorted(cls.JSON_NAMES.get(k, k) for k in schema["required"])
         return schema
-
-
-LoadProfile = LoadReport
-"""The report's name before it held the results (``load_model_profiled`` returned it)."""

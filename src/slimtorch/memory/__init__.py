@@ -17,9 +17,6 @@ their fields as keywords, and returns a report (:class:`MemoryReport`, :class:`B
 :class:`FitPlan`).
 """
 
-import warnings
-from typing import Any
-
 from slimtorch.memory.allocator import HostMemory, measure_host
 from slimtorch.memory.batch_size import BatchSizeResult, find_batch_size, is_out_of_memory
 from slimtorch.memory.device import default_device
@@ -65,15 +62,3 @@ __all__ = [
     "rank_memory",
     "smallest_world_size",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """``StepPlan``, the step's name before it became the verbs' options: :class:`StepOptions`, warned."""
-    if name == "StepPlan":
-        warnings.warn(
-            "slimtorch.memory.StepPlan is deprecated: use slimtorch.memory.StepOptions",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return StepOptions
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,7 @@ from slimtorch.format.delta import StructuralDelta, apply_delta
 from slimtorch.prune.hf import ConfigUpdate
 from slimtorch.prune.sensitivity import ScanOptions, SensitivityReport, scan
 from slimtorch.prune.sparse_training import GradualPruner, keep_sparse
-from slimtorch.prune.structured import ChannelOptions, PruneReport, channels, channels_with_report
+from slimtorch.prune.structured import ChannelOptions, PruneReport, channels
 from slimtorch.prune.unstructured import SparsityOptions, SparsityReport, finalize, weights
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
     "StructuralDelta",
     "apply_delta",
     "channels",
-    "channels_with_report",
     "finalize",
     "keep_sparse",
     "scan",

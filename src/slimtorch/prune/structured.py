@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimtorch.errors import OptionError, SlimtorchError, deprecated
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.format.delta import StructuralDelta, record
 from slimtorch.format.names import unmatched_pattern
 from slimtorch.format.pending import wait_for_checks
@@ -156,19 +156,6 @@ def channels(
         delta=delta,
         model=model,
     )
-
-
-def _channels_and_report(*args: Any, **kwargs: Any) -> tuple[nn.Module, PruneReport]:
-    """What ``channels_with_report`` returned: the pruned model and the report."""
-    report = channels(*args, **kwargs)
-    return report.model, report  # type: ignore[return-value]
-
-
-channels_with_report = deprecated(
-    _channels_and_report,
-    "slimtorch.prune.channels_with_report",
-    "slimtorch.prune.channels(...), whose report holds the model as .model",
-)
 
 
 @dataclass(frozen=True)

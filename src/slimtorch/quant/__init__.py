@@ -4,7 +4,7 @@
   ``nn.Linear``, ``nn.Embedding``, ``nn.LSTM`` and ``nn.GRU`` layers (and convolutions, for the weight-only
   schemes) for quantized ones (``int8-dynamic``, ``int8-weight``, ``int4-weight``) in place, keeping float
   the few whose error would dominate; the report holds the model and lists every layer left float with the
-  reason. ``quantize_with_report`` is its deprecated former twin.
+  reason.
 - :mod:`slimtorch.quant.modules`, :mod:`slimtorch.quant.recurrent`: the quantized layers; their buffers
   are the slim format's codec parts.
 - :mod:`slimtorch.quant.kernels`: the int8 / int4 kernels, and the fastest one here, found by timing.
@@ -17,7 +17,6 @@ from slimtorch.quant.convert import (
     dequantize,
     model_bytes,
     quantize,
-    quantize_with_report,
 )
 from slimtorch.quant.kernels import CHOICES
 from slimtorch.quant.modules import (
@@ -54,5 +53,4 @@ __all__ = [
     "dequantize",
     "model_bytes",
     "quantize",
-    "quantize_with_report",
 ]

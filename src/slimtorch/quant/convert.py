@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from slimtorch.errors import OptionError, SlimtorchError, deprecated
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.format.codecs.chain import CodecError
 from slimtorch.format.delta import StructuralDelta, delta_of, record
 from slimtorch.format.pending import wait_for_checks
@@ -261,17 +261,6 @@ def _options(options: QuantizeOptions | str | None, overrides: dict[str, Any]) -
             )
         options, overrides = None, {"scheme": options, **overrides}
     return resolve(QuantizeOptions, options, overrides, "quantize")
-
-
-def _model_and_report(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[nn.Module, QuantizeReport]:
-    """What ``quantize_with_report`` returned: the model and the report, as a pair."""
-    report = quantize(model, *args, **kwargs)
-    return model, report
-
-
-quantize_with_report = deprecated(
-    _model_and_report, "slimtorch.quantize_with_report", "slimtorch.quantize, whose report holds .model"
-)
 
 
 def _twins(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -241,16 +240,8 @@ def _carried(
 def resolve_save_options(
     options: ShrinkOptions | None, overrides: Mapping[str, Any], verb: str
 ) -> ShrinkOptions:
-    """The options a save verb runs with. ``shard_size`` is ``shard_bytes``' old name (it warns, for one
-    release); shrink's reading choices are refused by name: a save has no checkpoint to read."""
-    overrides = dict(overrides)
-    if "shard_size" in overrides:
-        warnings.warn(
-            f"{verb}(shard_size=...) is deprecated: use shard_bytes=...", DeprecationWarning, stacklevel=3
-        )
-        if "shard_bytes" in overrides:
-            raise OptionError(f"{verb}: give shard_bytes only (shard_size is its old name)")
-        overrides["shard_bytes"] = overrides.pop("shard_size")
+    """The options a save verb runs with. Shrink's reading choices are refused by name: a save has no
+    checkpoint to read."""
     resolved = resolve(ShrinkOptions, options, overrides, verb)
     reading = resolved.reading_given()
     if reading is not None:
