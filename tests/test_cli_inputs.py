@@ -21,20 +21,12 @@ from slimtorch.models import SentenceEmbedder
 from slimtorch.quant import Int8DynamicLinear
 from tests.support.bert import MINILM, SENTENCES, bert_folder, tokenized
 from tests.support.cli import one_error_line
+from tests.support.specs import two_linears
 
 pytest.importorskip("transformers")
 
 COMMANDS = ("prune", "quantize", "export", "ops", "memory")
 LOADING = ("prune", "quantize", "export", "ops")
-
-
-def recurrent() -> nn.Module:
-    return nn.LSTM(40, 16, batch_first=True)
-
-
-def linear() -> nn.Module:
-    """Two layers, so that pruning has a channel group to cut (one layer alone is refused)."""
-    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
 
 
 def command_args(command: str, model: str, tmp_path: Path) -> list[str]:
@@ -119,7 +111,7 @@ def test_a_text_model_given_an_image_shape_is_one_line_and_exit_2(command, tmp_p
 def test_the_default_shape_an_lstm_rejects_is_one_line_and_the_right_one_works(
     command, tmp_path, capsys
 ) -> None:
-    spec = "tests.test_cli_inputs:recurrent"
+    spec = "tests.support.specs:recurrent"
     assert main(command_args(command, spec, tmp_path)) == 2
     assert "does not accept an input of shape 1,3,224,224 (ValueError: LSTM" in one_error_line(capsys)
     if command == "ops":  # the same model with its own shape goes through
@@ -132,8 +124,8 @@ def test_non_strict_loads_a_file_with_an_extra_tensor_and_says_what_was_left_out
     command, tmp_path, capsys
 ) -> None:
     weights = tmp_path / "extra.safetensors"
-    save_file({**linear().state_dict(), "extra.weight": torch.ones(2)}, weights)
-    args = [*command_args(command, "tests.test_cli_inputs:linear", tmp_path), "--weights", str(weights)]
+    save_file({**two_linears().state_dict(), "extra.weight": torch.ones(2)}, weights)
+    args = [*command_args(command, "tests.support.specs:two_linears", tmp_path), "--weights", str(weights)]
     args += ["--input-shape", "2,4"]
     assert main(args) == 2
     assert "--non-strict" in one_error_line(capsys)
@@ -146,7 +138,7 @@ def test_non_strict_loads_a_file_with_an_extra_tensor_and_says_what_was_left_out
 def test_prefix_and_rename_reach_load_model(command, tmp_path, capsys, monkeypatch) -> None:
     from slimtorch.loading import loader
 
-    reference = linear()
+    reference = two_linears()
     weights = tmp_path / "wrapped.safetensors"
     renamed = {
         k.replace("0.", "layer.", 1) if k.startswith("0.") else k: v
@@ -161,7 +153,7 @@ def test_prefix_and_rename_reach_load_model(command, tmp_path, capsys, monkeypat
         return real(*args, **kwargs)
 
     monkeypatch.setattr(loader, "load_model", spy)
-    args = [*command_args(command, "tests.test_cli_inputs:linear", tmp_path), "--weights", str(weights)]
+    args = [*command_args(command, "tests.support.specs:two_linears", tmp_path), "--weights", str(weights)]
     args += ["--input-shape", "2,4", "--prefix", "net.", "--rename", "layer.=0."]
     assert main(args) == 0
     assert seen["prefix"] == "net." and list(seen["rename"]) == [("layer.", "0.")]
@@ -178,13 +170,13 @@ BAD_INPUTS = ("bad spec", "missing weights", "checkpoint as model", "empty folde
 )
 def test_bad_model_input_is_one_line_and_exit_2(command, case, tmp_path, capsys) -> None:
     checkpoint = tmp_path / "w.safetensors"
-    save_file(linear().state_dict(), checkpoint)
+    save_file(two_linears().state_dict(), checkpoint)
     (tmp_path / "empty").mkdir()
     remote = bert_folder(tmp_path / "remote", auto_map={"AutoModel": "modeling_x.X"})
     model, extra, words = {
         "bad spec": ("no_such_module_xyz:build", [], "cannot import no_such_module_xyz"),
         "missing weights": (
-            "tests.test_cli_inputs:linear",
+            "tests.support.specs:two_linears",
             ["--weights", str(tmp_path / "nope.pt")],
             "nope.pt",
         ),
@@ -199,6 +191,7 @@ def test_bad_model_input_is_one_line_and_exit_2(command, case, tmp_path, capsys)
 
 def test_a_wrong_option_value_is_a_usage_error_without_a_traceback(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as usage:
-        main(["quantize", "tests.test_cli_inputs:linear", "-o", str(tmp_path / "q"), "--input-shape", "2,x"])
+        spec = "tests.support.specs:two_linears"
+        main(["quantize", spec, "-o", str(tmp_path / "q"), "--input-shape", "2,x"])
     err = capsys.readouterr().err
     assert usage.value.code == 2 and "not a comma-separated shape" in err and "Traceback" not in err

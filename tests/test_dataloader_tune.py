@@ -11,13 +11,14 @@ import time
 
 import pytest
 import torch
-from torch.utils.data import Dataset, IterableDataset, TensorDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from slimtorch.cli.main import main
 from slimtorch.data import Candidate, Trial, TuneOptions, TuneReport, tune
 from slimtorch.data.timing import Bench
 from slimtorch.errors import OptionError
 from slimtorch.format.progress import Recorder
+from tests.support.specs import cheap_dataset
 
 
 class CpuHeavy(Dataset):
@@ -61,11 +62,6 @@ class Unpicklable(Dataset):
 class Stream(IterableDataset):
     def __iter__(self):
         yield from range(10)
-
-
-def cheap_dataset() -> TensorDataset:
-    """In memory and cheap to index: what workers only slow down (the CLI test names it)."""
-    return TensorDataset(torch.randn(4096, 32), torch.arange(4096))
 
 
 def _no_worker_left() -> bool:
@@ -278,13 +274,13 @@ def test_report_is_json_its_schema_describes_and_progress_names_each_candidate()
 
 @pytest.mark.slow
 def test_cli_prints_the_table_or_json_and_refuses_a_bad_spec(capsys) -> None:
-    spec = "tests.test_dataloader_tune:cheap_dataset"
+    spec = "tests.support.specs:cheap_dataset"
     assert main(["dataloader", spec, "--batch", "64", "--budget-s", "5", "--max-workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "num_workers=0" in out and "chosen" in out and "DataLoader(dataset, batch_size=64" in out
     assert main(["dataloader", spec, "--batch", "64", "--max-workers", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["settings"]["num_workers"] == 0
-    assert main(["dataloader", "tests.test_dataloader_tune:nothing", "--batch", "8"]) == 2
+    assert main(["dataloader", "tests.support.specs:nothing", "--batch", "8"]) == 2
     assert "has no attribute 'nothing'" in capsys.readouterr().err
 
 

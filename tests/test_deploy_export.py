@@ -19,6 +19,7 @@ from slimtorch.cli.main import main
 from slimtorch.deploy import ExportError, ExportOptions, ExportReport, Tolerance, export
 from slimtorch.deploy.runner import Bundle, BundleError, read_inputs
 from slimtorch.errors import OptionError
+from tests.support.specs import Branchy
 from tests.zoo.models import MLP, SmallCNN
 from tests.zoo.transformers_models import bert, example
 
@@ -134,29 +135,12 @@ def test_bert_outputs_are_named_and_agree(tmp_path) -> None:
     assert report.passed and max(e.max_abs for e in report.errors) < 1e-4
 
 
-class Branchy(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = Gate()
-        self.head = nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.gate(x))
-
-
-class Gate(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.sum() > 0:  # control flow on a tensor's value: export cannot keep both branches
-            return x * 2
-        return x
-
-
 def test_export_failure_names_the_construct_module_and_line_and_what_was_tried(tmp_path) -> None:
     with pytest.raises(ExportError) as caught:
         export(Branchy(), torch.randn(1, 8), tmp_path / "b")
     message = str(caught.value)
     assert "depends on a tensor's values" in message
-    assert "gate (Gate)" in message and "test_deploy_export.py" in message and "x.sum() > 0" in message
+    assert "gate (Gate)" in message and "specs.py" in message and "x.sum() > 0" in message
     assert "strict=False" in message and "strict=True" in message
     assert not (tmp_path / "b").exists()  # nothing half-written
 
@@ -195,7 +179,7 @@ def test_an_op_without_onnx_translation_is_named_with_its_module(tmp_path) -> No
 
 @pytest.mark.slow
 def test_cli_exits_2_on_export_failure_and_1_outside_tolerance(tmp_path, capsys) -> None:
-    args = ["export", "tests.test_deploy_export:Branchy", "--input-shape", "1,8", "-o", str(tmp_path / "b")]
+    args = ["export", "tests.support.specs:Branchy", "--input-shape", "1,8", "-o", str(tmp_path / "b")]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("slimtorch: error: cannot export the model")

@@ -225,12 +225,15 @@ def test_only_the_readers_know_their_own_classes(tmp_path: Path) -> None:
 
 
 ROOT = SRC.parents[1]
-TEST_MODULE_IMPORT = re.compile(r"\b(?:from|import)\s+tests\.test_\w+|\bfrom\s+tests\s+import\s+test_\w+")
+TEST_MODULE_IMPORT = re.compile(
+    r"\b(?:from|import)\s+tests\.test_\w+|\bfrom\s+tests\s+import\s+test_\w+"
+    r"|\btests\.test_\w+:\w"  # a spec the command line imports as a user's module (MODULE:NAME)
+)
 
 
 def imports_of_test_modules(root: Path) -> list[str]:
     """``file: line`` of each import of a ``tests.test_*`` module under ``tests/`` and ``benchmarks/`` of
-    ``root``, in code or in the text of a script run in a fresh process."""
+    ``root``, in code, in the text of a script run in a fresh process, or as a spec a command imports."""
     found = []
     for folder in ("tests", "benchmarks"):
         for path in sorted((root / folder).rglob("*.py")):
@@ -251,12 +254,14 @@ def test_a_planted_import_of_a_test_module_is_caught(tmp_path: Path) -> None:
         ("tests", "from tests." + "test_memory import Blocks\n"),  # split: this file is scanned too
         ("benchmarks", 'SCRIPT = "import tests.' + 'test_quantize"\n'),
         ("tests", "from tests import " + "test_hostile_inputs\n"),
+        ("tests", 'main(["quantize", "tests.' + 'test_cli_inputs:linear"])\n'),
     ]:
         (tmp_path / folder).mkdir(exist_ok=True)
         (tmp_path / folder / "planted.py").write_text(text)
         assert imports_of_test_modules(tmp_path) == [f"{folder}/planted.py:1"]
         (tmp_path / folder / "planted.py").unlink()
-    (tmp_path / "tests" / "fine.py").write_text("from tests.support.models import Blocks\n")
+    fine = 'from tests.support.models import Blocks\nSPEC = "tests.support.specs:Hinted"\n'
+    (tmp_path / "tests" / "fine.py").write_text(fine)
     assert imports_of_test_modules(tmp_path) == []
 
 

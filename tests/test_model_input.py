@@ -16,6 +16,7 @@ from slimtorch.loading import ModelInput, open_meta_model, open_model
 from slimtorch.models import SentenceEmbedder
 from slimtorch.models.sentence import pool
 from tests.support.bert import MINILM, SENTENCES, bert_folder, sentence_folder, tiny_bert, tokenized
+from tests.support.specs import one_linear
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -32,35 +33,6 @@ def reference_minilm_embeddings(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         tokens = bert(**batch).last_hidden_state
     mask = batch["attention_mask"].unsqueeze(-1).float()
     return nn.functional.normalize((tokens * mask).sum(1) / mask.sum(1), dim=1)
-
-
-class Hinted(nn.Module):
-    example_input_shape = (3, 5)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(5, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x)
-
-
-class TokenBag(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(50, 8)
-        self.head = nn.Linear(8, 2)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.embed(ids).mean(1))
-
-
-def recurrent() -> nn.Module:
-    return nn.LSTM(40, 16, batch_first=True)
-
-
-def linear() -> nn.Module:
-    return nn.Sequential(nn.Linear(4, 3))
 
 
 @pytest.mark.slow
@@ -194,12 +166,12 @@ def test_an_architecture_transformers_lacks_falls_back_to_automodel(tmp_path) ->
 
 
 def test_a_factory_with_example_input_shape_gets_that_shape() -> None:
-    opened = open_model("tests.test_model_input:Hinted")
+    opened = open_model("tests.support.specs:Hinted")
     assert opened.args[0].shape == (3, 5) and opened.origin == "Hinted.example_input_shape"
 
 
 def test_a_factory_whose_first_layer_is_an_embedding_gets_token_ids() -> None:
-    opened = open_model("tests.test_model_input:TokenBag", input_shape=(2, 7))
+    opened = open_model("tests.support.specs:TokenBag", input_shape=(2, 7))
     ids = opened.args[0]
     assert ids.dtype == torch.long and ids.shape == (2, 7) and ids.max() < 50
 
@@ -207,14 +179,12 @@ def test_a_factory_whose_first_layer_is_an_embedding_gets_token_ids() -> None:
 @pytest.mark.parametrize("opener", [open_model, open_meta_model])
 def test_a_shape_the_model_rejects_is_one_line_naming_it(opener) -> None:
     with pytest.raises(SlimtorchError) as error:
-        opener("tests.test_model_input:recurrent")  # the default 1,3,224,224 into an LSTM
+        opener("tests.support.specs:recurrent")  # the default 1,3,224,224 into an LSTM
     message = str(error.value)
-    assert message.startswith(
-        "tests.test_model_input:recurrent does not accept an input of shape 1,3,224,224 ("
-    )
+    assert message.startswith("tests.support.specs:recurrent does not accept an input of shape 1,3,224,224 (")
     assert "LSTM: Expected input to be 2D or 3D" in message and message.endswith("--input-shape")
     assert len(message.splitlines()) == 1
-    assert opener("tests.test_model_input:recurrent", input_shape=(1, 9, 40)).shape == (1, 9, 40)
+    assert opener("tests.support.specs:recurrent", input_shape=(1, 9, 40)).shape == (1, 9, 40)
 
 
 def test_a_text_model_on_meta_is_checked_on_fake_tensors(tmp_path) -> None:
@@ -226,12 +196,12 @@ def test_a_text_model_on_meta_is_checked_on_fake_tensors(tmp_path) -> None:
 
 
 def test_prefix_and_rename_reach_the_loader(tmp_path) -> None:
-    reference = linear()
+    reference = one_linear()
     state = {"wrapper.layer.weight": reference[0].weight, "wrapper.layer.bias": reference[0].bias}
     path = tmp_path / "wrapped.safetensors"
     save_file({name: t.detach() for name, t in state.items()}, path)
     opened = open_model(
-        "tests.test_model_input:linear",
+        "tests.support.specs:one_linear",
         path,
         prefix="wrapper.",
         rename=[("layer.", "0.")],
@@ -240,23 +210,23 @@ def test_prefix_and_rename_reach_the_loader(tmp_path) -> None:
     assert torch.equal(opened.model[0].weight, reference[0].weight)
     assert opened.weights == path
     with pytest.raises(SlimtorchError):
-        open_model("tests.test_model_input:linear", path, prefix="wrapper.", input_shape=(1, 4))
+        open_model("tests.support.specs:one_linear", path, prefix="wrapper.", input_shape=(1, 4))
 
 
 def test_non_strict_loads_past_an_extra_tensor_and_says_so(tmp_path) -> None:
-    reference = linear()
+    reference = one_linear()
     save_file({**reference.state_dict(), "extra.weight": torch.ones(2)}, tmp_path / "extra.safetensors")
     with pytest.raises(SlimtorchError, match="non-strict"):
-        open_model("tests.test_model_input:linear", tmp_path / "extra.safetensors", input_shape=(1, 4))
+        open_model("tests.support.specs:one_linear", tmp_path / "extra.safetensors", input_shape=(1, 4))
     opened = open_model(
-        "tests.test_model_input:linear", tmp_path / "extra.safetensors", strict=False, input_shape=(1, 4)
+        "tests.support.specs:one_linear", tmp_path / "extra.safetensors", strict=False, input_shape=(1, 4)
     )
     assert torch.equal(opened.model[0].weight, reference[0].weight)
     assert opened.ignored == ("extra.weight (not in the model)",)
 
 
 def test_a_checkpoint_given_as_the_model_says_to_use_weights(tmp_path) -> None:
-    save_file(linear().state_dict(), tmp_path / "w.safetensors")
+    save_file(one_linear().state_dict(), tmp_path / "w.safetensors")
     with pytest.raises(SlimtorchError, match=r"is a file, not a model: .* --weights"):
         open_model(tmp_path / "w.safetensors")
     (tmp_path / "empty").mkdir()
@@ -265,7 +235,7 @@ def test_a_checkpoint_given_as_the_model_says_to_use_weights(tmp_path) -> None:
 
 
 def test_model_input_is_what_the_commands_need() -> None:
-    opened = open_model("tests.test_model_input:linear", input_shape=(2, 4))
+    opened = open_model("tests.support.specs:one_linear", input_shape=(2, 4))
     assert isinstance(opened, ModelInput) and opened.example == opened.positional() == opened.args
     assert [s[0].shape for s in opened.samples(2)] == [(2, 4), (2, 4)]
     assert opened.folder is None and opened.weights is None and opened.ignored == ()

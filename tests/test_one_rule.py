@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from torch import nn
 
 import slimtorch
 from slimtorch.cli.main import build_parser, main
@@ -19,22 +18,18 @@ from slimtorch.format.codecs.lossy import INT4_GROUP_SIZE, check_group_size
 from slimtorch.format.policy import SHRINK_INT4_GROUP_SIZE, TensorPolicy
 from slimtorch.quant.recorded import check_recorded
 from tests.support.cli import one_error_line
-
-
-def _net() -> nn.Module:
-    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
-
+from tests.support.specs import mlp64
 
 # -- one error type for a bad option ----------------------------------------------------------------------
 BAD_OPTIONS: dict[str, Callable[[], object]] = {
     "shrink options": lambda: slimtorch.ShrinkOptions(quantize="int3"),
     "save": lambda: slimtorch.save({"w": torch.ones(2)}, "unused.slim", sparse="maybe"),
-    "quantize scheme": lambda: slimtorch.quantize(_net(), "int3-weight"),
-    "quantize group size": lambda: slimtorch.quantize(_net(), "int4-weight", group_size=33),
-    "quantize skip": lambda: slimtorch.quantize(_net(), skip=["nope"]),
-    "prune channels": lambda: slimtorch.prune.channels(_net(), torch.randn(1, 64), ratio=1.5),
-    "prune weights": lambda: slimtorch.prune.weights(_net(), 0.5, method="largest"),
-    "load_model device": lambda: slimtorch.load_model("unused.slim", _net(), device="tpu:0").model,
+    "quantize scheme": lambda: slimtorch.quantize(mlp64(), "int3-weight"),
+    "quantize group size": lambda: slimtorch.quantize(mlp64(), "int4-weight", group_size=33),
+    "quantize skip": lambda: slimtorch.quantize(mlp64(), skip=["nope"]),
+    "prune channels": lambda: slimtorch.prune.channels(mlp64(), torch.randn(1, 64), ratio=1.5),
+    "prune weights": lambda: slimtorch.prune.weights(mlp64(), 0.5, method="largest"),
+    "load_model device": lambda: slimtorch.load_model("unused.slim", mlp64(), device="tpu:0").model,
 }
 
 
@@ -47,8 +42,8 @@ def test_a_bad_option_is_an_option_error_both_except_clauses_catch(call) -> None
 
 def test_a_bad_option_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys) -> None:
     model = tmp_path / "net.pt"
-    torch.save(_net().state_dict(), model)
-    args = ["quantize", "tests.test_one_rule:_net", "--weights", str(model), "--input-shape", "1,64"]
+    torch.save(mlp64().state_dict(), model)
+    args = ["quantize", "tests.support.specs:mlp64", "--weights", str(model), "--input-shape", "1,64"]
     args += ["-o", str(tmp_path / "o")]
     assert main([*args, "--scheme", "int4-weight", "--group-size", "34", "--skip", "nope"]) == 2
     assert "skip pattern 'nope' matches no module" in one_error_line(capsys)
@@ -63,7 +58,7 @@ def test_every_verb_refuses_the_same_group_sizes(size, tmp_path) -> None:
     with pytest.raises(slimtorch.OptionError, match=message):
         slimtorch.ShrinkOptions(quantize="int4", group_size=size)
     with pytest.raises(slimtorch.OptionError, match=message):
-        slimtorch.quantize(_net(), "int4-weight", group_size=size)
+        slimtorch.quantize(mlp64(), "int4-weight", group_size=size)
     with pytest.raises(CodecError, match=message):
         encode(torch.randn(4, 64), [("int4", {"group_size": size})])
     how = {"scheme": "int4-weight", "group_size": size, "dtype": "float32"}
@@ -75,7 +70,7 @@ def test_every_verb_refuses_the_same_group_sizes(size, tmp_path) -> None:
 def test_every_verb_takes_the_same_group_sizes(size) -> None:
     assert check_group_size(size) == size
     assert slimtorch.ShrinkOptions(quantize="int4", group_size=size).group_size == size
-    quantized = slimtorch.quantize(_net(), "int4-weight", group_size=size).model
+    quantized = slimtorch.quantize(mlp64(), "int4-weight", group_size=size).model
     assert quantized[0].stage["group_size"] == size
     assert encode(torch.randn(4, 64), [("int4", {"group_size": size})]).stages[0]["group_size"] == size
     assert check_recorded({"0": {"scheme": "int4-weight", "group_size": size, "dtype": "float32"}})
@@ -93,7 +88,7 @@ def test_quantize_defaults_to_the_codec_group_size_and_shrink_to_its_own_everywh
     assert INT4_GROUP_SIZE == 128 and SHRINK_INT4_GROUP_SIZE == 32
     assert slimtorch.quant.QuantizeOptions().group_size == INT4_GROUP_SIZE
     assert _cli_default("quantize", "--group-size") == INT4_GROUP_SIZE
-    assert slimtorch.quantize(_net(), "int4-weight").model[0].stage["group_size"] == INT4_GROUP_SIZE
+    assert slimtorch.quantize(mlp64(), "int4-weight").model[0].stage["group_size"] == INT4_GROUP_SIZE
     assert TensorPolicy.of(slimtorch.ShrinkOptions()).group_size == SHRINK_INT4_GROUP_SIZE
     assert slimtorch.ShrinkOptions().group_size == SHRINK_INT4_GROUP_SIZE
     assert _cli_default("shrink", "--group-size") == SHRINK_INT4_GROUP_SIZE
@@ -108,7 +103,7 @@ def test_shrink_cli_refuses_a_bad_group_size_while_parsing(tmp_path, capsys) -> 
 
 # -- one wrapper-prefix rule ---------------------------------------------------------------------------------
 def _wrapped(prefix: str) -> dict[str, torch.Tensor]:
-    return {prefix + name: tensor for name, tensor in _net().state_dict().items()}
+    return {prefix + name: tensor for name, tensor in mlp64().state_dict().items()}
 
 
 _OPTIMIZER = {"state": {0: {"exp_avg": torch.zeros(64, 64)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
@@ -134,16 +129,16 @@ def test_shrink_takes_off_the_wrapper_prefix_load_model_finds(checkpoint, prefix
     path, out = tmp_path / "checkpoint.pt", tmp_path / "out.slim"
     torch.save(checkpoint, path)
     report = slimtorch.shrink(path, out)
-    profile = slimtorch.load_model(path, _net())
+    profile = slimtorch.load_model(path, mlp64())
     assert (report.renamed_prefix or "") == profile.prefix == prefix
-    _net().load_state_dict(slimtorch.load(out).tensors)  # the shrunk file holds the model's own names
+    mlp64().load_state_dict(slimtorch.load(out).tensors)  # the shrunk file holds the model's own names
 
 
 def test_safetensors_from_a_data_parallel_model_loses_its_module_prefix(tmp_path) -> None:
     path = tmp_path / "ddp.safetensors"
     save_file({k: v.contiguous() for k, v in _wrapped("module.").items()}, path)
     report = slimtorch.shrink(path, tmp_path / "out.slim")
-    assert report.renamed_prefix == slimtorch.load_model(path, _net()).prefix == "module."
+    assert report.renamed_prefix == slimtorch.load_model(path, mlp64()).prefix == "module."
 
 
 def test_a_folder_whose_weights_all_start_with_model_keeps_its_names(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from slimtorch.cli.main import main
 from slimtorch.quant import kernels
 from slimtorch.quant.recurrent import Int8DynamicRecurrent, QuantizedRecurrent
 from slimtorch.quant.sensitivity import flat_outputs
+from tests.support.specs import SCALES, OnlyLSTM, OutlierMLP
 
 RESEMBLYZER = (
     Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/resemblyzer/pretrained.pt"
@@ -45,36 +46,6 @@ class Recurrent(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.rnn(x)
         return self.head(out[:, -1] if self.batch_first else out[-1])
-
-
-class OnlyLSTM(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lstm = nn.LSTM(32, 64, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lstm(x)[0]
-
-
-SCALES = torch.logspace(-3, 1, 16)
-
-
-class OutlierMLP(nn.Module):
-    """Six Linear layers, the first reading raw features whose scales span four decades (as power spectra
-    do) through weights that make up for it (up to 10^3): int8 rows keep only its largest weights, so
-    its error dominates the model's."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.Sequential(*(nn.Linear(16 if i == 0 else 64, 64) for i in range(6)))
-        with torch.no_grad():
-            self.layers[0].weight.div_(SCALES)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x * SCALES  # the raw features, unnormalised
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x
 
 
 def _features(rows: int, seed: int) -> torch.Tensor:
@@ -326,7 +297,7 @@ def test_the_outlier_layer_stays_float_judged_by_its_outputs_or_by_its_weights()
 
 @pytest.mark.slow
 def test_cli_lists_the_outlier_kept_float_and_quantize_all_quantizes_it(tmp_path, capsys) -> None:
-    args = ["quantize", "tests.test_quantize_recurrent:OutlierMLP", "-o", str(tmp_path / "q.safetensors")]
+    args = ["quantize", "tests.support.specs:OutlierMLP", "-o", str(tmp_path / "q.safetensors")]
     args += ["--input-shape", "4,16", "--runs", "0", "--json"]
     assert main(args) == 0
     data = json.loads(capsys.readouterr().out)
@@ -383,7 +354,7 @@ def test_resemblyzer_keeps_its_first_lstm_input_matrix_float_and_embeds_within_0
 @pytest.mark.slow
 def test_cli_quantizes_an_lstm_model_into_a_file_load_model_reads(tmp_path, capsys) -> None:
     out = tmp_path / "lstm.safetensors"
-    args = ["quantize", "tests.test_quantize_recurrent:OnlyLSTM", "-o", str(out), "--input-shape", "20,2,32"]
+    args = ["quantize", "tests.support.specs:OnlyLSTM", "-o", str(out), "--input-shape", "20,2,32"]
     assert main([*args, "--runs", "2"]) == 0
     text = capsys.readouterr().out
     assert "Int8DynamicLSTM" in text and "cosine similarity" in text and "kept float" not in text
