@@ -31,7 +31,7 @@ def test_each_row_names_layer_classes_that_agree_with_it(row: schemes.Scheme) ->
         cls = layer_class(row.name, kind)
         assert issubclass(cls, QuantizedWeight), (row.name, kind, cls)
         assert cls.SCHEME in (row.name, row.codec), (row.name, kind, cls.SCHEME)
-    assert row.bits in (4, 8) and row.summary
+    assert row.bits in (4, 8) and row.summary and ";" not in row.summary  # ";" separates them in --help
 
 
 @pytest.mark.parametrize("row", schemes.ROWS, ids=lambda row: row.name)
@@ -74,11 +74,14 @@ def test_the_api_and_every_command_offer_what_the_rows_allow() -> None:
     assert SCHEMES == schemes.SCHEMES == tuple(row.name for row in schemes.ROWS)
     assert tuple(row.name for row in schemes.ROWS if not row.dynamic) == schemes.WEIGHT_ONLY
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    offered = {
-        name: next(a for a in parser._actions if a.dest == "scheme").choices
+    actions = {
+        name: next(a for a in parser._actions if a.dest == "scheme")
         for name, parser in commands.choices.items()
         if any(a.dest == "scheme" for a in parser._actions)
     }
+    offered = {name: action.choices for name, action in actions.items()}
+    for action in actions.values():  # --help explains each scheme it offers by its row
+        assert all(schemes.scheme(name).summary in " ".join(action.help.split()) for name in action.choices)
     assert tuple(offered["quantize"]) == schemes.SCHEMES
     assert tuple(offered["shrink"]) == tuple(offered["prune"]) == schemes.WEIGHT_ONLY
     assert set(SlimOptions().schemes) == set(schemes.SCHEMES)

@@ -48,7 +48,7 @@ class Scheme:
     """kind of float layer (:data:`LAYER_KINDS`) -> ``module:Class`` of the layer that replaces it; a kind
     left out stays float under this scheme"""
     summary: str = ""
-    """one line for ``--help`` and the docs"""
+    """one line, in each command's ``--scheme`` help (no semicolon: they separate the schemes there)"""
 
     def __post_init__(self) -> None:
         unknown = set(self.layers) - set(LAYER_KINDS)
@@ -114,7 +114,7 @@ ROWS: tuple[Scheme, ...] = (
             "conv": f"{_CONV}:Int4WeightConv",
             "recurrent": f"{_RECURRENT}:Int4WeightRecurrent",
         },
-        summary="4-bit weights, a scale and zero point per group of inputs; activations in the input's dtype",
+        summary="4-bit weights, a scale and zero point per group of inputs, activations in the input's dtype",
     ),
 )
 """Every scheme, in the order ``--help`` lists them."""

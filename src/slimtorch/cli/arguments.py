@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from slimtorch.cli.choices import GROUP_SIZES, SCHEMES
 from slimtorch.errors import OptionError
 from slimtorch.format.units import parse_size
+from slimtorch.schemes import scheme
 
 DEVICE_HELP = "cpu, cuda or cuda:N (default: cuda if this machine has one, else cpu)"
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
@@ -113,9 +114,10 @@ def add_scheme(
     parser: argparse.ArgumentParser, offered: Sequence[str], help: str, default: str | None = None
 ) -> None:
     """``--scheme``: a quantization scheme, by the names ``slimtorch quantize`` uses; each command offers
-    those it can do."""
+    those it can do, each explained by its row's summary (:mod:`slimtorch.schemes`)."""
     assert set(offered) <= set(SCHEMES), offered
-    parser.add_argument("--scheme", choices=tuple(offered), default=default, help=help)
+    explained = "; ".join(f"{name}: {scheme(name).summary}" for name in offered)
+    parser.add_argument("--scheme", choices=tuple(offered), default=default, help=f"{help} ({explained})")
 
 
 def add_skip(parser: argparse.ArgumentParser, help: str) -> None:
