@@ -9,11 +9,10 @@ fails that test, never a user. The quantization schemes need no copy: their tabl
 
 from __future__ import annotations
 
-from slimtorch.schemes import ROWS, WEIGHT_ONLY
+from slimtorch.schemes import ROWS
 from slimtorch.schemes import SCHEMES as SCHEMES  # what --scheme offers (each command, those it can do)
+from slimtorch.schemes import WEIGHT_ONLY as WEIGHT_ONLY  # what shrink and prune store
 
-WEIGHT_SCHEMES = WEIGHT_ONLY
-"""The schemes a file stores (shrink, prune): weights quantized, activations computed in float."""
 SCHEME_CODECS = {row.name: row.codec for row in ROWS}
 """A scheme as the writers and the exporter name it (``quantize="int8"``)."""
 

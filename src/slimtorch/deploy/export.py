@@ -179,7 +179,7 @@ def export(
     model, args, names_in, kwargs = _by_name(model, text.example if text else example_inputs, kwargs)
     layers = [m for m in model.modules() if isinstance(m, QuantizedWeight)]
     held = sorted({m.SCHEME for m in layers})
-    codecs = {m.stage_of(m.coded_tensors()[0])["codec"] for m in layers}  # how their weights are coded
+    codecs = {m.codec for m in layers}
     int8 = how.quantize_to == "int8" or (how.format == "onnx" and "int8" in codecs)
     notes = _notes(how.format, codecs) + ((text.note(),) if text else ())
     target = _prepared(model, how.format, how.quantize_to, held)

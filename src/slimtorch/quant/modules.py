@@ -115,6 +115,12 @@ class QuantizedWeight(nn.Module):
         """The dtype of the float weight these parts encode (what a slim reader decodes them to)."""
         return parse_dtype(self.stage_of(self.coded_tensors()[0])["dtype"])
 
+    @property
+    def codec(self) -> str:
+        """The codec its weights are coded with (``int8``, ``int4``): what a writer or an exporter asks,
+        whichever scheme made the layer (an embedding's class serves several)."""
+        return self.stage_of(self.coded_tensors()[0])["codec"]
+
     def parts(self, tensor: str = "weight") -> dict[str, torch.Tensor]:
         return {role: getattr(self, attr) for attr, (name, role) in self.SLIM_PARTS.items() if name == tensor}
 

@@ -144,10 +144,9 @@ def _why_not(
     if isinstance(module, (nn.Linear, nn.Embedding)) and not quantizable_type(module):
         base = "Linear" if isinstance(module, nn.Linear) else "Embedding"
         return f"{type(module).__name__} subclasses nn.{base}; its owner may use the weight directly"
-    if isinstance(module, nn.modules.conv._ConvNd) and not (
-        scheme_row(scheme).quantizes("conv") and quantizable_conv(module)
-    ):
-        if not scheme_row(scheme).quantizes("conv"):
+    convolves = scheme_row(scheme).quantizes("conv")
+    if isinstance(module, nn.modules.conv._ConvNd) and not (convolves and quantizable_conv(module)):
+        if not convolves:
             those = " and ".join(quantizing("conv"))
             return f"{scheme} has no convolution kernel ({those} quantize convolutions)"
         return "transposed, or padded other than with zeros: only plain zero-padded convolutions are swapped"

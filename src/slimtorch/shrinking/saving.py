@@ -324,7 +324,7 @@ def _model_tensors(
             for attr in module.SLIM_PARTS:
                 state.pop(_joined(prefix, attr))
             names = {tensor: _joined(prefix, tensor) for tensor in tensors}
-            bits = 4 if module.stage_of(tensors[0])["codec"] == "int4" else 8
+            bits = 4 if module.codec == "int4" else 8
             ct_ready = all(
                 n in writable[bits] and ct_form(n, module.encoded(t)) is not None for t, n in names.items()
             )
