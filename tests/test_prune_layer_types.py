@@ -1,5 +1,5 @@
-"""One record per layer type pruning resizes (graph/resizing.py): surgery and the structural delta's
-allow-list come from the same records, so what pruning saves, the loader accepts, in a fresh process.
+"""One record per layer type pruning knows (graph/prunable.py): the channel walk, surgery and the structural
+delta's allow-list come from the same records, so what pruning saves, the loader accepts, in a fresh process.
 
 The catalogue below is torch's layers as their own constructors build them, not the records: a layer cut
 from 8 channels to 4 must end up as the layer built for 4, and the delta that says so must load. A record
@@ -20,9 +20,9 @@ from torch import nn
 import slimtorch
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.delta import StructuralDelta, apply_delta
-from slimtorch.graph import resizing
+from slimtorch.graph import channels, prunable
 from slimtorch.graph.capture import capture
-from slimtorch.graph.channels import _HANDLERS, channel_groups
+from slimtorch.graph.channels import channel_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
@@ -121,7 +121,7 @@ def test_a_layer_cut_to_4_channels_is_the_layer_built_for_4_and_its_delta_loads(
     make = CATALOGUE[layer]
     module, built = make(8), make(4)
     _cut(module, built)
-    changed = resizing.resize(module)  # what surgery does to every module after a cut
+    changed = prunable.resize(module)  # what surgery does to every module after a cut
     assert _public(module) == _public(built)
     saved = {
         "shapes": {k: list(v.shape) for k, v in module.state_dict().items()},
@@ -133,18 +133,27 @@ def test_a_layer_cut_to_4_channels_is_the_layer_built_for_4_and_its_delta_loads(
     assert _public(fresh) == _public(built)
 
 
-@pytest.mark.parametrize("record", resizing.RECORDS, ids=lambda r: r.name)
-def test_every_record_has_a_layer_in_the_catalogue(record: resizing.LayerRecord) -> None:
-    assert any(resizing.record_of(make(8)) is record for make in CATALOGUE.values()), record.name
+@pytest.mark.parametrize("record", prunable.RECORDS, ids=lambda r: r.name)
+def test_every_record_has_a_layer_in_the_catalogue(record: prunable.LayerRecord) -> None:
+    assert any(prunable.record_of(make(8)) is record for make in CATALOGUE.values()), record.name
 
 
 def test_the_allow_list_is_the_records_and_nothing_else() -> None:
     from slimtorch.format import delta
 
-    assert delta.SIZE_ATTRIBUTES is resizing.SIZE_ATTRIBUTES
-    assert delta.SHAPE_ATTRIBUTES is resizing.SHAPE_ATTRIBUTES
-    for record in (*resizing.RECORDS, resizing.ATTENTION):
-        assert set(record.ops) <= set(_HANDLERS), (record.name, set(record.ops) - set(_HANDLERS))
+    assert delta.SIZE_ATTRIBUTES is prunable.SIZE_ATTRIBUTES
+    assert delta.SHAPE_ATTRIBUTES is prunable.SHAPE_ATTRIBUTES
+
+
+def test_the_walk_follows_each_layer_type_s_ops_by_its_record_s_rules() -> None:
+    records = (*prunable.RECORDS, prunable.ATTENTION)
+    for record in records:
+        assert record.ops, record.name
+        for op, rule in record.channels.items():
+            assert channels.HANDLERS[op] is rule, (record.name, op)
+    named = [op for record in records for op in record.ops]
+    assert len(named) == len(set(named))  # no op has two records' rules
+    assert set(channels.HANDLERS) - set(named) == set(channels._MOVES)  # the rest only move channels
 
 
 def test_attention_heads_follow_the_query_rows() -> None:
@@ -153,20 +162,20 @@ def test_attention_heads_follow_the_query_rows() -> None:
 
     attention = BertSelfAttention(BertConfig(hidden_size=64, num_attention_heads=4))
     attention.query = nn.Linear(64, 32)  # half the heads cut
-    assert resizing.resize(attention) == {"num_attention_heads": 2, "all_head_size": 32}
+    assert prunable.resize(attention) == {"num_attention_heads": 2, "all_head_size": 32}
 
 
 def test_a_record_that_sets_what_it_does_not_name_fails_at_pruning_not_at_loading(monkeypatch) -> None:
-    linear = resizing.record_of(nn.Linear(2, 2))
+    linear = prunable.record_of(nn.Linear(2, 2))
 
     def sets_more(module: nn.Module) -> None:
         linear.resize(module)
         module.extra_size = 3
 
-    sloppy = resizing.LayerRecord("linear", linear.matches, linear.sizes, sets_more, linear.ops)
-    monkeypatch.setattr(resizing, "RECORDS", (sloppy,))
+    sloppy = prunable.LayerRecord("linear", linear.matches, linear.sizes, sets_more, linear.channels)
+    monkeypatch.setattr(prunable, "RECORDS", (sloppy,))
     with pytest.raises(SlimtorchError, match=r"extra_size.*no record"):
-        resizing.resize(nn.Linear(2, 2))
+        prunable.resize(nn.Linear(2, 2))
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from torch import nn
 
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.source import MAX_DIMS, shape_problem
-from slimtorch.graph.resizing import SHAPE_ATTRIBUTES, SIZE_ATTRIBUTES
+from slimtorch.graph.prunable import SHAPE_ATTRIBUTES, SIZE_ATTRIBUTES
 from slimtorch.graph.slots import model_slots, replace
 
 ATTRIBUTE = "_slimtorch_delta"  # where a pruned module keeps its delta until it is saved

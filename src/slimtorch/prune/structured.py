@@ -27,7 +27,7 @@ from slimtorch.format.verbs import NOT_JSON, Report, resolve
 from slimtorch.graph.capture import as_args, capture
 from slimtorch.graph.channels import channel_groups
 from slimtorch.graph.macs import count_macs
-from slimtorch.graph.resizing import resizable
+from slimtorch.graph.prunable import resizable
 from slimtorch.graph.spaces import ChannelGroup
 from slimtorch.prune.budget import TRIALS, ratio_for_budget
 from slimtorch.prune.importance import Importance, scorer

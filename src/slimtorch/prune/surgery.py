@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from slimtorch.format.delta import StructuralDelta
-from slimtorch.graph.resizing import resize
+from slimtorch.graph.prunable import resize
 from slimtorch.graph.slots import model_slots, replace
 from slimtorch.graph.spaces import ChannelGroup
 
@@ -26,7 +26,7 @@ def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def cut(model: nn.Module, groups: list[ChannelGroup], removed: dict[int, torch.Tensor]) -> StructuralDelta:
     """Cut the ``removed`` channels of each group (by ``id(group)``) out of every tensor, then fix the
-    modules' size attributes, each by its layer type's record (:mod:`slimtorch.graph.resizing`, where the
+    modules' size attributes, each by its layer type's record (:mod:`slimtorch.graph.prunable`, where the
     saved delta's allow-list comes from too); returns what changed."""
     tensors = model_tensors(model)
     keep: dict[tuple[str, int], torch.Tensor] = {}
