@@ -57,6 +57,56 @@ def test_a_pruned_cnn_loads_back_in_a_fresh_process_that_imports_only_slimtorch(
     assert run.returncode == 0, run.stderr[-3000:]
 
 
+TEXTS = torch.randint(0, 64, (8, 12), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.slow
+def test_a_bag_of_words_model_prunes_its_embedding_bag_and_loads_back_in_a_fresh_process(tmp_path) -> None:
+    from tests.zoo import BagOfWords
+
+    torch.manual_seed(0)
+    model = BagOfWords().eval()
+    report = slimtorch.prune.channels(model, TEXTS, ratio=0.5)
+    assert model.bag.embedding_dim == model.hidden.in_features == 8  # half of the 16 word-vector entries
+    assert tuple(model.bag.weight.shape) == (64, 8) and report.params_after < report.params_before
+    path = tmp_path / "pruned.safetensors"
+    slimtorch.save_model(model, path)
+    torch.save({"texts": TEXTS, "out": model(TEXTS)}, tmp_path / "expected.pt")
+    script = (
+        "import sys, torch, slimtorch\n"
+        "from tests.zoo.models import BagOfWords\n"
+        f"expected = torch.load({str(tmp_path / 'expected.pt')!r})\n"
+        f"model = slimtorch.load_model({str(path)!r}, BagOfWords).model.eval()\n"
+        "assert model.bag.embedding_dim == 8, model.bag\n"
+        "sys.exit(0 if torch.equal(model(expected['texts']), expected['out']) else 1)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+class _Bags(nn.Module):
+    """Bags given as one flat row of ids and where each bag starts, with a weight per id."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.bag, self.head = nn.EmbeddingBag(32, 12, mode=mode), nn.Linear(12, 3)
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+        return self.head(self.bag(ids, offsets, per_sample_weights=weights))
+
+
+@pytest.mark.parametrize(("mode", "weighted"), [("sum", True), ("mean", False), ("max", False)])
+def test_an_embedding_bag_s_entries_are_one_group_with_the_columns_that_read_them(mode, weighted) -> None:
+    ids, offsets = torch.arange(10) % 32, torch.tensor([0, 3, 7])
+    weights = torch.rand(10) if weighted else None
+    groups = channel_groups(capture(_Bags(mode).eval(), (ids, offsets, weights)))
+    bag = next(g for g in groups if "bag.weight" in g.keys("out"))
+    assert bag.reason is None and bag.size == 12
+    assert "head.weight" in bag.keys("in")
+
+
 def test_norms_cnn_prunes_through_its_group_and_instance_norms_and_keeps_groups_of_four_whole() -> None:
     from tests.zoo import NormsCNN
 
@@ -90,6 +140,7 @@ CATALOGUE: dict[str, Callable[[int], nn.Module]] = {
     "GroupNorm, one channel per group": lambda n: nn.GroupNorm(n, n),
     "GroupNorm, groups of four": lambda n: nn.GroupNorm(n // 4, n),
     "Embedding": lambda n: nn.Embedding(n, n),
+    "EmbeddingBag": lambda n: nn.EmbeddingBag(n, n, mode="max"),
     "PReLU, a slope per channel": lambda n: nn.PReLU(n),
     "PReLU, one shared slope": lambda n: nn.PReLU(),
     "Hugging Face Conv1D": _hf_conv1d,

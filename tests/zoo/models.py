@@ -87,6 +87,20 @@ class NormsCNN(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
+class BagOfWords(nn.Module):
+    """A text classifier as torchtext's tutorial builds it: the mean of each text's word vectors
+    (``nn.EmbeddingBag``), then two linear layers. Its input is ``(texts, words)`` token ids."""
+
+    def __init__(self, vocabulary: int = 64, dim: int = 16, hidden: int = 16, classes: int = 4) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(vocabulary, dim, mode="mean")
+        self.hidden = nn.Linear(dim, hidden)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.hidden(self.bag(tokens))))
+
+
 class TinyGPT(nn.Module):
     """A two-block decoder whose output head shares its weight with the token embedding (a tie)."""
 

@@ -258,13 +258,21 @@ def _group_norm_channels(walk: Walk, node: Node) -> None:
 
 
 # -- embeddings and activations with weights --------------------------------------------------------------
-def _embedding(module: nn.Embedding) -> None:
+def _embedding(module: nn.Embedding | nn.EmbeddingBag) -> None:
     module.num_embeddings, module.embedding_dim = module.weight.shape
 
 
 def _embedding_channels(walk: Walk, node: Node) -> None:
     """A lookup of rows of ``weight`` (its first argument): the vectors' entries are new channels."""
     out = walk.fresh(node, len(shape_of(node)) - 1)
+    walk.attach(out, node.args[0], 1, "out")
+
+
+def _embedding_bag_channels(walk: Walk, node: Node) -> None:
+    """``embedding_bag(weight, indices, offsets, ...)`` pools each bag's rows entry by entry (sum, mean or
+    max), so the entries of its first output, ``(bags, dim)``, are new channels made by the weight's
+    columns; its other outputs (which row went to which bag) carry none."""
+    out = walk.fresh(node, 1, output=0)
     walk.attach(out, node.args[0], 1, "out")
 
 
@@ -403,6 +411,15 @@ RECORDS: tuple[LayerRecord, ...] = (
         ("num_embeddings", "embedding_dim"),
         _embedding,
         {"embedding": _embedding_channels},
+    ),
+    LayerRecord(
+        "embedding bag",
+        _has_weight(nn.EmbeddingBag),
+        ("num_embeddings", "embedding_dim"),
+        _embedding,
+        dict.fromkeys(
+            ("embedding_bag", "_embedding_bag", "_embedding_bag_forward_only"), _embedding_bag_channels
+        ),
     ),
     LayerRecord(
         "PReLU",
