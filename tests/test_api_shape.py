@@ -151,3 +151,18 @@ def test_every_public_name_the_readme_uses_still_resolves() -> None:
         except (ImportError, AttributeError):
             missing.append(name)
     assert missing == []
+
+
+def test_the_save_and_load_pair_given_the_other_way_round_says_so(tmp_path: Path) -> None:
+    """save_model(model, path) as torch.save(obj, f), load_model(path, model) as torch.load(f): the order
+    safetensors uses for its load_model (model, filename) is a clear error, not a TypeError from deep in."""
+    import torch
+
+    model, path = torch.nn.Linear(2, 2), tmp_path / "linear.safetensors"
+    with pytest.raises(slimtorch.OptionError, match=r"save_model takes the model first.*not a \w*Path"):
+        slimtorch.save_model(path, model)  # type: ignore[arg-type]
+    assert not path.exists()
+    slimtorch.save_model(model, path)
+    with pytest.raises(slimtorch.OptionError, match=r"load_model takes the file first"):
+        slimtorch.load_model(model, path)  # type: ignore[arg-type]
+    assert torch.equal(slimtorch.load_model(path, torch.nn.Linear(2, 2)).model.weight, model.weight)

@@ -122,7 +122,9 @@ def load_model(
 
     Args:
         path: any checkpoint :func:`slimtorch.open` reads (slim, safetensors, torch.save, Hugging Face
-            folder, sharded or not).
+            folder, sharded or not). The file comes first, as in ``torch.load(f)``, and the object
+            first when saving, as in ``torch.save(obj, f)`` (:func:`slimtorch.save_model`); the other
+            order (safetensors' ``load_model(model, filename)``) is an :class:`OptionError`.
         model_or_factory: a callable returning the model (built with parameters on the meta device: no
             RAM, no random init), or a model. A model's real tensors are filled in place; its meta
             tensors are replaced.
@@ -143,6 +145,8 @@ def load_model(
         >>> model = slimtorch.load_model("linear.safetensors", build).model  # doctest: +SKIP
         >>> report = slimtorch.load_model("ckpt.pt", Net, rename={"lstm.": "rnn."})  # doctest: +SKIP
     """
+    if isinstance(path, nn.Module):  # safetensors' load_model(model, filename) is the other way round
+        raise OptionError("load_model takes the file first, then the model: load_model(path, model)")
     options = resolve(LoadOptions, options, overrides, "load_model")
     started = time.perf_counter()
     target = _device(options.device)

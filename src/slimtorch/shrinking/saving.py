@@ -198,6 +198,11 @@ def save_model(
         >>> slimtorch.save_model(model, "pruned.safetensors")  # doctest: +SKIP
         >>> slimtorch.load_model("pruned.safetensors", build_model).model  # doctest: +SKIP
     """
+    if not isinstance(model, torch.nn.Module):  # save_model(path, model): load_model's order
+        given = type(model).__name__
+        raise OptionError(
+            f"save_model takes the model first, then the file (save_model(model, path)), not a {given}"
+        )
     options = resolve_save_options(options, overrides, "save_model")
     extras = dict(extra_files or {})
     config = config_file(extras.get("config.json"))
