@@ -32,6 +32,7 @@ FEW = settings(max_examples=8, deadline=None, database=None)
 SOME = settings(max_examples=40, deadline=None, database=None)
 
 INT4_GROUPS = (32, 64, 128, 256)
+INT8_GROUPS = (1, 7, 32)  # 7 and 32 leave short last groups on most rows
 
 LOSSLESS_CHAINS: dict[str, list] = {
     "raw": [],
@@ -49,6 +50,8 @@ LOSSY_CHAINS: dict[str, list] = {
     "int8": ["int8"],
     "int8+sparse": ["int8", "sparse"],
     "int8+sparse+zstd": ["int8", "sparse", "zstd"],
+    **{f"int8-g{g}": [("int8", {"group_size": g})] for g in INT8_GROUPS},
+    "int8-g7+sparse": [("int8", {"group_size": 7}), "sparse"],
     **{f"int4-g{g}": [("int4", {"group_size": g})] for g in INT4_GROUPS},
     **{f"int4-g{g}-flat": [("int4", {"group_size": g, "flat": True})] for g in INT4_GROUPS},
     **{f"sparse+int4-g{g}": ["sparse", ("int4", {"group_size": g})] for g in INT4_GROUPS},
@@ -285,12 +288,16 @@ def _with_rounding(base: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> t
     return base + REL_ROUNDING[dtype] * (x.abs() + base) + ABS_ROUNDING[dtype] + FLOAT32_FLOOR
 
 
-def int8_bound(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """|err| <= scale / 2, scale = max|row| / 127 (rows of x.reshape(shape[0], -1); 0-d / 1-d: one row)."""
+def int8_bound(x: torch.Tensor, dtype: torch.dtype, group_size: int | None = None) -> torch.Tensor:
+    """|err| <= scale / 2, scale = max|row| / 127 (rows of x.reshape(shape[0], -1); 0-d / 1-d: one row), or
+    max|group| / 127 of the value's group of ``group_size`` along its row."""
     rows = _rows(x)
     if rows.numel() == 0:
         return torch.zeros(x.shape, dtype=torch.float64)
-    top = rows.abs().amax(dim=1, keepdim=True)
+    size = rows.shape[1] if group_size is None else group_size
+    pad = -rows.shape[1] % size
+    groups = F.pad(rows.abs(), (0, pad)).reshape(rows.shape[0], -1, size)
+    top = groups.amax(dim=2).repeat_interleave(size, dim=1)[:, : rows.shape[1]]
     base = top / 127 / 2 + ARITHMETIC * top
     return _with_rounding(base, rows, dtype).reshape(x.shape)
 
@@ -336,7 +343,7 @@ def lossy_bound(x: torch.Tensor, chain: list) -> torch.Tensor:
         if name == "cast":
             return cast_bound(x64, x.dtype, options["to"])
         if name == "int8":
-            return int8_bound(x64, x.dtype)
+            return int8_bound(x64, x.dtype, options.get("group_size"))
         if name == "int4":
             group_size = options.get("group_size", 128)
             if i and names[i - 1][0] == "sparse":
@@ -410,6 +417,158 @@ def test_int8_one_scale_gives_every_row_the_largest_values_scale_in_the_same_for
     assert not torch.equal(rows.parts["scale"], scale)  # rows of unlike ranges: a scale per row differs
 
 
+# -- int8 with a scale per group ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(6, 40), (5, 3, 3, 3)], ids=["2d", "4d"])
+@pytest.mark.parametrize("group_size", [1, 7, 16, 64])
+def test_int8_groups_keep_a_float32_scale_per_group_of_a_row_and_err_by_half_of_it(
+    shape: tuple[int, ...], dtype: torch.dtype, group_size: int
+) -> None:
+    rows, cols = shape[0], math.prod(shape[1:])  # 40 and 27 columns: the last group of a row is short
+    ranges = torch.linspace(0.01, 3, cols)  # groups of unlike ranges, so their scales differ
+    x = (
+        (torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)) * ranges)
+        .reshape(shape)
+        .to(dtype)
+    )
+    enc = encode(x, [("int8", {"group_size": group_size})])
+    name = str(dtype).removeprefix("torch.")
+    assert enc.stages == [{"codec": "int8", "dtype": name, "shape": list(shape), "group_size": group_size}]
+    q, scale = enc.parts["q"], enc.parts["scale"]
+    groups = math.ceil(cols / group_size)
+    assert q.dtype == torch.int8 and q.shape == x.shape and int(q.abs().max()) <= 127
+    assert scale.dtype == torch.float32 and tuple(scale.shape) == (rows, groups)
+    padded = F.pad(_rows(x).double().abs(), (0, groups * group_size - cols)).reshape(rows, groups, -1)
+    want = padded.amax(dim=2).float().double() / 127
+    assert torch.allclose(scale.double(), want, rtol=2.0**-21, atol=2.0**-149)
+    y = decode(enc.parts, enc.stages, dtype, shape)
+    assert_within(y, x, int8_bound(x.double(), dtype, group_size))
+    if groups > 1:  # a group of small values steps finer than the row's largest value would let it
+        rows_error = (round_trip(x, ["int8"]).double() - x.double()).norm()
+        assert (y.double() - x.double()).norm() < rows_error
+
+
+@SOME
+@given(case=cases(), dtype=st.sampled_from(FLOATS), group_size=st.sampled_from((1, 3, 7, 32, 1000)))
+def test_int8_error_is_at_most_half_its_groups_scale(case: Case, dtype: torch.dtype, group_size: int) -> None:
+    x = finite_floats(case, dtype)
+    chain = [("int8", {"group_size": group_size})]
+    try:
+        y = round_trip(x, chain)
+    except CodecError:
+        assert may_refuse(x, chain)
+        return
+    assert_within(y, x, int8_bound(x.double(), dtype, group_size))
+
+
+@pytest.mark.parametrize("group_size", [None, 7], ids=["rows", "groups"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_int8_measure_gives_the_error_of_what_decode_gives_a_block_at_a_time(
+    group_size: int | None, dtype: torch.dtype, monkeypatch
+) -> None:
+    from slimtorch.format.codecs import lossy
+
+    monkeypatch.setattr(lossy, "ROW_BLOCK_ELEMENTS", 64)  # a row a block: 9 blocks
+    x = (torch.randn(9, 50, generator=torch.Generator().manual_seed(1)) * torch.linspace(0.1, 4, 50)).to(
+        dtype
+    )
+    stats = lossy.ErrorStats()
+    grouped = {"group_size": group_size} if group_size else {}
+    enc = encode(x, [("int8", {"measure": stats, **grouped})])
+    diff = decode(enc.parts, enc.stages, dtype, x.shape).float() - x.float()
+    largest, relative = stats.result
+    assert stats.blocks == 9 and largest == float(diff.abs().max())
+    assert relative == pytest.approx(float(diff.norm() / x.float().norm()), rel=1e-5)
+
+
+def test_int8_with_a_scale_per_row_records_no_group_size_and_reads_as_before() -> None:
+    x = torch.randn(6, 40)
+    rows = encode(x, ["int8"])
+    assert rows.stages == [{"codec": "int8", "dtype": "float32", "shape": [6, 40]}]
+    assert tuple(rows.parts["scale"].shape) == (6,)
+    column = {**rows.parts, "scale": rows.parts["scale"].reshape(6, 1)}  # compressed-tensors' column
+    assert torch.equal(decode(column, rows.stages, x.dtype, x.shape), round_trip(x, ["int8"]))
+    whole = encode(x, [("int8", {"group_size": 40})])  # one group a row: the same scales, as (rows, 1)
+    assert torch.equal(whole.parts["scale"], rows.parts["scale"].reshape(6, 1))
+    assert torch.equal(whole.parts["q"], rows.parts["q"])
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "8", 8.0])
+def test_int8_encode_refuses_a_group_size_that_is_not_a_positive_int(bad: object) -> None:
+    with pytest.raises(CodecError, match="group size"):
+        encode(torch.randn(4, 16), [("int8", {"group_size": bad})])
+
+
+def test_int8_takes_one_scale_or_a_scale_per_group_not_both() -> None:
+    with pytest.raises(CodecError, match="not both"):
+        encode(torch.randn(4, 16), [("int8", {"group_size": 8, "one_scale": True})])
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, False, "8", 8.0, None, [8]])
+def test_int8_decode_refuses_a_recorded_group_size_that_is_not_a_positive_int(bad: object) -> None:
+    _, enc = _sample([("int8", {"group_size": 8})])
+    _refused(enc.parts, [{**enc.stages[0], "group_size": bad}], match="group size")
+
+
+def test_decode_refuses_int8_group_scales_that_do_not_fit_the_groups() -> None:
+    x, enc = _sample([("int8", {"group_size": 8})])
+    scale = enc.parts["scale"]  # (6, 5)
+    for bad in (
+        scale[:, :-1],
+        torch.cat([scale, scale[:, :1]], dim=1),
+        scale[:-1],
+        scale[:, 0],  # a scale per row under a stage with groups
+        scale.reshape(-1),
+        scale.t().contiguous(),
+        scale.double(),
+        scale.half(),
+    ):
+        _refused({**enc.parts, "scale": bad}, enc.stages)
+    per_row = {k: v for k, v in enc.stages[0].items() if k != "group_size"}
+    _refused(enc.parts, [per_row])  # scales of groups read as scales of rows: refused, not misread
+    _refused(enc.parts, [{**enc.stages[0], "group_size": 16}])  # 3 groups a row, not 5
+    # a size beyond every row is one group a row: nothing is sized by the number a file gives
+    whole = encode(x, [("int8", {"group_size": 40})])
+    huge = [{**whole.stages[0], "group_size": 1 << 62}]
+    assert torch.equal(decode(whole.parts, huge, x.dtype, x.shape), round_trip(x, ["int8"]))
+
+
+STAGES_ON_META = [
+    "int8",
+    ("int8", {"one_scale": True}),
+    ("int8", {"group_size": 7}),
+    ("int8", {"group_size": 64}),
+    ("int4", {"group_size": 32, "flat": False}),
+    ("int4", {"group_size": 32, "flat": True}),
+    ("int4", {"group_size": 64, "symmetric": True}),
+    ("int4", {"group_size": 32, "integer_zero": True}),
+]
+
+
+@pytest.mark.parametrize("item", STAGES_ON_META, ids=str)
+@pytest.mark.parametrize("shape", [(6, 40), (5, 3, 3, 3), (70,), (4, 0)], ids=str)
+def test_encoded_on_meta_has_the_parts_and_the_stage_that_encode_makes(item, shape) -> None:
+    from slimtorch.format.codecs.lossy import encoded_on_meta
+
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(2), dtype=torch.bfloat16)
+    real, empty = encode(x, [item]), encoded_on_meta(item, list(shape), torch.bfloat16)
+    assert empty.stages == real.stages
+    assert {r: (p.shape, p.dtype) for r, p in empty.parts.items()} == {
+        r: (p.shape, p.dtype) for r, p in real.parts.items()
+    }
+    assert all(p.is_meta for p in empty.parts.values())
+
+
+def test_encoded_on_meta_checks_options_as_encode_does() -> None:
+    from slimtorch.format.codecs.lossy import encoded_on_meta
+
+    for item in (("int8", {"group_size": 0}), ("int8", {"group_size": 8, "one_scale": True}), "sparse"):
+        with pytest.raises(CodecError):
+            encoded_on_meta(item, [4, 16], torch.float32)
+    with pytest.raises(CodecError):
+        encoded_on_meta(("int4", {"group_size": 33}), [4, 66], torch.float32)
+
+
 @pytest.mark.parametrize("flat", [False, True], ids=["rows", "flat"])
 @SOME
 @given(case=cases(), group_size=st.sampled_from(INT4_GROUPS), dtype=st.sampled_from(FLOATS))
@@ -443,6 +602,8 @@ def test_values_near_float32s_largest_decode_finite() -> None:
     top = FP32_MAX
     x = torch.tensor([[top, -top, top / 3], [top / 2, 1.0, -top / 2]])
     assert_within(round_trip(x, ["int8"]), x, int8_bound(x.double(), x.dtype))
+    grouped = [("int8", {"group_size": 2})]
+    assert_within(round_trip(x, grouped), x, int8_bound(x.double(), x.dtype, 2))
     positive = x.abs()
     assert_within(
         round_trip(positive, [("int4", {"group_size": 32})]),

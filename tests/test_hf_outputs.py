@@ -348,6 +348,30 @@ def test_int4_with_integer_zero_points_stays_in_its_bound_and_compressed_tensors
     assert ours_error < (decode(symmetric.parts, symmetric.stages, torch.float32, (40, 96)) - weight).norm()
 
 
+def test_int8_with_scales_per_group_has_no_compressed_tensors_form_and_is_written_dense(tmp_path) -> None:
+    """compressed-tensors' per-channel int8 would read a (rows, groups) scale as a column of garbage: the
+    grouped form is not written as it; the Hugging Face writer stores the values it decodes to instead."""
+    from slimtorch.format.codecs import decode, encode
+    from slimtorch.format.hf_layout import ct_form
+    from slimtorch.format.writer import SlimWriter
+    from slimtorch.shrinking.writing import _add
+    from slimtorch.sources import open_checkpoint
+
+    weight = torch.randn(24, 72) * torch.linspace(0.01, 3, 72)
+    per_row = ct_form("fc.weight", encode(weight, ["int8"]))
+    assert per_row is not None and tuple(per_row[0].parts["scale"].shape) == (24, 1)
+    grouped = encode(weight, [("int8", {"group_size": 32})])
+    assert ct_form("fc.weight", grouped) is None
+    schemes: dict = {}
+    with SlimWriter(tmp_path / "m.safetensors") as writer:
+        _add(writer, "fc.weight", grouped, torch.float32, (24, 72), 8, schemes, frozenset())
+    source = open_checkpoint(tmp_path / "m.safetensors")
+    assert schemes == {} and source.codec("fc.weight") == "raw"
+    assert torch.equal(
+        source.get("fc.weight"), decode(grouped.parts, grouped.stages, torch.float32, (24, 72))
+    )
+
+
 def test_a_folder_another_tool_quantized_is_refused_not_copied_as_plain_weights(bases, tmp_path) -> None:
     """A compressed-tensors folder written by another tool (``weight_packed`` codes, a quantization_config)
     would come out of a shrink as codes under names transformers reads as missing: random weights."""

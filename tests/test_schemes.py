@@ -6,6 +6,7 @@ test parametrized over ``SCHEMES``, then cover it."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 
@@ -14,11 +15,12 @@ import torch
 from torch import nn
 
 from slimtorch import schemes
+from slimtorch.cli.choices import SCHEME_CODECS
 from slimtorch.cli.main import build_parser
 from slimtorch.errors import OptionError
 from slimtorch.format.codecs import decode, encode
 from slimtorch.quant import QuantizedWeight, QuantizeOptions
-from slimtorch.quant.build import layer_class
+from slimtorch.quant.build import layer_class, quantized_from, quantized_on_meta
 
 
 @pytest.mark.parametrize("row", schemes.ROWS, ids=lambda row: row.name)
@@ -65,9 +67,9 @@ def test_an_unknown_scheme_is_one_line_naming_the_known_ones() -> None:
 
 
 def test_the_api_and_every_command_offer_what_the_rows_allow() -> None:
-    """``quantize`` offers every scheme; ``shrink`` and ``prune``, which write files, the weight-only ones;
-    the slim planner tries them all (weight-only first, for a size goal); QuantizeOptions takes each with
-    its classes' kernels. All read from the table."""
+    """``quantize`` offers every scheme; ``shrink`` and ``prune``, which write files, the weight-only ones
+    they store as their rows say; the slim planner tries them all (weight-only first, for a size goal);
+    QuantizeOptions takes each with its classes' kernels. All read from the table."""
     from slimtorch.quant import SCHEMES
     from slimtorch.slimming.options import SlimOptions
 
@@ -83,7 +85,8 @@ def test_the_api_and_every_command_offer_what_the_rows_allow() -> None:
     for action in actions.values():  # --help explains each scheme it offers by its row
         assert all(schemes.scheme(name).summary in " ".join(action.help.split()) for name in action.choices)
     assert tuple(offered["quantize"]) == schemes.SCHEMES
-    assert tuple(offered["shrink"]) == tuple(offered["prune"]) == schemes.WEIGHT_ONLY
+    assert tuple(offered["shrink"]) == tuple(offered["prune"]) == schemes.WRITTEN
+    assert set(offered["export"]) <= set(SCHEME_CODECS)  # export names its int8 by the writers' word too
     assert set(SlimOptions().schemes) == set(schemes.SCHEMES)
     for row in schemes.ROWS:
         linear = layer_class(row.name, "linear")
@@ -103,6 +106,62 @@ def test_each_scheme_quantizes_the_layers_its_row_names_and_leaves_the_rest_floa
             assert type(layer) is layer_class(row.name, kind), (name, type(layer))
         else:
             assert not isinstance(layer, QuantizedWeight) and name in report.skipped, (name, report.skipped)
+
+
+def test_the_writers_store_each_quantize_value_in_the_form_the_table_says() -> None:
+    """shrink, prune and save store by ``quantize`` value: each value's (codec, grouped) form is what
+    ``WRITER_FORMS`` says (the CLI reads it there, without torch), and they take no other value."""
+    from slimtorch.format.policy import TensorPolicy, encode_tensor
+
+    weight = torch.randn(64, 128)
+    for value, (codec, grouped) in schemes.WRITER_FORMS.items():
+        policy = TensorPolicy(quantize=value, sparse="off")
+        stage = encode_tensor("fc.weight", weight, "parameters", policy).stages[0]
+        assert stage["codec"] == codec and ("group_size" in stage) == grouped, (value, stage)
+    with pytest.raises(OptionError, match="quantize must be int8 or int4"):
+        TensorPolicy(quantize="int8-weight")
+    for name in schemes.WRITTEN:
+        row = schemes.scheme(name)
+        assert schemes.WRITER_FORMS[SCHEME_CODECS[name]] == (row.codec, row.grouped)
+
+
+def test_a_row_the_writers_cannot_store_as_it_says_is_not_offered_by_them() -> None:
+    """A grouped int8 row (made here, not in the table) would be stored per row by ``quantize="int8"``: it
+    has no writer form, so shrink and prune would not offer it; ``quantize`` takes it, its stage grouped."""
+    grouped_int8 = dataclasses.replace(schemes.scheme("int8-weight"), name="int8-grouped", grouped=True)
+    assert grouped_int8.writer_form is None
+    assert schemes.scheme("int8-weight").writer_form == "int8"
+    chain = grouped_int8.codec_chain(32, grid="integer_zero")  # int4's grid means nothing to int8
+    assert chain == [("int8", {"group_size": 32})]
+    assert encode(torch.randn(4, 80), chain).parts["scale"].shape == (4, 3)
+
+
+@pytest.mark.parametrize("row", schemes.ROWS, ids=lambda row: row.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_layer_built_empty_for_loading_has_the_parts_and_stage_of_one_quantized(row, dtype) -> None:
+    """``load_model`` fills the layer ``quantized_on_meta`` builds from the file: its buffers must be shaped
+    as the codec makes them (a grouped int8 scale is (rows, groups), not (rows,))."""
+    linear = nn.Linear(72, 24).to(dtype)  # 72 inputs: groups of 32 leave a short last one
+    made = quantized_from(linear, row.name, 32)
+    empty = quantized_on_meta(linear, row.name, 32, dtype)
+    assert empty.stage == made.stage
+    assert {k: (b.shape, b.dtype) for k, b in empty.named_buffers()} == {
+        k: (b.shape, b.dtype) for k, b in made.named_buffers()
+    }
+
+
+def test_the_int8_embedding_class_serves_an_int8_row_with_scales_per_group() -> None:
+    """One embedding class serves every int8 scheme (its ``SCHEME`` is the codec): with a scale per group
+    it looks rows up as the codec decodes them."""
+    from slimtorch.quant.modules import Int8Embedding
+
+    table = torch.randn(50, 40) * torch.linspace(0.01, 3, 40)
+    encoded = encode(table, [("int8", {"group_size": 16})])
+    layer = Int8Embedding(50, 40, None, encoded)
+    ids = torch.tensor([[3, 0, 49], [7, 7, 1]])
+    want = decode(encoded.parts, encoded.stages, table.dtype, table.shape)[ids]
+    assert torch.equal(layer(ids), want)
+    assert torch.equal(layer.dequantized(), decode(encoded.parts, encoded.stages, table.dtype, table.shape))
 
 
 def test_the_table_imports_no_torch() -> None:

@@ -311,6 +311,44 @@ def test_int4_columns_off_group_boundaries_read_the_covering_groups_only(tmp_pat
     assert done.bytes_read == 64 * (2 * 32 // 2 + 2 * side)  # two groups' codes, scales and zeros a row
 
 
+def test_int8_with_scales_per_group_reads_the_covering_groups_codes_and_scales(tmp_path):
+    from slimtorch.format.codecs import encode
+    from slimtorch.format.writer import SlimWriter
+
+    weight = torch.randn(40, 100) * torch.linspace(0.01, 3, 100)  # groups of 24: the last of a row holds 4
+    path = tmp_path / "m.safetensors"
+    with SlimWriter(path) as writer:
+        writer.add("w", encode(weight, [("int8", {"group_size": 24})]), torch.float32, (40, 100))
+        writer.add(
+            "conv",
+            encode(torch.randn(6, 4, 3, 3), [("int8", {"group_size": 5})]),
+            torch.float32,
+            (6, 4, 3, 3),
+        )
+    source = open_checkpoint(path)
+    whole = source.get("w")
+    assert source.codec("w") == "int8" and tuple(source.physical["w::scale"].shape) == (40, 5)
+    for rows, cols in [
+        ((3, 29), None),
+        ((0, 40), (30, 50)),
+        ((1, 40), (5, 70)),
+        ((2, 9), (90, 100)),
+        ((40, 40), None),
+    ]:
+        out = torch.empty((rows[1] - rows[0], (cols[1] - cols[0]) if cols else 100))
+        done = source.read_into("w", out, rows=rows, cols=cols)
+        assert torch.equal(out, whole[slice(*rows), slice(*cols) if cols else slice(None)]), (rows, cols)
+        assert done.note is None and (done.pieces or not out.numel())
+    done = source.read_into("w", torch.empty(40, 20), cols=(30, 50))  # group 1 (24:48) and group 2 (48:72)
+    assert done.bytes_read == 40 * (48 + 2 * 4)  # their codes and their two scales a row, no more
+    done = source.read_into("w", torch.empty(40, 3), cols=(97, 100))  # in the short last group (96:100)
+    assert done.bytes_read == 40 * (4 + 4)
+    assert torch.equal(source.get_rows("w", 5, 17), whole[5:17])
+    conv = torch.empty(6, 2, 3, 3)  # groups run over the flattened columns: decoded whole, then cut
+    source.read_into("conv", conv, cols=(1, 3))
+    assert torch.equal(conv, source.get("conv")[:, 1:3])
+
+
 def test_sharded_load_options_are_refused_with_one_line_when_unsupported():
     class Mesh2D:
         ndim = 2

@@ -66,11 +66,32 @@ class Scheme:
 
     def codec_chain(self, group_size: int, grid: str = "") -> list[Any]:
         """The codec stage its weights go through: grouped codes follow rows, as the kernels want them;
-        ``grid`` names where int4 zero points go (``symmetric``, ``integer_zero``, or "" for anywhere)."""
+        ``grid`` names where int4 zero points go (``symmetric``, ``integer_zero``, or "" for anywhere).
+        int8 is symmetric and its groups never span rows: it takes neither option."""
         if not self.grouped:
             return [self.codec]
+        if self.codec != "int4":
+            return [(self.codec, {"group_size": group_size})]
         return [(self.codec, {"group_size": group_size, "flat": False, **({grid: True} if grid else {})})]
 
+    @property
+    def writer_form(self) -> str | None:
+        """The file writers' ``quantize`` value (:data:`WRITER_FORMS`) that stores its weights as the row
+        says, or None when they have no such form (the row is then quantized by ``quantize``, never by
+        shrink or prune)."""
+        return next(
+            (value for value, form in WRITER_FORMS.items() if form == (self.codec, self.grouped)), None
+        )
+
+
+WRITER_FORMS: Mapping[str, tuple[str, bool]] = MappingProxyType(
+    {"int8": ("int8", False), "int4": ("int4", True)}
+)
+"""What the file writers store for each value of their ``quantize`` option (``slimtorch.format.policy``:
+shrink, prune, ``save``): ``(codec, grouped)``, int8 with a scale per row, int4 in groups. Here, not there,
+so that the command line reads it without torch; ``tests/test_schemes.py`` holds the two together. A row
+whose form is not listed is not offered by the commands that write files: stored by codec name it would
+come out in another form (a grouped int8 row as a scale per row)."""
 
 _MODULES, _RECURRENT, _CONV = "slimtorch.quant.modules", "slimtorch.quant.recurrent", "slimtorch.quant.conv"
 
@@ -123,7 +144,10 @@ BY_NAME: Mapping[str, Scheme] = MappingProxyType({row.name: row for row in ROWS}
 SCHEMES: tuple[str, ...] = tuple(BY_NAME)
 """Every scheme's name."""
 WEIGHT_ONLY: tuple[str, ...] = tuple(row.name for row in ROWS if row.weight_only)
-"""The schemes a file stores (shrink, prune, save): weights quantized, activations computed in float."""
+"""The schemes whose weights are quantized and activations computed in float: what a file holds."""
+WRITTEN: tuple[str, ...] = tuple(row.name for row in ROWS if row.weight_only and row.writer_form)
+"""The weight-only schemes the file writers store as their rows say (:data:`WRITER_FORMS`): what shrink
+and prune offer."""
 
 
 def scheme(name: str) -> Scheme:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from slimtorch.schemes import ROWS
 from slimtorch.schemes import SCHEMES as SCHEMES  # what --scheme offers (each command, those it can do)
-from slimtorch.schemes import WEIGHT_ONLY as WEIGHT_ONLY  # what shrink and prune store
+from slimtorch.schemes import WRITTEN as WRITTEN  # what shrink and prune store
 
-SCHEME_CODECS = {row.name: row.codec for row in ROWS}
-"""A scheme as the writers and the exporter name it (``quantize="int8"``)."""
+SCHEME_CODECS = {row.name: row.writer_form for row in ROWS if row.writer_form}
+"""A scheme as the writers and the exporter name it (``quantize="int8"``): only the rows they store in the
+row's own form (:data:`slimtorch.schemes.WRITER_FORMS`); another would be stored in another form."""
 
 INT4_GROUP_SIZE = 128
 """``slimtorch.format.codecs.lossy.INT4_GROUP_SIZE``: int4 values per scale of ``slimtorch quantize``."""

@@ -23,7 +23,7 @@ from slimtorch.cli.arguments import (
     integer,
     print_json,
 )
-from slimtorch.cli.choices import SCHEME_CODECS, WEIGHT_ONLY
+from slimtorch.cli.choices import SCHEME_CODECS, WRITTEN
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
 from slimtorch.cli.untrusted_text import as_text
@@ -103,7 +103,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         help="reach the ratio in this many steps (default 1)",
     )
     add_skip(parser, "module names whose outputs stay (with --unstructured, --n-m: whose weights stay)")
-    add_scheme(parser, WEIGHT_ONLY, "also quantize the saved weights (as shrink --scheme does)")
+    add_scheme(parser, WRITTEN, "also quantize the saved weights (as shrink --scheme does)")
     add_runs(parser)
     add_layout(parser)
     add_json(parser, "slimtorch.prune/1; slimtorch.sparsity/1 with --unstructured or --n-m")

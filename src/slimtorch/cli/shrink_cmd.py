@@ -17,7 +17,7 @@ from slimtorch.cli.arguments import (
     print_json,
     size,
 )
-from slimtorch.cli.choices import SCHEME_CODECS, SHRINK_INT4_GROUP_SIZE, WEIGHT_ONLY
+from slimtorch.cli.choices import SCHEME_CODECS, SHRINK_INT4_GROUP_SIZE, WRITTEN
 from slimtorch.cli.model_spec import PATH_HELP
 
 HELP = "write a smaller, safe copy of a checkpoint (slim format on safetensors)"
@@ -62,7 +62,7 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
     parser.add_argument("source", metavar="IN", help=PATH_HELP)
     add_output(parser, "output .safetensors file or folder")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), help="convert floating-point tensors (lossy)")
-    add_scheme(parser, WEIGHT_ONLY, "quantize weights (lossy): int8 per row, or int4 in groups")
+    add_scheme(parser, WRITTEN, "quantize weights (lossy): int8 per row, or int4 in groups")
     add_group_size(parser, SHRINK_INT4_GROUP_SIZE)
     parser.add_argument(
         "--sparse",

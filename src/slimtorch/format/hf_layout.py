@@ -216,7 +216,12 @@ def ct_form(tensor: str, encoded: Encoded) -> tuple[Encoded, dict[str, str], CtS
     """An int8 / int4 encoding of the weight ``<layer>.weight`` as compressed-tensors names and shapes it:
     (parts, physical keys by role, scheme), or None when it cannot (int4 with a float zero point, groups
     that do not fit, a tensor not 2-d). Later lossless stages (sparse codes, zstd) are undone: the codes
-    are the same."""
+    are the same.
+
+    int8 with a scale per group of inputs is None too: compressed-tensors has an 8-bit ``group``
+    strategy, but it needs whole groups along every row (ours may end short), and nothing here shows
+    that transformers' loader decodes it; written as a column of per-channel scales it would decode to
+    garbage. The callers then store the dequantized weight (a float layer holding the same values)."""
     if not encoded.stages or not tensor.endswith("weight"):
         return None
     stage = dict(encoded.stages[0])
@@ -225,6 +230,8 @@ def ct_form(tensor: str, encoded: Encoded) -> tuple[Encoded, dict[str, str], CtS
         return None
     parts = undo(encoded.parts, encoded.stages, keep=1) if len(encoded.stages) > 1 else dict(encoded.parts)
     if stage["codec"] == "int8":
+        if "group_size" in stage:
+            return None
         coded = {"q": parts["q"], "scale": parts["scale"].reshape(-1, 1)}
         keys = {"q": tensor, "scale": f"{layer}weight_scale"}
         return Encoded(coded, [stage]), keys, CtScheme(8)

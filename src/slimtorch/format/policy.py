@@ -44,6 +44,7 @@ from slimtorch.format.container import DTYPES
 from slimtorch.format.hf_layout import int4_fits
 from slimtorch.format.names import unmatched_pattern
 from slimtorch.format.scan import count_zeros
+from slimtorch.schemes import WRITER_FORMS
 
 QUANTIZE_MIN_ELEMENTS = 4096
 SHRINK_INT4_GROUP_SIZE = 32
@@ -69,7 +70,8 @@ class CodecChoices:
     dtype: torch.dtype | None = None
     """Convert floating-point tensors: ``"fp16"``, ``"bf16"`` (or the torch dtype); None keeps them."""
     quantize: str | None = None
-    """Quantize weights: ``"int8"`` (per output channel) or ``"int4"`` (in groups); None keeps them."""
+    """Quantize weights: ``"int8"`` (per output channel) or ``"int4"`` (in groups); None keeps them (the
+    forms :data:`slimtorch.schemes.WRITER_FORMS` lists, for the command line)."""
     group_size: int = SHRINK_INT4_GROUP_SIZE
     """Values per int4 group."""
     sparse: str = "auto"
@@ -87,8 +89,8 @@ class CodecChoices:
             if self.dtype not in _CASTS:
                 raise OptionError(f"dtype must be fp16 or bf16, not {self.dtype!r}")
             object.__setattr__(self, "dtype", _CASTS[self.dtype])
-        if self.quantize not in (None, "int8", "int4"):
-            raise OptionError(f"quantize must be int8 or int4, not {self.quantize!r}")
+        if self.quantize is not None and self.quantize not in WRITER_FORMS:
+            raise OptionError(f"quantize must be {' or '.join(WRITER_FORMS)}, not {self.quantize!r}")
         if self.sparse not in ("auto", "off"):
             raise OptionError(f"sparse must be auto or off, not {self.sparse!r}")
         check_group_size(self.group_size)

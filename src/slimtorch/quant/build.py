@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 from torch import nn
 
 from slimtorch.format.codecs import Encoded, encode
-from slimtorch.format.source import dtype_name
+from slimtorch.format.codecs.lossy import encoded_on_meta
 from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.quant.conv import quantizable_conv
 from slimtorch.quant.gptq import gptq_int4
@@ -76,24 +75,9 @@ def quantized_on_meta(
 
 
 def _meta_encoded(shape: list[int], scheme: str, group_size: int, dtype: torch.dtype) -> Encoded:
-    rows, cols = shape[0], math.prod(shape[1:])
-    stage: dict[str, Any] = {"dtype": dtype_name(dtype), "shape": shape}
-    if scheme_row(scheme).codec == "int8":
-        stage = {"codec": "int8", **stage}
-        parts = {"q": _meta(shape, torch.int8), "scale": _meta([rows], torch.float32)}
-    else:
-        stage = {"codec": "int4", **stage, "group_size": group_size, "flat": False}
-        groups = -(-cols // group_size)
-        parts = {
-            "q4": _meta([rows, groups * group_size // 2], torch.uint8),
-            "scale": _meta([rows, groups], torch.float16),
-            "zero": _meta([rows, groups], torch.float16),
-        }
-    return Encoded(parts, [stage])
-
-
-def _meta(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, device="meta")
+    """The parts the scheme's codec stage makes from a weight of ``shape``, empty, as the codec says."""
+    (stage,) = scheme_row(scheme).codec_chain(group_size)
+    return encoded_on_meta(stage, shape, dtype)
 
 
 def float_weight(module: nn.Module) -> torch.Tensor:

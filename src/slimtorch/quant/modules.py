@@ -33,7 +33,7 @@ from torch.nn import functional as F
 from slimtorch.format import pages
 from slimtorch.format.codecs import Encoded
 from slimtorch.format.codecs.chain import parse_dtype
-from slimtorch.format.codecs.lossy import INT4, INT8, decoded_blocks
+from slimtorch.format.codecs.lossy import INT4, INT8, QUANTIZERS, decoded_blocks
 from slimtorch.format.source import dtype_name
 from slimtorch.quant import kernels, rowcodes, sharing
 from slimtorch.quant.kernels import BF16_AGREEMENT, CHOICES
@@ -131,7 +131,7 @@ class QuantizedWeight(nn.Module):
     def dequantized(self, dtype: torch.dtype | None = None, tensor: str = "weight") -> torch.Tensor:
         """The float tensor the parts encode, in ``dtype`` (default: the original weight's dtype)."""
         stage = self.stage_of(tensor)
-        codec = INT8 if stage["codec"] == "int8" else INT4
+        codec = QUANTIZERS[stage["codec"]]
         parts = self.parts(tensor)
         primary = parts.pop(codec.primary)
         return codec.decode(
@@ -765,12 +765,17 @@ class _QuantizedEmbedding(QuantizedWeight):
 
 
 class Int8Embedding(_QuantizedEmbedding):
-    """``nn.Embedding`` with int8 rows, one scale each; only the rows looked up are dequantized."""
+    """``nn.Embedding`` with int8 rows, a scale each (or one per group of a row's values: the class serves
+    every int8 scheme); only the rows looked up are dequantized."""
 
     SCHEME = "int8"
     SLIM_PARTS = INT8_PARTS
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
+        if "group_size" in self.stage:
+            stage = {**self.stage, "shape": [ids.numel(), self.embedding_dim]}
+            scale = {"scale": self.weight_scale.index_select(0, ids)}
+            return INT8.decode(self.qweight.index_select(0, ids), scale, stage)
         # index_select, not qweight[ids]: advanced indexing of int8 rows is ten times slower
         rows = self.qweight.index_select(0, ids).to(self.weight_dtype)
         return rows.mul_(self.weight_scale.index_select(0, ids).to(self.weight_dtype).unsqueeze(1))

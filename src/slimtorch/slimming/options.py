@@ -18,7 +18,9 @@ from slimtorch.slimming.schema import Check, Invalid, flag, items, number, text
 STAGES = ("prune", "sparsify", "recover", "quantize")
 """the stages the plan may use (baseline and save always run; export with ``export=True``)"""
 SCHEMES = tuple(sorted(ALL_SCHEMES, key=lambda name: scheme_row(name).dynamic))
-"""every quantization scheme (:mod:`slimtorch.schemes`), weight-only ones first (those a size goal tries)"""
+"""every quantization scheme (:mod:`slimtorch.schemes`), weight-only ones first (those a size goal tries):
+the plan quantizes layers and saves them as they are (``save_model``), so it takes any row, not only those
+the file writers' ``quantize`` stores (:data:`slimtorch.schemes.WRITTEN`)"""
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 import torch
 
 from slimtorch.errors import FormatError
 from slimtorch.format.codecs import CodecError, decode
+from slimtorch.format.codecs.lossy import is_int4_group_size, is_int8_group_size
 from slimtorch.format.layout import CHECKSUM_CHUNK, Entry, crc32, recorded_crcs, tensor_bytes
 from slimtorch.format.shard_read import Piece, ShardRead, Span, read_region, region
 from slimtorch.format.source import StorageLocation, TensorInfo
 
 READ_BLOCK = 16 << 20  # bytes of decoded rows per block when a sharded read decodes codes
+GROUPED_PARTS = {"int8": {"q", "scale"}, "int4": {"q4", "scale", "zero"}}
+"""The parts of the codecs whose scales go per group along a row (int8 with a ``group_size``)."""
 
 
 class RegionSource(Protocol):
@@ -43,9 +46,10 @@ def read_into(
 ) -> ShardRead:
     """Rows and columns of tensor ``name`` into ``out`` with ``pread`` (see
     :meth:`TensorSource.read_into`), each stored part's region only: raw and cast tensors by rows or
-    columns, int8 codes on any column (its scales are per row), row-grouped int4 on whole groups (the
-    covering groups read, then trimmed). The bytes read are hashed into :class:`Piece` s for the caller
-    to check (``verify``); other chains are decoded whole and checked here, with a ``note``."""
+    columns, int8 codes on any column (with scales per row), int8 with scales per group and row-grouped
+    int4 on whole groups (the covering groups read, then trimmed). The bytes read are hashed into
+    :class:`Piece` s for the caller to check (``verify``); other chains are decoded whole and checked here,
+    with a ``note``."""
     entry = source.entry(name)
     rows, cols, shape = region(entry.shape, rows, cols)
     if tuple(out.shape) != shape:
@@ -153,23 +157,40 @@ def _decoded_width(entry: Entry, span: Span) -> int:
 
 def _column_plan(entry: Entry, cols: Span | None) -> dict[str, Span | None] | None:
     """Which columns of each stored part a region's columns need (None: whole rows); None when the chain
-    keeps no row apart (zstd, sparse, flat or packed int4, a 1-d coded tensor)."""
+    keeps no row apart (zstd, sparse, flat or packed int4, a 1-d coded tensor). int8 with a scale per row
+    reads the columns asked; int8 with a scale per group and row-grouped int4 read the whole groups that
+    cover them, codes and sides alike (trimmed once decoded): a grouped int8's scales have columns too."""
     chain, stages = entry.chain, entry.stages
     if chain in ("raw", "cast") and set(entry.parts) == {""}:
         return {"": cols}
     if len(entry.shape) < 2 or stages[-1].get("flat") or stages[0].get("packing") is not None:
         return None
-    if chain == "int8" and set(entry.parts) == {"q", "scale"}:
+    grouped = "group_size" in stages[0]
+    if chain == "int8" and set(entry.parts) == {"q", "scale"} and not grouped:
         return {"q": cols, "scale": None}
-    if chain != "int4" or set(entry.parts) != {"q4", "scale", "zero"}:
+    if set(entry.parts) != GROUPED_PARTS.get(chain):
         return None
     if cols is None:
         return dict.fromkeys(entry.parts)
-    if len(entry.shape) != 2:
-        return None  # int4 groups run over the flattened columns: dim 1 alone is not a group boundary
-    size = stages[0]["group_size"]
+    size = stages[0].get("group_size")
+    if len(entry.shape) == 2 and _group_size_of(size, chain):
+        return _covering_groups(entry, cols, size)
+    return None  # groups run over the flattened columns; a bad size is decode's to refuse
+
+
+def _covering_groups(entry: Entry, cols: Span, size: int) -> dict[str, Span | None]:
+    """Each part's columns for the whole groups of ``size`` covering ``cols``."""
     first, last = cols[0] // size, -(-cols[1] // size)
-    return {"q4": (first * size // 2, last * size // 2), "scale": (first, last), "zero": (first, last)}
+    codes = _primary(entry)
+    stop = last * size if codes == "q4" else min(last * size, entry.shape[1])  # int8 rows are not padded
+    spans: dict[str, Span | None] = dict.fromkeys(entry.parts, (first, last))
+    spans[codes] = (first * size // _per_code(entry), stop // _per_code(entry))
+    return spans
+
+
+def _group_size_of(size: object, chain: str) -> TypeGuard[int]:
+    """Whether a file's group size is one the chain's codec takes (checked before it divides anything)."""
+    return is_int4_group_size(size) if chain == "int4" else is_int8_group_size(size)
 
 
 def _pieces(

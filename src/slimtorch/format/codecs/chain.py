@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -47,9 +47,10 @@ class Codec(Protocol):
 
 REGISTRY: dict[str, Codec] = {}
 ENTROPY = "zstd"
+C = TypeVar("C", bound=Codec)
 
 
-def register(codec: Codec) -> Codec:
+def register(codec: C) -> C:
     REGISTRY[codec.name] = codec
     return codec
 

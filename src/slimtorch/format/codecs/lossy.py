@@ -1,11 +1,14 @@
-"""Lossy codecs: ``cast`` (to float16 / bfloat16), ``int8`` (per output channel) and ``int4`` (group-wise).
+"""Lossy codecs: ``cast`` (to float16 / bfloat16), ``int8`` (per output channel or per group) and ``int4``
+(group-wise).
 
 Error bounds, per element (``x`` the input, in the dtype it had):
 
 - ``cast``: round to nearest in the target dtype: ``|err| <= 2**-11 |x|`` (float16, normal range) or
   ``2**-8 |x|`` (bfloat16). Values beyond float16's range are refused, not turned into infinity.
 - ``int8``: symmetric, one float32 scale per output channel (row of ``x.reshape(rows, -1)``):
-  ``|err| <= scale / 2`` with ``scale = max|row| / 127``.
+  ``|err| <= scale / 2`` with ``scale = max|row| / 127``. With ``group_size``, one float32 scale per group
+  of ``group_size`` consecutive values along a row (the row's last group may be shorter), ``(rows,
+  groups)``: ``|err| <= scale / 2`` with ``scale = max|group| / 127``, the scale of the value's group.
 - ``int4``: asymmetric, groups of ``group_size`` consecutive values along a row (or along the flattened
   tensor, ``flat=True``), codes 0..15 packed two per
   byte, a scale and a zero point (the value of code 0) per group, float16 when they fit, else float32:
@@ -39,16 +42,17 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import Any, TypeAlias, TypeGuard
 
 import torch
 
 from slimtorch.errors import OptionError
 from slimtorch.format.codecs import int4_fast
 from slimtorch.format.codecs.base import require
-from slimtorch.format.codecs.chain import CodecError, decode, parse_dtype, part, register
+from slimtorch.format.codecs.chain import CodecError, Encoded, decode, parse_dtype, part, register
+from slimtorch.format.source import dtype_name
 
 ROW_BLOCK_ELEMENTS = 1 << 20  # ~1 Mi values at a time: 4 MB float32 temporaries stay in cache (1.3x of 4 Mi)
 INT4_GROUP_SIZES = range(32, 257)
@@ -62,6 +66,8 @@ _FP16_TINY = torch.finfo(torch.float16).tiny
 _FP16_MAX = torch.finfo(torch.float16).max
 _FP32_MAX = torch.finfo(torch.float32).max
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+PartSpecs: TypeAlias = dict[str, tuple[list[int], torch.dtype]]
+"""A codec stage's parts as :func:`encoded_on_meta` describes them: role -> (shape, dtype)."""
 
 
 @dataclass
@@ -175,60 +181,138 @@ class Int8:
     name, primary, lossless = "int8", "q", False
 
     def encode(
-        self, x: torch.Tensor, one_scale: bool = False, measure: ErrorStats | None = None
+        self,
+        x: torch.Tensor,
+        one_scale: bool = False,
+        measure: ErrorStats | None = None,
+        group_size: int | None = None,
     ) -> tuple[torch.Tensor, dict, dict]:
         """``one_scale=True`` gives every row the scale of the largest value in the tensor (the format is
         the same: a scale per row, here all equal), which torch's per-tensor int8 kernels can take.
+        ``group_size`` gives each run of that many values along a row its own scale, ``(rows, groups)``
+        (the last group of a row may be shorter: nothing is stored for padding); the stage records it, and
+        only then.
         ``measure`` gathers the stored values' error against ``x`` while each block is at hand: the values
         :meth:`decode` gives, compared without reading ``x`` again (not stored: it is no option)."""
+        params = _int8_params(one_scale, group_size)
         _require_float(x, "int8", checked=True)
         rows = as_rows(x)
+        n_rows, cols = rows.shape
+        size, groups = _int8_groups(group_size, cols)
         q = torch.empty(rows.shape, dtype=torch.int8)
-        scale = torch.empty(rows.shape[0], dtype=torch.float32)
+        scale = torch.empty(n_rows, groups, dtype=torch.float32)
         largest = None
         if one_scale and rows.numel():
             largest = torch.stack([v.to(torch.float32).abs().amax() for v in _blocks_of(rows)]).amax()
             _require_finite("int8", largest)
-        for block in row_blocks(*rows.shape):
+        for block in row_blocks(n_rows, groups * size):
             values = rows[block].to(torch.float32)
-            if values.shape[1]:
-                low, high = extremes(values, 1)
-                _require_finite("int8", low, high)
-                s = torch.maximum(high, low.neg_()).div_(127)
-            else:
-                s = values.new_zeros(values.shape[0])
-            if largest is not None:
-                s = (largest / 127).expand_as(s).clone()
+            g = _padded_groups(values, size, groups)
+            s = _int8_scales(g) if largest is None else (largest / 127).expand(g.shape[:2]).clone()
             # Near float32's largest value, 127 * s can round up to inf: take the float32 just below, so that
             # code 127 decodes to a finite number (the error bound holds with room to spare).
             s = torch.where(torch.isinf(s * 127), torch.nextafter(s, torch.zeros_like(s)), s)
             scale[block] = s
-            codes = values / torch.where(s > 0, s, 1).unsqueeze(1)
-            q[block] = codes.round_().clamp_(-127, 127)
+            codes = g / torch.where(s > 0, s, 1).unsqueeze(2)
+            q[block] = codes.round_().clamp_(-127, 127).reshape(values.shape[0], -1)[:, :cols]
             if measure is not None:  # decode's arithmetic: code * scale in float32, rounded to x's dtype
-                decoded = codes.mul_(s.unsqueeze(1))
+                decoded = codes.mul_(s.unsqueeze(2)).reshape(values.shape[0], -1)[:, :cols]
                 if x.dtype != torch.float32:
                     decoded = decoded.to(x.dtype).to(torch.float32)
                 measure.add(decoded, values)
-        return q.reshape(x.shape), {"scale": scale}, {}
+        return (
+            q.reshape(x.shape),
+            {"scale": scale if group_size is not None else scale.reshape(n_rows)},
+            params,
+        )
 
     def decode(self, primary: torch.Tensor, parts: Mapping[str, torch.Tensor], stage: dict) -> torch.Tensor:
         dtype, shape = _decoded_dtype(stage), tuple(stage["shape"])
         require(primary.dtype == torch.int8 and tuple(primary.shape) == shape, "int8 codes do not fit")
         rows = as_rows(primary)
+        n_rows, cols = rows.shape
         scale = part(parts, "scale", torch.float32)
-        # (rows, 1) is how compressed-tensors stores a scale per output channel: the same bytes
-        require(
-            tuple(scale.shape) in ((rows.shape[0],), (rows.shape[0], 1)), "int8 scale has the wrong shape"
-        )
-        scale = scale.reshape(-1)
+        if "group_size" in stage:  # from a file: checked before anything is sized by it
+            group_size = stage["group_size"]
+            require(is_int8_group_size(group_size), f"bad int8 group size {str(group_size)[:40]!r}")
+            size, groups = _int8_groups(group_size, cols)
+            require(tuple(scale.shape) == (n_rows, groups), "int8 scales do not fit the groups")
+        else:
+            # (rows, 1) is how compressed-tensors stores a scale per output channel: the same bytes
+            require(tuple(scale.shape) in ((n_rows,), (n_rows, 1)), "int8 scale has the wrong shape")
+            size, scale = cols, scale.reshape(n_rows, 1)
         out = torch.empty(rows.shape, dtype=dtype)
-        for block in row_blocks(*rows.shape):
-            if dtype == torch.float32:
-                out[block].copy_(rows[block]).mul_(scale[block].unsqueeze(1))
+        for block in row_blocks(n_rows, cols):
+            if size < cols:
+                values = rows[block].to(torch.float32)
+                out[block] = values.mul_(scale[block].repeat_interleave(size, dim=1)[:, :cols])
+            elif dtype == torch.float32:
+                out[block].copy_(rows[block]).mul_(scale[block])
             else:
-                out[block] = rows[block].to(torch.float32).mul_(scale[block].unsqueeze(1))
+                out[block] = rows[block].to(torch.float32).mul_(scale[block])
         return out.reshape(shape)
+
+    def meta_parts(
+        self, shape: Sequence[int], one_scale: bool = False, group_size: int | None = None
+    ) -> tuple[PartSpecs, dict]:
+        """The parts :meth:`encode` makes from a tensor of ``shape`` with these options, and the parameters
+        it records (see :func:`encoded_on_meta`)."""
+        params = _int8_params(one_scale, group_size)
+        rows, cols = _rows_cols(shape)
+        scale = [rows] if group_size is None else [rows, _int8_groups(group_size, cols)[1]]
+        return {"q": (list(shape), torch.int8), "scale": (scale, torch.float32)}, params
+
+
+def is_int8_group_size(value: object) -> TypeGuard[int]:
+    """The rule for an int8 group size: any int from 1. Unlike int4's, codes are whole bytes (no two share
+    one) and a row's last group may be short, so no size is too odd or too small; ``bool`` is no size."""
+    return type(value) is int and value >= 1
+
+
+def _int8_params(one_scale: bool, group_size: int | None) -> dict:
+    """The parameters an int8 stage records: ``group_size`` only when given, so that a stage with a scale
+    per row reads as it always did."""
+    if group_size is None:
+        return {}
+    if not is_int8_group_size(group_size):
+        raise CodecError(f"int8 group size must be an int from 1, not {group_size!r}")
+    if one_scale:
+        raise CodecError("int8 takes one scale for the tensor or a scale per group, not both")
+    return {"group_size": group_size}
+
+
+def _int8_groups(group_size: int | None, cols: int) -> tuple[int, int]:
+    """(values per group, groups per row): one group of the whole row without a group size. A size beyond
+    the row counts as the row, so that nothing is ever sized by a group size alone (a file may say 2**60)."""
+    if group_size is None:
+        return cols, 1
+    size = max(1, min(group_size, cols))
+    return size, -(-cols // size)
+
+
+def _padded_groups(values: torch.Tensor, size: int, groups: int) -> torch.Tensor:
+    """Rows as (rows, groups, size), a short last group padded with zeros: they change no max|group|, and
+    their codes are cut off again."""
+    pad = groups * size - values.shape[1]
+    if pad:
+        values = torch.cat((values, values.new_zeros(values.shape[0], pad)), dim=1)
+    return values.reshape(values.shape[0], groups, size)
+
+
+def _int8_scales(g: torch.Tensor) -> torch.Tensor:
+    """max|group| / 127 of each group of ``g`` (rows, groups, size); 0 for an empty row."""
+    if not g.shape[2]:
+        return g.new_zeros(g.shape[:2])
+    low, high = extremes(g, 2)
+    _require_finite("int8", low, high)
+    return torch.maximum(high, low.neg_()).div_(127)
+
+
+def _rows_cols(shape: Sequence[int]) -> tuple[int, int]:
+    """:func:`as_rows`'s (rows, columns) of a tensor of ``shape``, without the tensor."""
+    if len(shape) >= 2:
+        return shape[0], math.prod(shape[1:])
+    return 1, math.prod(shape)
 
 
 def is_int4_group_size(value: object) -> TypeGuard[int]:
@@ -266,10 +350,7 @@ class Int4:
         ``clip=False`` takes each group's full range (no search); ``symmetric=True`` fixes the zero point at
         code 8; ``integer_zero=True`` puts each group's zero point on a code of its own (see the module
         docstring)."""
-        if symmetric and integer_zero:
-            raise CodecError("int4 is symmetric or has integer zero points, not both")
-        if not is_int4_group_size(group_size):
-            raise CodecError(f"int4 group size must be even, 32 to 256, not {group_size!r}")
+        params = _int4_params(group_size, flat, symmetric, integer_zero)
         _require_float(x, "int4", checked=True)
         rows = x.reshape(1, x.numel()) if flat else as_rows(x)
         n_rows, cols = rows.shape
@@ -326,9 +407,30 @@ class Int4:
             q = (g - zeros[block].to(torch.float32).unsqueeze(2)).div_(torch.where(s > 0, s, 1))
             q = q.round_().clamp_(0, 15).to(torch.uint8).reshape(g.shape[0], padded)
             packed[block] = q[:, 0::2] | (q[:, 1::2] << 4)
-        grid = {"symmetric": True} if symmetric else {"integer_zero": True} if integer_zero else {}
-        params = {"group_size": group_size, "flat": flat, **grid}
         return packed, {"scale": scales, "zero": zeros}, params
+
+    def meta_parts(
+        self,
+        shape: Sequence[int],
+        group_size: int = INT4_GROUP_SIZE,
+        flat: bool = False,
+        clip: bool = True,
+        symmetric: bool = False,
+        integer_zero: bool = False,
+    ) -> tuple[PartSpecs, dict]:
+        """The parts :meth:`encode` makes from a tensor of ``shape`` with these options, and the parameters
+        it records (see :func:`encoded_on_meta`): scales and zero points float16, as encode stores them
+        unless the values need float32 (a zero point on the integer grid is float32 always); ``clip``
+        changes values only."""
+        params = _int4_params(group_size, flat, symmetric, integer_zero)
+        rows, cols = (1, math.prod(shape)) if flat else _rows_cols(shape)
+        groups = -(-cols // group_size)
+        sides = [rows, groups]
+        return {
+            "q4": ([rows, groups * group_size // 2], torch.uint8),
+            "scale": (sides, torch.float16),
+            "zero": (sides, torch.float32 if integer_zero else torch.float16),
+        }, params
 
     def decode(self, primary: torch.Tensor, parts: Mapping[str, torch.Tensor], stage: dict) -> torch.Tensor:
         dtype, shape = _decoded_dtype(stage), tuple(stage["shape"])
@@ -364,6 +466,16 @@ class Int4:
 ROW_PARTS = {"cast": ("",), "int8": ("q", "scale"), "int4": ("q4", "scale", "zero")}
 """The codecs whose parts are stored a row of the tensor at a time (an int4 group lies within a row unless
 ``flat``), so that a block of rows decodes from the same block of each part."""
+
+
+def _int4_params(group_size: int, flat: bool, symmetric: bool, integer_zero: bool) -> dict:
+    """The parameters an int4 stage records, its options checked."""
+    if symmetric and integer_zero:
+        raise CodecError("int4 is symmetric or has integer zero points, not both")
+    if not is_int4_group_size(group_size):
+        raise CodecError(f"int4 group size must be even, 32 to 256, not {group_size!r}")
+    grid = {"symmetric": True} if symmetric else {"integer_zero": True} if integer_zero else {}
+    return {"group_size": group_size, "flat": flat, **grid}
 
 
 def decoded_blocks(
@@ -563,3 +675,31 @@ def fits_fp16(scales: torch.Tensor, zeros: torch.Tensor) -> bool:
 
 
 CAST, INT8, INT4 = register(Cast()), register(Int8()), register(Int4())
+QUANTIZERS: dict[str, Int8 | Int4] = {INT8.name: INT8, INT4.name: INT4}
+"""The codecs that quantize a layer's weight, which say their parts before encoding (``meta_parts``)."""
+
+
+def encoded_on_meta(
+    item: str | tuple[str, Mapping[str, Any]], shape: Sequence[int], dtype: torch.dtype
+) -> Encoded:
+    """What encoding a tensor of ``shape`` and ``dtype`` through the one stage ``item`` (a name, or a
+    ``(name, options)`` pair as in a chain) makes, its parts empty on the meta device: the layer
+    :func:`slimtorch.load_model` then fills from a file, built without a weight to encode.
+
+    Each codec answers for its own parts (``meta_parts``, beside ``encode`` and ``decode``, with the same
+    options and the same parameter checks), so that a form added to a codec is described where it is
+    made, and no reader of a scheme rebuilds a codec's sizes from its name.
+
+    Example:
+        >>> enc = encoded_on_meta(("int8", {"group_size": 32}), [64, 100], torch.float32)
+        >>> {role: list(p.shape) for role, p in enc.parts.items()}, enc.stages[0]["group_size"]
+        ({'q': [64, 100], 'scale': [64, 4]}, 32)
+    """
+    name, options = (item, {}) if isinstance(item, str) else (item[0], dict(item[1]))
+    codec = QUANTIZERS.get(name)
+    if codec is None:
+        raise CodecError(f"{name!r} is not a codec that quantizes a layer ({', '.join(QUANTIZERS)})")
+    specs, params = codec.meta_parts(shape, **options)
+    parts = {role: torch.empty(size, dtype=kind, device="meta") for role, (size, kind) in specs.items()}
+    stage = {"codec": name, "dtype": dtype_name(dtype), "shape": list(shape), **params}
+    return Encoded(parts, [stage])
