@@ -19,6 +19,8 @@ from slimtorch.cli.main import main
 from slimtorch.deploy import ExportError, ExportOptions, ExportReport, Tolerance, export
 from slimtorch.deploy.runner import Bundle, BundleError, read_inputs
 from slimtorch.errors import OptionError
+from slimtorch.schemes import WEIGHT_ONLY
+from slimtorch.schemes import scheme as scheme_row
 from tests.support.specs import Branchy
 from tests.zoo.models import MLP, SmallCNN
 from tests.zoo.transformers_models import bert, example
@@ -111,6 +113,25 @@ def test_slimtorch_int8_model_keeps_its_codes_through_onnxruntime_int8(tmp_path)
         codes = layer.qweight.numpy()
         assert any(a.shape == codes.T.shape and np.array_equal(a.T, codes) for a in int8)
     assert type(model.layers[0]).__name__ == "Int8DynamicLinear"  # the caller's model is untouched
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", WEIGHT_ONLY)
+def test_onnx_takes_per_channel_int8_as_codes_and_grouped_layers_as_floats_saying_so(scheme, tmp_path):
+    """onnxruntime's int8 here has a scale per channel: grouped codes (int4, a grouped int8 scheme) would
+    come back coarser from it, so they are exported as their dequantized floats, with a note."""
+    model = MLP((128, 128, 16)).eval()
+    slimtorch.quantize(model, scheme, group_size=64)
+    report = export(model, torch.randn(2, 128), tmp_path / "b")
+    row = scheme_row(scheme)
+    assert report.passed
+    if row.grouped:
+        assert report.quantized != "int8"
+        assert any(
+            f"{row.codec} layers in groups are exported with their dequantized" in n for n in report.notes
+        )
+    else:
+        assert report.quantized == "int8" and not any("in groups" in n for n in report.notes)
 
 
 @pytest.mark.slow

@@ -179,9 +179,9 @@ def export(
     model, args, names_in, kwargs = _by_name(model, text.example if text else example_inputs, kwargs)
     layers = [m for m in model.modules() if isinstance(m, QuantizedWeight)]
     held = sorted({m.SCHEME for m in layers})
-    codecs = {m.codec for m in layers}
-    int8 = how.quantize_to == "int8" or (how.format == "onnx" and "int8" in codecs)
-    notes = _notes(how.format, codecs) + ((text.note(),) if text else ())
+    per_channel = {m.codec for m in layers if not m.grouped}
+    int8 = how.quantize_to == "int8" or (how.format == "onnx" and "int8" in per_channel)
+    notes = _notes(how.format, {m.codec for m in layers if m.grouped}) + ((text.note(),) if text else ())
     target = _prepared(model, how.format, how.quantize_to, held)
     bound = _Bound(target, kwargs) if kwargs else target
     if text:
@@ -336,8 +336,9 @@ def _to_onnx(
 
 
 def _prepared(model: nn.Module, format: str, quantize_to: str | None, held: list[str]) -> nn.Module:
-    """The model as the format takes it. ONNX: quantized layers float again (onnxruntime quantizes them
-    back to int8 with the same codes). pt2 with int8: a copy with slimtorch's int8 weights."""
+    """The model as the format takes it. ONNX: quantized layers float again (onnxruntime quantizes those of
+    int8 with a scale per channel back to int8 with the same codes; grouped ones stay float). pt2 with
+    int8: a copy with slimtorch's int8 weights."""
     if format == "onnx" and held:
         target = copy.deepcopy(model)
         dequantize(target)
@@ -349,9 +350,13 @@ def _prepared(model: nn.Module, format: str, quantize_to: str | None, held: list
     return model
 
 
-def _notes(format: str, codecs: set[str]) -> tuple[str, ...]:
-    if format == "onnx" and "int4" in codecs:
-        return ("int4 layers are exported with their dequantized float weights (ONNX holds no int4 here)",)
+def _notes(format: str, grouped: set[str]) -> tuple[str, ...]:
+    """What ONNX cannot hold as codes: onnxruntime's int8 here has a scale per channel, and no int4."""
+    if format == "onnx" and grouped:
+        held = " and ".join(sorted(grouped))
+        return (
+            f"{held} layers in groups are exported with their dequantized float weights (no such codes here)",
+        )
     return ()
 
 

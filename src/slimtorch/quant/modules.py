@@ -121,6 +121,12 @@ class QuantizedWeight(nn.Module):
         whichever scheme made the layer (an embedding's class serves several)."""
         return self.stage_of(self.coded_tensors()[0])["codec"]
 
+    @property
+    def grouped(self) -> bool:
+        """Its scales go per group of inputs (int4; int8 under a grouped scheme), not one per output row:
+        a form an exporter whose int8 has a scale per channel cannot take as codes."""
+        return "group_size" in self.stage_of(self.coded_tensors()[0])
+
     def parts(self, tensor: str = "weight") -> dict[str, torch.Tensor]:
         return {role: getattr(self, attr) for attr, (name, role) in self.SLIM_PARTS.items() if name == tensor}
 
