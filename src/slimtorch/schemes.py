@@ -11,8 +11,8 @@ the class is the scheme's own): ``tests/test_schemes.py`` checks that every path
 classes agree with their row and that each command offers the schemes its row allows.
 
 Example:
-    >>> scheme("int4-weight").bits, scheme("int4-weight").grouped, WEIGHT_ONLY
-    (4, True, ('int8-weight', 'int4-weight'))
+    >>> scheme("int4-weight").bits, scheme("int4-weight").grouped, "int4-weight" in WEIGHT_ONLY
+    (4, True, True)
 """
 
 from __future__ import annotations
@@ -122,6 +122,15 @@ ROWS: tuple[Scheme, ...] = (
             "recurrent": f"{_RECURRENT}:Int8WeightRecurrent",
         },
         summary="int8 weights (a scale per output row), activations in the input's dtype",
+    ),
+    Scheme(
+        "int8-group-weight",
+        bits=8,
+        codec="int8",
+        dynamic=False,
+        grouped=True,
+        layers={"linear": f"{_MODULES}:Int8GroupWeightLinear", "embedding": f"{_MODULES}:Int8Embedding"},
+        summary="int8 weights, a scale per group of inputs, activations in the input's dtype",
     ),
     Scheme(
         "int4-weight",

@@ -715,6 +715,20 @@ class Int8WeightLinear(_WeightOnlyLinear):
         return torch._weight_int8pack_mm(x2d, weight, scale)
 
 
+class Int8GroupWeightLinear(_WeightOnlyLinear):
+    """``nn.Linear`` with int8 weights, a scale per group of ``group_size`` inputs of each output channel
+    (an outlier costs its group's precision, not its row's), and float activations. torch has no packed
+    kernel for grouped int8: the product dequantizes a block of rows at a time, in float32 or bfloat16."""
+
+    SCHEME = "int8-group-weight"
+    SLIM_PARTS = INT8_PARTS
+    KERNELS = ("dequantize", "dequantize-bf16")
+    FUSED = ""
+
+    def _fused_fits(self) -> bool:
+        return False
+
+
 class Int4WeightLinear(_WeightOnlyLinear):
     """``nn.Linear`` with 4-bit weights, a scale and a zero point per group of ``group_size`` inputs of each
     output channel, and float activations."""
