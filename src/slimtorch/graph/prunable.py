@@ -200,15 +200,23 @@ def _norm_channels(walk: Walk, node: Node) -> None:
     source = walk.layout(node.args[0])
     if source is None:
         return
+    problem = None
     if source.axis != 1:
-        walk.freeze(source, f"{op_name(node)} over a non-channel axis (from {where(node)})")
-        return
-    if op_name(node) == "instance_norm" and not any(isinstance(v, Node) for v in node.args[1:5]):
+        problem = f"{op_name(node)} over a non-channel axis"
+    elif op_name(node) == "instance_norm" and not any(isinstance(v, Node) for v in node.args[1:5]):
         # nothing to cut that would tell nn.InstanceNorm's num_features how many channels are left
-        walk.freeze(source, f"instance norm without weights or statistics (from {where(node)})")
+        problem = "instance norm without weights or statistics"
+    _through_norm(walk, node, source, problem, slice(1, 5))
+
+
+def _through_norm(walk: Walk, node: Node, source: Layout, problem: str | None, vectors: slice) -> None:
+    """A norm passes its input's channels on, its per-channel vectors (``node.args[vectors]``: weight,
+    bias, statistics) going with them; unless ``problem`` says why a channel cannot go alone there."""
+    if problem:
+        walk.freeze(source, f"{problem} (from {where(node)})")
         return
     walk.layouts[node] = source
-    for value in node.args[1:5]:
+    for value in node.args[vectors]:
         walk.attach(source, value, 0, "norm")
 
 
@@ -224,12 +232,8 @@ def _layer_norm_channels(walk: Walk, node: Node) -> None:
     source = walk.layout(node.args[0])
     if source is None:
         return
-    if len(as_list(node.args[1])) != 1 or source.axis != len(shape_of(node.args[0])) - 1:
-        walk.freeze(source, f"layer norm over several axes (from {where(node)})")
-        return
-    walk.layouts[node] = source
-    for value in node.args[2:4]:
-        walk.attach(source, value, 0, "norm")
+    several = len(as_list(node.args[1])) != 1 or source.axis != len(shape_of(node.args[0])) - 1
+    _through_norm(walk, node, source, "layer norm over several axes" if several else None, slice(2, 4))
 
 
 def _group_norm(module: nn.GroupNorm) -> None:
@@ -248,13 +252,10 @@ def _group_norm_channels(walk: Walk, node: Node) -> None:
     source, groups, weight = walk.layout(node.args[0]), node.args[1], node.args[2]
     if source is None:
         return
+    problem = None
     if source.axis != 1 or weight is None or groups not in (1, source.size):
-        kind = "without weights" if weight is None else "over groups of several channels"
-        walk.freeze(source, f"group norm {kind} (from {where(node)})")
-        return
-    walk.layouts[node] = source
-    for value in node.args[2:4]:
-        walk.attach(source, value, 0, "norm")
+        problem = f"group norm {'without weights' if weight is None else 'over groups of several channels'}"
+    _through_norm(walk, node, source, problem, slice(2, 4))
 
 
 # -- embeddings and activations with weights --------------------------------------------------------------
