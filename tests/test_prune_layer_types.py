@@ -259,3 +259,45 @@ def test_a_norm_whose_size_could_not_follow_its_channels_keeps_them(norm: nn.Mod
     groups = channel_groups(capture(model, (IMAGES,)))
     conv = next(g for g in groups if "0.weight" in g.keys("out"))
     assert conv.reason is not None and reason in conv.reason
+
+
+class _ReadsItsWeight(nn.Module):
+    """A linear layer whose weight another op reads too (a penalty computed in the forward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.out = nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.fc(x))) + torch.mv(self.fc.weight, x[0]).sum()
+
+
+class _Bilinear(nn.Module):
+    """A layer type no record knows (``nn.Bilinear``: its op has no channel rule) between two linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre, self.bil, self.out = nn.Linear(8, 8), nn.Bilinear(8, 8, 4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.pre(x))
+        return self.out(self.bil(h, h))
+
+
+def test_a_weight_an_op_without_a_rule_reads_keeps_its_channels() -> None:
+    """Cutting fc's rows would change what ``mv`` computes from them, in a way no rule says."""
+    groups = channel_groups(capture(_ReadsItsWeight().eval(), (torch.randn(3, 8),)))
+    fc = next(g for g in groups if "fc.weight" in g.keys("out"))
+    assert fc.reason == "op mv (from the top module)"
+    with pytest.raises(SlimtorchError, match=r"1 by op mv \(from the top module\)"):
+        slimtorch.prune.channels(_ReadsItsWeight().eval(), torch.randn(3, 8), ratio=0.5)
+
+
+def test_a_layer_whose_op_has_no_rule_is_named_in_the_report_not_left_out() -> None:
+    model = _Bilinear().eval()
+    groups = channel_groups(capture(model, (torch.randn(3, 8),)))
+    # its own 4 output channels, a group of no slice: nothing of it may be cut, and the report says why
+    assert any(g.reason == "op bilinear (from bil)" and g.size == 4 and not g.slices for g in groups)
+    with pytest.raises(SlimtorchError, match=r"2 by op bilinear \(from bil\)"):  # what it reads and makes
+        slimtorch.prune.channels(model, torch.randn(3, 8), ratio=0.5)
+    assert model.bil.weight.shape == (4, 8, 8)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+import torch
 from torch.fx import Node
 
 from slimtorch.graph.capture import Graph
@@ -59,6 +60,7 @@ def channel_groups(graph: Graph, ignore: Iterable[str] = ()) -> list[ChannelGrou
     for node in graph.graph.nodes:
         walk.visit(node)
     groups = walk.spaces.groups()
+    groups += walk.stop_unruled(groups)
     fenced = tuple(ignore)
     for group in groups:
         for key in group.keys("out"):
@@ -80,6 +82,7 @@ class Walk:
         self.spaces = Spaces()
         self.layouts: dict[Node, Layout] = {}
         self.pieces: dict[Node, list[Layout | None]] = {}  # the layouts of an op's outputs
+        self.unruled: dict[str, tuple[str, int]] = {}  # weight key -> (the op without a rule, its rows)
 
     # -- helpers ---------------------------------------------------------------------------------------
     def layout(self, value: object) -> Layout | None:
@@ -142,8 +145,36 @@ class Walk:
             handler = HANDLERS.get(op)
             if handler is None:
                 self.freeze_inputs(node, f"op {op} (from {where(node)})")
+                self.read_without_rule(node, f"op {op} (from {where(node)})")
             else:
                 handler(self, node)
+
+    def read_without_rule(self, node: Node, reason: str) -> None:
+        """Note the weights (float matrices and up) an op without a rule reads: what it computes from them
+        is not known, so no channel of theirs may be cut (:meth:`stop_unruled`)."""
+        for value in node.all_input_nodes:
+            made = value.op == "call_function" and op_name(value) == "_weight_norm"
+            for stored in value.all_input_nodes if made else [value]:  # weight_norm's v and g
+                key, meta = self.key(stored), stored.meta.get("val")
+                if key and isinstance(meta, torch.Tensor) and meta.dim() >= 2 and meta.is_floating_point():
+                    self.unruled.setdefault(key, (reason, meta.shape[0]))
+
+    def stop_unruled(self, groups: list[ChannelGroup]) -> list[ChannelGroup]:
+        """After the walk: each of ``groups`` holding a weight an op without a rule reads is frozen with
+        that op as the reason; returned, a frozen group of rows for each such weight in none (its layer's op
+        has no rule, as ``nn.EmbeddingBag``'s once), so the report names the op instead of leaving the layer
+        out in silence."""
+        grouped: set[str] = set()
+        for group in groups:
+            for piece in group.slices:
+                grouped.add(piece.key)
+                if piece.key in self.unruled:
+                    group.reason = group.reason or self.unruled[piece.key][0]
+        return [
+            ChannelGroup(rows, [], reason)
+            for key, (reason, rows) in self.unruled.items()
+            if key not in grouped
+        ]
 
     def same(self, node: Node) -> None:
         source = self.layout(node.args[0])
@@ -373,6 +404,7 @@ _MOVES.update(
         "expand": Walk.expand,
         "_assert_tensor_metadata": Walk.nothing,
         "_assert_scalar": Walk.nothing,
+        "_weight_norm": Walk.nothing,  # makes a weight: its user traces it to v and g (attach)
         "slice": Walk.select,
         "transpose": Walk.transpose,
         "permute": Walk.transpose,
