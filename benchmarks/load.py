@@ -227,7 +227,7 @@ def write_files(folder: Path, model: str, layers: int) -> int:
     torch.save(state, paths["pt"])
     safetensors.torch.save_file(state, paths["safetensors"])
     slimtorch.save(state, paths["slim"])
-    slimtorch.save(state, paths["int8"], quantize="int8")
+    slimtorch.save(state, paths["int8"], quantize="int8-weight")
     shutil.copyfile(paths["slim"], paths["small"])
     cache(paths)
     return sum(t.numel() * t.element_size() for t in state.values())

@@ -111,7 +111,7 @@ def write_files(folder: Path) -> None:
     model = Decoder().eval()
     state = {k: v for k, v in model.state_dict().items() if k != "head.weight"}  # the tie, stored once
     safetensors.torch.save_file(state, folder / "model.safetensors")
-    slimtorch.save(model.state_dict(), folder / "model-int8.safetensors", quantize="int8")
+    slimtorch.save(model.state_dict(), folder / "model-int8.safetensors", quantize="int8-weight")
     with torch.inference_mode():
         torch.save(model(TOKENS), folder / "ref.pt")
     del model, state

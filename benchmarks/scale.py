@@ -398,7 +398,7 @@ def run_case(case: str, folder: str, out: str) -> None:
         import slimtorch
 
         scheme = case.split()[-1]
-        quantize = None if scheme == "(lossless)" else scheme.split("-")[0]
+        quantize = None if scheme == "(lossless)" else scheme
         slimtorch.shrink(source, out + ".safetensors", quantize=quantize)
     elif case == "torchao quantize_ int8":
         torchao_int8(folder)

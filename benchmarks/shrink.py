@@ -79,8 +79,8 @@ DECODE_TARGETED = {"lossless", "int8"}  # load targets apply to the sparse (loss
 VARIANTS: dict[str, dict[str, Any]] = {  # slimtorch.ShrinkOptions fields
     "lossless": {},
     "fp16": {"dtype": "fp16"},
-    "int8": {"quantize": "int8"},
-    "int4-g64": {"quantize": "int4", "group_size": 64},
+    "int8": {"quantize": "int8-weight"},
+    "int4-g64": {"quantize": "int4-weight", "group_size": 64},
 }
 CASE_VARIANTS = {"sparse": ("lossless", "int8"), "bert": ("fp16", "int8", "int4-g64")}
 CASE_TITLES = {"sparse": "90% sparse fp32 MLP", "bert": "BERT-base (transformers)"}

@@ -136,7 +136,7 @@ def run(folder: Path, epochs: int = EPOCHS, recover_epochs: int = RECOVER_EPOCHS
     slimtorch.prune.weights(sparse, 0.9)
     slimtorch.recover(sparse, data.train, tuning, eval_fn=evaluate)
     sparse_file = folder / "sparse-int8.safetensors"
-    slimtorch.save(sparse.state_dict(), sparse_file, quantize="int8")
+    slimtorch.save(sparse.state_dict(), sparse_file, quantize="int8-weight")
     sparse_loaded = slimtorch.load_model(sparse_file, DigitsCNN).model
 
     # (b) half the channels removed, distilled from the dense model, saved with its structural delta

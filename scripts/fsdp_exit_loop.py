@@ -29,8 +29,8 @@ def readme_scripts() -> dict[str, str]:
 
 
 CHECKPOINTS = {  # the files each script reads, made from its own build() as its comment says
-    "shard.py": 'slimtorch.save(build().state_dict(), "mlp.safetensors", quantize="int8")',
-    "fill.py": 'slimtorch.save(build().state_dict(), "model-int8.safetensors", quantize="int8")',
+    "shard.py": 'slimtorch.save(build().state_dict(), "mlp.safetensors", quantize="int8-weight")',
+    "fill.py": 'slimtorch.save(build().state_dict(), "model-int8.safetensors", quantize="int8-weight")',
 }
 
 

@@ -133,14 +133,16 @@ def test_the_card_keeps_the_input_card_and_says_what_was_done(tmp_path: Path) ->
         "command": "shrink",
         "source": "minilm",
         "source_bytes": 4096,
-        "options": {"quantize": "int8", "sparse": "auto", "skip": []},
+        "options": {"quantize": "int8-weight", "group_size": 32, "sparse": "auto", "skip": []},
     }
     text = model_card(card, provenance, {"quantized": {"fc": {"scheme": "int8-dynamic"}}}, 1024).decode()
     assert text.startswith("---\nlicense: apache-2.0\n---\n# MiniLM\n\n## slimtorch\n")
     assert "`slimtorch 0.1.0` (`shrink`) from `minilm`" in text
     assert "from `minilm`.\n\n- weights: 1 KiB, from 4 KiB (0.25x)" in text
-    assert "`quantize=int8`" in text and "sparse" not in text  # defaults left out
+    assert "`quantize=int8-weight`" in text and "sparse" not in text  # defaults left out, no int8 groups
     assert "1 layers quantized (int8-dynamic)" in text
+    grouped = {**provenance, "options": {"quantize": "int4-weight", "group_size": 32}}
+    assert "`quantize=int4-weight group_size=32`" in model_card(card, grouped, None, 1024).decode()
     assert model_card(b"", {}, None, 10).decode().startswith("# Model compressed with slimtorch\n")
 
 

@@ -136,7 +136,7 @@ def slim_files(root: Path) -> tuple[int, dict[str, int]]:
     state = mlp().state_dict()
     stored = {}
     for kind in ("int8", "int4"):
-        slimtorch.save(state, root / f"{kind}.safetensors", quantize=kind, quantize_all=True)
+        slimtorch.save(state, root / f"{kind}.safetensors", quantize=f"{kind}-weight", quantize_all=True)
         with slimtorch.open(root / f"{kind}.safetensors") as source:
             assert source.codec("0.weight") == kind and source.codec("2.weight") == kind
             stored[kind] = sum(info.stored_nbytes or info.nbytes for info in source.infos())

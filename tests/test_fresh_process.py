@@ -227,7 +227,7 @@ WRITERS = [
             "model = transformers.BertModel(config).eval()\n"
             "ids = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(1))\n"
             "torch.save({'ids': ids, 'out': model(input_ids=ids).last_hidden_state}, 'bert.expected.pt')\n"
-            "slimtorch.save_pretrained(model, 'bert-int8', quantize='int8')\n"
+            "slimtorch.save_pretrained(model, 'bert-int8', quantize='int8-weight')\n"
         ),
         readers=("from_pretrained",),
     ),

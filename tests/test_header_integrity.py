@@ -107,7 +107,7 @@ def _swap(first: dict, second: dict, key: str) -> None:
 
 @pytest.mark.parametrize("damaged_key", ["slimtorcx", "Slimtorch", "slimtorch "])
 def test_a_damaged_slimtorch_key_is_corrupt_not_plain_safetensors(tmp_path, damaged_key):
-    path = _saved(tmp_path, quantize="int8")
+    path = _saved(tmp_path, quantize="int8-weight")
     header, data = read_safetensors(path)
     header["__metadata__"][damaged_key] = header["__metadata__"].pop(METADATA_KEY)
     _write(path, header, data)
@@ -159,7 +159,7 @@ def test_an_unsealed_file_with_a_damaged_slimtorch_key_is_still_corrupt(tmp_path
 
 
 def test_name_role_parts_without_slimtorch_metadata_are_corrupt(tmp_path):
-    path = _saved(tmp_path, quantize="int8")
+    path = _saved(tmp_path, quantize="int8-weight")
     header, data = read_safetensors(path)
     del header["__metadata__"]
     _write(path, header, data)

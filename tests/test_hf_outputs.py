@@ -92,7 +92,7 @@ def test_lossless_shrink_loads_equal_in_from_pretrained_and_load_model(bases, na
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize(("quantize", "least"), [("int8", 0.99), ("int4", 0.95)])
+@pytest.mark.parametrize(("quantize", "least"), [("int8-weight", 0.99), ("int4-weight", 0.95)])
 def test_quantized_shrink_is_read_by_compressed_tensors_as_slimtorch_reads_it(
     bases, name, quantize, least, tmp_path
 ) -> None:
@@ -101,14 +101,14 @@ def test_quantized_shrink_is_read_by_compressed_tensors_as_slimtorch_reads_it(
     report = slimtorch.shrink(folder, out, options=ShrinkOptions(quantize=quantize))
     written = _quantized_layers(out)
     # int4 is for Linear layers in compressed-tensors: embeddings go int8 (naive-quantized)
-    expected = "pack-quantized" if quantize == "int4" else "naive-quantized"
+    expected = "pack-quantized" if quantize == "int4-weight" else "naive-quantized"
     assert set(written) <= {expected, "naive-quantized"}
     assert expected in written or name == "gpt2"  # GPT-2's Conv1D layers: none to write
     if name == "gpt2":
         assert any("compressed-tensors quantizes nn.Linear" in note for note in report.notes)
     theirs, ours = _both(out, type(model))
     got, loaded, original = _outputs(name, theirs, ours, model)
-    assert torch.equal(got, loaded) if quantize == "int8" else _relative(got, loaded) <= INT4_BOUND
+    assert torch.equal(got, loaded) if quantize == "int8-weight" else _relative(got, loaded) <= INT4_BOUND
     assert _cosine(got, original) >= least
 
 
@@ -230,7 +230,7 @@ def test_load_model_of_hf_int4_folder_maps_the_compressed_tensors_words_as_the_l
 # -- prune -------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("quantize", [None, "int8-weight"])
 def test_pruned_folder_loads_in_both_and_int8_stays_close(bases, name, quantize, tmp_path) -> None:
     model, _ = bases[name]
     pruned = copy.deepcopy(model)
@@ -288,7 +288,9 @@ def test_int8_codes_are_the_same_in_both_layouts_so_load_model_gives_the_same_ou
     _, folder = bases["llama"]
     outputs = []
     for layout in ("hf", "slim"):
-        slimtorch.shrink(folder, tmp_path / layout, options=ShrinkOptions(quantize="int8"), layout=layout)
+        slimtorch.shrink(
+            folder, tmp_path / layout, options=ShrinkOptions(quantize="int8-weight"), layout=layout
+        )
         loaded = slimtorch.load_model(tmp_path / layout, TRANSFORMERS["llama"]).model.eval()
         outputs += _outputs("llama", loaded)
     assert torch.equal(*outputs)
@@ -396,5 +398,5 @@ def test_a_folder_another_tool_quantized_is_refused_not_copied_as_plain_weights(
     with pytest.raises(FormatError, match=r"quantized \(compressed-tensors"):
         slimtorch.shrink(foreign, tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    slimtorch.shrink(bases["bert"][1], tmp_path / "ours", options=ShrinkOptions(quantize="int8"))
+    slimtorch.shrink(bases["bert"][1], tmp_path / "ours", options=ShrinkOptions(quantize="int8-weight"))
     slimtorch.shrink(tmp_path / "ours", tmp_path / "again")  # our own hf output shrinks again: it is slim

@@ -227,7 +227,7 @@ def test_a_budget_breaking_chain_is_a_codec_error_before_any_part_is_read():
 
 def _saved_int8(tmp_path):
     path = tmp_path / "int8.safetensors"
-    slimtorch.save({"w": torch.randn(64, 64)}, path, quantize="int8", quantize_all=True)
+    slimtorch.save({"w": torch.randn(64, 64)}, path, quantize="int8-weight", quantize_all=True)
     return path
 
 

@@ -227,8 +227,8 @@ def test_human_report_shows_each_section(tmp_path, capsys):
     ("action", "options"),
     [
         ("store zeros sparsely", slimtorch.ShrinkOptions()),
-        ("+ int8", slimtorch.ShrinkOptions(quantize="int8")),
-        ("+ int4", slimtorch.ShrinkOptions(quantize="int4")),
+        ("+ int8", slimtorch.ShrinkOptions(quantize="int8-weight")),
+        ("+ int4", slimtorch.ShrinkOptions(quantize="int4-weight")),
         ("+ fp16", slimtorch.ShrinkOptions(dtype="fp16")),
     ],
 )
@@ -251,7 +251,7 @@ def test_what_you_could_save_is_what_shrink_writes(tmp_path, action, options):
 
 def test_inspect_shows_the_codec_of_each_tensor_in_a_slim_file(tmp_path, capsys):
     model = TinyGPT()
-    slimtorch.save(model.state_dict(), tmp_path / "slim.safetensors", quantize="int8")
+    slimtorch.save(model.state_dict(), tmp_path / "slim.safetensors", quantize="int8-weight")
 
     report = slimtorch.inspect(tmp_path / "slim.safetensors")
 

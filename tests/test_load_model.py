@@ -140,7 +140,7 @@ def test_tensors_stored_as_is_skip_the_general_fetch_and_the_rest_take_it(tmp_pa
     half = slimtorch.load_model(path, MLP, dtype=torch.float16)  # converted: the general path
     assert len(fetched) == len(mlp.state_dict()) and half.model.layers[0].weight.dtype == torch.float16
     coded = tmp_path / "int8.safetensors"
-    slimtorch.save(mlp.state_dict(), coded, quantize="int8")
+    slimtorch.save(mlp.state_dict(), coded, quantize="int8-weight")
     source = slimtorch.open(coded)
     int8 = [name for name in source.names() if source.codec(name) != "raw"]
     assert int8 and all(source.as_stored(name) is None for name in int8)
@@ -150,7 +150,7 @@ def test_tensors_stored_as_is_skip_the_general_fetch_and_the_rest_take_it(tmp_pa
 def test_int8_file_loads_decoded_within_its_bound(tmp_path) -> None:
     mlp = MLP((64, 256, 256, 10))
     path = tmp_path / "int8.safetensors"
-    slimtorch.save(mlp.state_dict(), path, quantize="int8")
+    slimtorch.save(mlp.state_dict(), path, quantize="int8-weight")
     report = slimtorch.load_model(path, lambda: MLP((64, 256, 256, 10)))
     model = report.model
     assert report.decoded >= 2 and report.by_codec.get("int8", 0) >= 2
@@ -162,7 +162,7 @@ def test_int8_file_loads_decoded_within_its_bound(tmp_path) -> None:
 def test_tied_weights_stay_one_parameter(tmp_path) -> None:
     gpt = TinyGPT().eval()
     path = tmp_path / "gpt.safetensors"
-    slimtorch.save(gpt.state_dict(), path, quantize="int8")
+    slimtorch.save(gpt.state_dict(), path, quantize="int8-weight")
     loaded = slimtorch.load_model(path, TinyGPT).model
     assert loaded.head.weight is loaded.embed.weight
     assert len(list(loaded.parameters())) == len(list(gpt.parameters()))
@@ -300,7 +300,7 @@ def test_factory_that_returns_something_else_is_refused(tmp_path) -> None:
 def test_profile_accounts_for_every_tensor_and_phase(tmp_path) -> None:
     path = tmp_path / "gpt.safetensors"
     state = TinyGPT().state_dict()
-    slimtorch.save(state, path, quantize="int8")
+    slimtorch.save(state, path, quantize="int8-weight")
     report = slimtorch.load_model(path, TinyGPT)
     unique = [*TinyGPT().parameters(), *TinyGPT().buffers()]  # the tied weight once
     assert report.tensor_count == len(unique) == len(state) - 1
@@ -312,7 +312,7 @@ def test_profile_accounts_for_every_tensor_and_phase(tmp_path) -> None:
 
 def test_cli_load_with_a_model_file_prints_the_phases(tmp_path, capsys, monkeypatch) -> None:
     path = tmp_path / "mlp.safetensors"
-    slimtorch.save(MLP().state_dict(), path, quantize="int8")
+    slimtorch.save(MLP().state_dict(), path, quantize="int8-weight")
     (tmp_path / "models.py").write_text("from tests.zoo import MLP\n\ndef build():\n    return MLP()\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(os.getcwd())

@@ -108,7 +108,7 @@ def test_load_refuses_the_options_that_match_names_to_a_model(tmp_path, field, v
 
 def test_load_converts_floats_to_a_dtype_and_keeps_ties_without_a_model(tmp_path) -> None:
     cnn, gpt = SmallCNN(), TinyGPT()
-    slimtorch.save(cnn.state_dict(), tmp_path / "cnn.safetensors", quantize="int8")
+    slimtorch.save(cnn.state_dict(), tmp_path / "cnn.safetensors", quantize="int8-weight")
     tensors = slimtorch.load(tmp_path / "cnn.safetensors", dtype=torch.bfloat16, device="cpu").tensors
     assert set(tensors) == set(cnn.state_dict())
     assert {t.dtype for n, t in tensors.items() if "num_batches" not in n} == {torch.bfloat16}
@@ -121,7 +121,7 @@ def test_load_converts_floats_to_a_dtype_and_keeps_ties_without_a_model(tmp_path
 def test_the_report_holds_the_model_or_tensors_and_its_json_fits_the_schema(tmp_path) -> None:
     mlp = MLP()
     path = tmp_path / "mlp.safetensors"
-    slimtorch.save(mlp.state_dict(), path, quantize="int8")
+    slimtorch.save(mlp.state_dict(), path, quantize="int8-weight")
     recorder = Recorder()
     loaded = slimtorch.load_model(path, MLP, progress=recorder)
     stored = slimtorch.load(path)

@@ -72,7 +72,7 @@ def files(tmp_path_factory) -> dict:
     }
     safetensors.torch.save_file(state, paths["safetensors"])
     slimtorch.save(model.state_dict(), paths["slim"])
-    slimtorch.save(model.state_dict(), paths["slim-int8"], quantize="int8")
+    slimtorch.save(model.state_dict(), paths["slim-int8"], quantize="int8-weight")
     return paths
 
 

@@ -56,7 +56,7 @@ def test_every_verb_refuses_the_same_group_sizes(size, tmp_path) -> None:
     with pytest.raises(slimtorch.OptionError, match=message):
         check_group_size(size)
     with pytest.raises(slimtorch.OptionError, match=message):
-        slimtorch.ShrinkOptions(quantize="int4", group_size=size)
+        slimtorch.ShrinkOptions(quantize="int4-weight", group_size=size)
     with pytest.raises(slimtorch.OptionError, match=message):
         slimtorch.quantize(mlp64(), "int4-weight", group_size=size)
     with pytest.raises(CodecError, match=message):
@@ -69,7 +69,7 @@ def test_every_verb_refuses_the_same_group_sizes(size, tmp_path) -> None:
 @pytest.mark.parametrize("size", [32, 34, 128, 256])
 def test_every_verb_takes_the_same_group_sizes(size) -> None:
     assert check_group_size(size) == size
-    assert slimtorch.ShrinkOptions(quantize="int4", group_size=size).group_size == size
+    assert slimtorch.ShrinkOptions(quantize="int4-weight", group_size=size).group_size == size
     quantized = slimtorch.quantize(mlp64(), "int4-weight", group_size=size).model
     assert quantized[0].stage["group_size"] == size
     assert encode(torch.randn(4, 64), [("int4", {"group_size": size})]).stages[0]["group_size"] == size

@@ -19,7 +19,7 @@ def weights() -> dict[str, torch.Tensor]:
     return {"a": torch.randn(96, 64), "b": torch.randn(128, 256), "sparse": sparse, "bias": torch.randn(64)}
 
 
-@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
+@pytest.mark.parametrize("quantize", [None, "int8-weight", "int4-weight"])
 def test_get_decodes_only_the_tensor_asked_for(weights, tmp_path, monkeypatch, quantize) -> None:
     path = tmp_path / "w.safetensors"
     slimtorch.save(weights, path, quantize=quantize, group_size=64)
@@ -39,7 +39,7 @@ def test_get_decodes_only_the_tensor_asked_for(weights, tmp_path, monkeypatch, q
         assert mapped and all(key == "b" or key.startswith("b::") for key in mapped)
 
 
-@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
+@pytest.mark.parametrize("quantize", [None, "int8-weight", "int4-weight"])
 def test_rows_equal_the_same_rows_of_the_whole_tensor(weights, tmp_path, quantize) -> None:
     path = tmp_path / "w.safetensors"
     slimtorch.save(weights, path, quantize=quantize, group_size=64)

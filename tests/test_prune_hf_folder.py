@@ -47,7 +47,8 @@ def test_saving_again_replaces_the_folder(tmp_path) -> None:
     model = TRANSFORMERS["gpt2"]().eval()
     slimtorch.prune.channels(model, example("gpt2"), ratio=0.5)
     slimtorch.save_pretrained(model, tmp_path / "gpt2")
-    slimtorch.save_pretrained(model, tmp_path / "gpt2", quantize="int8")  # config.json is ours: replaced
+    # config.json is ours: replaced
+    slimtorch.save_pretrained(model, tmp_path / "gpt2", quantize="int8-weight")
     assert {p.name for p in (tmp_path / "gpt2").iterdir()} == {"config.json", "model.safetensors"}
 
 

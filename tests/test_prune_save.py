@@ -41,7 +41,7 @@ def test_pruning_twice_saves_both_changes(tmp_path) -> None:
     slimtorch.prune.channels(model, SMALL, ratio=0.3)
     slimtorch.prune.channels(model, SMALL, ratio=0.3)
     path = tmp_path / "twice.safetensors"
-    slimtorch.save_model(model, path, quantize="int8")
+    slimtorch.save_model(model, path, quantize="int8-weight")
     loaded = slimtorch.load_model(path, resnet18).model.eval()
     assert loaded.layer1[0].conv1.out_channels == model.layer1[0].conv1.out_channels < 40
     expected, got = model(SMALL).flatten(), loaded(SMALL).flatten()

@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 
 import slimtorch
+from slimtorch import schemes
 from slimtorch.errors import OptionError
 from slimtorch.format.policy import ShrinkOptions
 from slimtorch.inspection import InspectOptions, InspectReport
@@ -33,8 +34,8 @@ def _state() -> dict[str, torch.Tensor]:
 def test_options_as_a_dataclass_and_as_keywords_write_equal_files(tmp_path):
     state = _state()
     torch.save(state, tmp_path / "dense.pt")
-    options = ShrinkOptions(quantize="int4", group_size=64, skip=["2.*"])
-    keywords = {"quantize": "int4", "group_size": 64, "skip": ["2.*"]}
+    options = ShrinkOptions(quantize="int4-weight", group_size=64, skip=["2.*"])
+    keywords = {"quantize": "int4-weight", "group_size": 64, "skip": ["2.*"]}
 
     slimtorch.save(state, tmp_path / "a.safetensors", options)
     slimtorch.save(state, tmp_path / "b.safetensors", **keywords)
@@ -44,6 +45,44 @@ def test_options_as_a_dataclass_and_as_keywords_write_equal_files(tmp_path):
     assert _slim_header(tmp_path / "a.safetensors") == _slim_header(tmp_path / "b.safetensors")
     assert _slim_header(tmp_path / "c.safetensors") == _slim_header(tmp_path / "d.safetensors")
     assert _slim_header(tmp_path / "a.safetensors")["tensors"]["0.weight"]["stages"][0]["codec"] == "int4"
+
+
+@pytest.mark.parametrize("name", schemes.WRITTEN)
+def test_the_writers_take_each_written_schemes_name_and_store_its_weights_as_its_row_says(tmp_path, name):
+    """``quantize`` takes the names ``--scheme`` and :func:`slimtorch.quantize` use; the weight is stored in
+    the row's codec and grouping, and the file's provenance and the report say the scheme's name."""
+    row = schemes.scheme(name)
+    torch.save(_state(), tmp_path / "dense.pt")
+    path = tmp_path / "q.safetensors"
+    report = slimtorch.shrink(tmp_path / "dense.pt", path, ShrinkOptions(quantize=name, quantize_all=True))
+    with slimtorch.open(path) as source:
+        chain, stage = source.codec("0.weight"), source.stages("0.weight")[-1]
+    assert chain == row.codec and stage["codec"] == row.codec and ("group_size" in stage) == row.grouped
+    assert {t.name: t.chain for t in report.tensors}["0.weight"] == row.codec
+    assert _slim_header(path)["provenance"]["options"]["quantize"] == name
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        ("int8", "(int8 is int8-weight)"),  # the codec names the option took before 0.1.0
+        ("int4", "(int4 is int4-weight)"),
+        ("int8-dynamic", "quantizes activations as the model runs, which no file holds"),
+        ("int8-group-weight", "is a form the writers cannot store as it says"),
+    ],
+)
+def test_a_name_the_writers_do_not_store_is_one_line_saying_what_to_write(tmp_path, value, hint):
+    with pytest.raises(OptionError) as caught:
+        ShrinkOptions(quantize=value)
+    message = str(caught.value)
+    accepted = " or ".join(schemes.WRITTEN)
+    assert message.startswith(f"quantize takes a scheme name: {accepted}, not {value!r}"), message
+    assert hint in message and "\n" not in message
+    if value in schemes.SCHEMES:  # a scheme the writers cannot store: quantize the model, then save it
+        assert f"slimtorch.quantize(model, {value!r}), then save_model" in message
+    with pytest.raises(OptionError, match="quantize takes a scheme name"):
+        slimtorch.save(_state(), tmp_path / "x.safetensors", quantize=value)
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 @pytest.mark.parametrize(
@@ -137,7 +176,7 @@ def test_a_state_dict_saved_and_the_same_tensors_shrunk_from_a_file_are_planned_
 def test_reports_fit_their_json_schema(tmp_path):
     torch.save(_state(), tmp_path / "dense.pt")
     reports = [
-        slimtorch.shrink(tmp_path / "dense.pt", tmp_path / "a.safetensors", quantize="int8"),
+        slimtorch.shrink(tmp_path / "dense.pt", tmp_path / "a.safetensors", quantize="int8-weight"),
         slimtorch.save(_state(), tmp_path / "b.safetensors"),
         slimtorch.save_model(torch.nn.Linear(64, 64), tmp_path / "c.safetensors"),
         slimtorch.inspect(tmp_path / "dense.pt"),
@@ -165,7 +204,7 @@ def test_shard_bytes_shards_a_save_and_its_pre_0_1_0_name_is_refused(tmp_path):
 
 def test_shrink_options_keep_their_positional_and_keyword_spellings(tmp_path):
     torch.save(_state(), tmp_path / "dense.pt")
-    options = ShrinkOptions(quantize="int8", skip=["2.bias"])
+    options = ShrinkOptions(quantize="int8-weight", skip=["2.bias"])
 
     assert options.skip == ("2.bias",) and options.dtype is None
     keyword = slimtorch.shrink(tmp_path / "dense.pt", tmp_path / "a.safetensors", options=options)

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from slimtorch import schemes
-from slimtorch.cli.choices import SCHEME_CODECS
 from slimtorch.cli.main import build_parser
 from slimtorch.errors import OptionError
 from slimtorch.format.codecs import decode, encode
@@ -73,6 +72,7 @@ def test_the_api_and_every_command_offer_what_the_rows_allow() -> None:
     """``quantize`` offers every scheme; ``shrink`` and ``prune``, which write files, the weight-only ones
     they store as their rows say; the slim planner tries them all (weight-only first, for a size goal);
     QuantizeOptions takes each with its classes' kernels. All read from the table."""
+    from slimtorch.deploy import ExportOptions
     from slimtorch.quant import SCHEMES
     from slimtorch.slimming.options import SlimOptions
 
@@ -89,7 +89,8 @@ def test_the_api_and_every_command_offer_what_the_rows_allow() -> None:
         assert all(schemes.scheme(name).summary in " ".join(action.help.split()) for name in action.choices)
     assert tuple(offered["quantize"]) == schemes.SCHEMES
     assert tuple(offered["shrink"]) == tuple(offered["prune"]) == schemes.WRITTEN
-    assert set(offered["export"]) <= set(SCHEME_CODECS)  # export names its int8 by the writers' word too
+    for name in offered["export"]:  # export takes the row's codec (quantize_to="int8")
+        assert ExportOptions(quantize_to=schemes.scheme(name).codec).quantize_to == schemes.scheme(name).codec
     assert set(SlimOptions().schemes) == set(schemes.SCHEMES)
     for row in schemes.ROWS:
         linear = layer_class(row.name, "linear")
@@ -111,25 +112,27 @@ def test_each_scheme_quantizes_the_layers_its_row_names_and_leaves_the_rest_floa
             assert not isinstance(layer, QuantizedWeight) and name in report.skipped, (name, report.skipped)
 
 
-def test_the_writers_store_each_quantize_value_in_the_form_the_table_says() -> None:
-    """shrink, prune and save store by ``quantize`` value: each value's (codec, grouped) form is what
-    ``WRITER_FORMS`` says (the CLI reads it there, without torch), and they take no other value."""
+def test_the_writers_store_each_scheme_they_take_in_the_form_the_table_says() -> None:
+    """shrink, prune and save take a written scheme's name and store by its row's codec form: each form is
+    what ``WRITER_FORMS`` says (the CLI reads it there, without torch) and the row's own, and they take no
+    other name."""
     from slimtorch.format.policy import TensorPolicy, encode_tensor
 
     weight = torch.randn(64, 128)
-    for value, (codec, grouped) in schemes.WRITER_FORMS.items():
-        policy = TensorPolicy(quantize=value, sparse="off")
-        stage = encode_tensor("fc.weight", weight, "parameters", policy).stages[0]
-        assert stage["codec"] == codec and ("group_size" in stage) == grouped, (value, stage)
-    with pytest.raises(OptionError, match="quantize must be int8 or int4"):
-        TensorPolicy(quantize="int8-weight")
+    assert {schemes.scheme(name).writer_form for name in schemes.WRITTEN} == set(schemes.WRITER_FORMS)
     for name in schemes.WRITTEN:
-        row = schemes.scheme(name)
-        assert schemes.WRITER_FORMS[SCHEME_CODECS[name]] == (row.codec, row.grouped)
+        row, policy = schemes.scheme(name), TensorPolicy(quantize=name, sparse="off")
+        codec, grouped = schemes.WRITER_FORMS[policy.codec]  # type: ignore[index]
+        assert (codec, grouped) == (row.codec, row.grouped)
+        stage = encode_tensor("fc.weight", weight, "parameters", policy).stages[0]
+        assert stage["codec"] == codec and ("group_size" in stage) == grouped, (name, stage)
+    for other in set(schemes.SCHEMES) - set(schemes.WRITTEN) | set(schemes.WRITER_FORMS):
+        with pytest.raises(OptionError, match="quantize takes a scheme name"):
+            TensorPolicy(quantize=other)
 
 
 def test_a_row_the_writers_cannot_store_as_it_says_is_not_offered_by_them() -> None:
-    """A grouped int8 row (made here, not in the table) would be stored per row by ``quantize="int8"``: it
+    """A grouped int8 row (made here, not in the table) would be stored per row by the writers' int8 form: it
     has no writer form, so shrink and prune would not offer it; ``quantize`` takes it, its stage grouped."""
     grouped_int8 = dataclasses.replace(schemes.scheme("int8-weight"), name="int8-grouped", grouped=True)
     assert grouped_int8.writer_form is None

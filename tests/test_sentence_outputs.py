@@ -79,7 +79,7 @@ def test_a_lossless_shrink_opens_in_sentence_transformers_with_equal_embeddings(
 
 
 def test_an_int8_shrink_opens_in_sentence_transformers_within_the_int8_bound(folder, tmp_path) -> None:
-    shrink(folder, tmp_path / "out", options=ShrinkOptions(quantize="int8", quantize_all=True))
+    shrink(folder, tmp_path / "out", options=ShrinkOptions(quantize="int8-weight", quantize_all=True))
     embeddings = st_embeddings(tmp_path / "out")
     assert cosine(embeddings, st_embeddings(folder)) >= 0.99
     torch.testing.assert_close(our_embeddings(tmp_path / "out"), embeddings, atol=1e-5, rtol=0)

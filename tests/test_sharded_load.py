@@ -92,8 +92,8 @@ def _files(root: Path) -> None:
     """Checkpoints of both models in every form a sharded load reads, and each unsharded load's output."""
     state, cnn_state = _state(Transformer), _state(cnn)
     slimtorch.save(state, root / "raw.safetensors")
-    slimtorch.save(state, root / "int8.safetensors", quantize="int8", quantize_all=True)
-    slimtorch.save(state, root / "int4.safetensors", quantize="int4", quantize_all=True)
+    slimtorch.save(state, root / "int8.safetensors", quantize="int8-weight", quantize_all=True)
+    slimtorch.save(state, root / "int4.safetensors", quantize="int4-weight", quantize_all=True)
     slimtorch.save(cnn_state, root / "cnn.safetensors")
     save_file(state, root / "plain.safetensors")
     folder = root / "hf"
@@ -282,7 +282,7 @@ def test_crc32_combine_matches_zlib_over_the_joined_bytes(length):
 def test_read_into_reads_rows_and_columns_equal_to_the_whole_tensor_sliced(tmp_path, kind):
     state = {"w": torch.randn(40, 128), "conv": torch.randn(6, 4, 3, 3), "b": torch.randn(7)}
     path = tmp_path / "m.safetensors"
-    quantize = {"int8": "int8", "int4": "int4"}.get(kind)
+    quantize = {"int8": "int8-weight", "int4": "int4-weight"}.get(kind)
     if kind == "plain":
         save_file(state, path)
     else:
@@ -301,7 +301,7 @@ def test_read_into_reads_rows_and_columns_equal_to_the_whole_tensor_sliced(tmp_p
 
 def test_int4_columns_off_group_boundaries_read_the_covering_groups_only(tmp_path):
     path = tmp_path / "m.safetensors"
-    slimtorch.save({"w": torch.randn(64, 256)}, path, quantize="int4", quantize_all=True)
+    slimtorch.save({"w": torch.randn(64, 256)}, path, quantize="int4-weight", quantize_all=True)
     source = open_checkpoint(path)
     assert source.codec("w") == "int4"
     out = torch.empty(64, 30)

@@ -229,7 +229,7 @@ def pruned_90(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["masked", "finalized"])
-@pytest.mark.parametrize(("quantize", "share"), [(None, 0.14), ("int8", 0.06)])
+@pytest.mark.parametrize(("quantize", "share"), [(None, 0.14), ("int8-weight", 0.06)])
 def test_90pct_pruned_model_shrinks_to_a_small_share_of_its_dense_size(
     pruned_90, tmp_path, form, quantize, share
 ):
@@ -506,14 +506,14 @@ def test_a_file_the_header_outweighs_says_so_instead_of_growing_silently(tmp_pat
         f"lin{i}.model.1.weight": torch.randn(1, c, 1, 1) for i, c in enumerate((64, 192, 384, 256, 256))
     }
     torch.save(tensors, path, _use_new_zipfile_serialization=False)  # as lpips saved it: legacy, no zip
-    report = slimtorch.shrink(path, tmp_path / "tiny.safetensors", quantize="int8")
+    report = slimtorch.shrink(path, tmp_path / "tiny.safetensors", quantize="int8-weight")
     assert report.after_bytes > report.before_bytes
     note = next(n for n in report.notes if n.startswith("the output is"))
     assert "more than the source's" in note and "no tensor has the 4,096 elements" in note
 
     big = tmp_path / "big.pth"
     torch.save({"w": torch.randn(256, 256)}, big)
-    report = slimtorch.shrink(big, tmp_path / "big.safetensors", quantize="int8")
+    report = slimtorch.shrink(big, tmp_path / "big.safetensors", quantize="int8-weight")
     assert report.after_bytes < report.before_bytes and not any(
         n.startswith("the output is") for n in report.notes
     )

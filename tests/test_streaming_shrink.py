@@ -200,7 +200,7 @@ def test_the_shrink_report_errors_match_a_whole_tensor_comparison(tmp_path, monk
     source = tmp_path / "w.safetensors"
     safetensors.torch.save_file({"fc.weight": w}, source)
 
-    report = slimtorch.shrink(source, tmp_path / "out.safetensors", quantize="int8")
+    report = slimtorch.shrink(source, tmp_path / "out.safetensors", quantize="int8-weight")
 
     result = next(r for r in report.tensors if r.name == "fc.weight")
     stored = slimtorch.load(tmp_path / "out.safetensors").tensors["fc.weight"].float()
@@ -325,7 +325,7 @@ def test_shrink_anonymous_memory_does_not_grow_with_the_file(tmp_path):
     peaks = []
     for source in (small, large):
         out = str(source) + ".out.safetensors"
-        code = f"import slimtorch; slimtorch.shrink({str(source)!r}, {out!r}, quantize='int8')"
+        code = f"import slimtorch; slimtorch.shrink({str(source)!r}, {out!r}, quantize='int8-weight')"
         peaks.append(_peak_anon([sys.executable, "-c", code]))
         os.unlink(out)
     one_matrix = MLP * HIDDEN * 4  # a float32 copy of the largest layer's weight: 11 MiB

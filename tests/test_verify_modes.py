@@ -101,7 +101,7 @@ def test_verify_false_skips_the_checks(tmp_path) -> None:
 
 
 def test_decoded_tensors_are_checked_before_decoding_whatever_the_mode(tmp_path) -> None:
-    path = _saved(tmp_path, corrupt="layers.2.weight::q", quantize="int8")
+    path = _saved(tmp_path, corrupt="layers.2.weight::q", quantize="int8-weight")
     for mode in VERIFY_MODES:
         with pytest.raises(slimtorch.FormatError, match=r"'layers\.2\.weight': checksum mismatch"):
             slimtorch.load_model(path, MLP, verify=mode)

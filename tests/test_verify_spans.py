@@ -126,13 +126,13 @@ def test_a_span_check_names_every_corrupt_tensor_as_a_chunk_check_would() -> Non
 
 
 def test_coded_tensors_are_checked_as_they_are_decoded_not_under_the_spans(tmp_path, watched) -> None:
-    path = _saved(tmp_path, quantize="int8")
+    path = _saved(tmp_path, quantize="int8-weight")
     slimtorch.load_model(path, MLP).wait()
     checks = watched[0]
     assert not checks.covers("layers.0.weight")  # int8 codes: checked before decoding, on their own
     assert checks.covers("layers.0.bias")  # stored as is: under a span
     assert len(checks._groups) == 1  # the codes' small parts join the span, which does not break at them
-    corrupt = _saved(tmp_path, corrupt=("layers.2.weight::q",), quantize="int8")
+    corrupt = _saved(tmp_path, corrupt=("layers.2.weight::q",), quantize="int8-weight")
     with pytest.raises(slimtorch.FormatError, match=r"'layers\.2\.weight': checksum mismatch"):
         slimtorch.load_model(corrupt, MLP, verify="before-use")
 
@@ -176,7 +176,7 @@ def test_a_file_with_no_tensor_stored_as_is_still_finishes_its_checks(tmp_path, 
     verification must still end (it once waited for spans it had counted twice)."""
     path = tmp_path / "coded.safetensors"
     build = lambda: torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False))  # noqa: E731
-    slimtorch.save(build().state_dict(), path, quantize="int8")
+    slimtorch.save(build().state_dict(), path, quantize="int8-weight")
     done: list[object] = []
     loading = threading.Thread(target=lambda: done.append(slimtorch.load_model(path, build)), daemon=True)
     loading.start()

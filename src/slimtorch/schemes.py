@@ -76,9 +76,10 @@ class Scheme:
 
     @property
     def writer_form(self) -> str | None:
-        """The file writers' ``quantize`` value (:data:`WRITER_FORMS`) that stores its weights as the row
-        says, or None when they have no such form (the row is then quantized by ``quantize``, never by
-        shrink or prune)."""
+        """The codec form (a key of :data:`WRITER_FORMS`: ``"int8"``, ``"int4"``) in which the file writers
+        store its weights as the row says, or None when they have no such form (the row is then quantized by
+        ``quantize``, never by shrink or prune). Their ``quantize`` option takes the row's name; the
+        writers' policy turns it into this form (``slimtorch.format.policy.TensorPolicy.codec``)."""
         return next(
             (value for value, form in WRITER_FORMS.items() if form == (self.codec, self.grouped)), None
         )
@@ -87,11 +88,13 @@ class Scheme:
 WRITER_FORMS: Mapping[str, tuple[str, bool]] = MappingProxyType(
     {"int8": ("int8", False), "int4": ("int4", True)}
 )
-"""What the file writers store for each value of their ``quantize`` option (``slimtorch.format.policy``:
-shrink, prune, ``save``): ``(codec, grouped)``, int8 with a scale per row, int4 in groups. Here, not there,
-so that the command line reads it without torch; ``tests/test_schemes.py`` holds the two together. A row
-whose form is not listed is not offered by the commands that write files: stored by codec name it would
-come out in another form (a grouped int8 row as a scale per row)."""
+"""What the file writers store for each codec form they quantize weights in (``slimtorch.format.policy``:
+shrink, prune, ``save``): ``(codec, grouped)``, int8 with a scale per row, int4 in groups. Their
+``quantize`` option names a scheme (:data:`WRITTEN`), whose row's :attr:`Scheme.writer_form` is the key
+here. Here, not there, so that the command line reads it without torch; ``tests/test_schemes.py`` holds the
+two together. A row whose form is not listed is not offered by the commands that write files, and the
+writers refuse its name: stored by codec it would come out in another form (a grouped int8 row as a
+scale per row)."""
 
 _MODULES, _RECURRENT, _CONV = "slimtorch.quant.modules", "slimtorch.quant.recurrent", "slimtorch.quant.conv"
 
@@ -155,8 +158,8 @@ SCHEMES: tuple[str, ...] = tuple(BY_NAME)
 WEIGHT_ONLY: tuple[str, ...] = tuple(row.name for row in ROWS if row.weight_only)
 """The schemes whose weights are quantized and activations computed in float: what a file holds."""
 WRITTEN: tuple[str, ...] = tuple(row.name for row in ROWS if row.weight_only and row.writer_form)
-"""The weight-only schemes the file writers store as their rows say (:data:`WRITER_FORMS`): what shrink
-and prune offer."""
+"""The weight-only schemes the file writers store as their rows say (:data:`WRITER_FORMS`): the names their
+``quantize`` option takes, what shrink and prune offer."""
 
 
 def scheme(name: str) -> Scheme:

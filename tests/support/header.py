@@ -13,6 +13,8 @@ import torch
 import slimtorch
 
 KINDS = ("lossless", "int8", "int4", "sharded")
+SCHEMES = {"int8": "int8-weight", "int4": "int4-weight"}
+"""The writers' ``quantize`` of each quantized kind."""
 
 
 # -- templates and flips (benchmarks.bitflips runs the same with more flips) --------------------------------
@@ -37,10 +39,10 @@ def slim_template(folder: Path, kind: str) -> Path:
             for i in range(3)
         }
         path = folder / "sharded"
-        slimtorch.save(state, path, quantize="int8", shard_bytes=3000)
+        slimtorch.save(state, path, quantize="int8-weight", shard_bytes=3000)
         return path
     path = folder / f"{kind}.safetensors"
-    slimtorch.save(small_state(), path, quantize=None if kind == "lossless" else kind)
+    slimtorch.save(small_state(), path, quantize=SCHEMES.get(kind))
     return path
 
 

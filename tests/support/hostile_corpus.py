@@ -331,7 +331,7 @@ def _slim_raw_edit(placeholder_into: Callable[[dict], None], text: str) -> Build
     seal recomputed so that the parser behind it is what gets tested."""
 
     def write(path: Path) -> None:
-        _slim(path, quantize="int8")
+        _slim(path, quantize="int8-weight")
         header, data = read_safetensors(path)
         body = json.loads(header["__metadata__"]["slimtorch"])
         placeholder_into(body)
@@ -660,22 +660,22 @@ def _set(*path_and_value) -> Callable[[dict], None]:
 
 
 SLIM_EDITS: dict[str, tuple[Callable[[dict], None], dict]] = {
-    "stage-without-codec": (_rename_key("fc.weight", "codec", "codeb"), {"quantize": "int8"}),
-    "stage-unknown-codec": (_stage("fc.weight", codec="lz77"), {"quantize": "int8"}),
-    "stage-codec-list": (_stage("fc.weight", codec=["int8"]), {"quantize": "int8"}),
-    "stage-dtype-list": (_stage("fc.weight", dtype=["float32"]), {"quantize": "int8"}),
-    "stage-dtype-object": (_stage("fc.weight", dtype={}), {"quantize": "int8"}),
-    "stage-dtype-qint8": (_stage("fc.weight", dtype="qint8"), {"quantize": "int8"}),
-    "stage-shape-1e30-by-0": (_stage("fc.weight", shape=[10**30, 0]), {"quantize": "int8"}),
-    "stage-shape-2**47-squared": (_stage("fc.weight", shape=[2**47, 2**47]), {"quantize": "int8"}),
-    "stage-shape-missing": (_stage("fc.weight", shape=_DELETE), {"quantize": "int8"}),
-    "stage-not-object": (_set("tensors", "fc.weight", "stages", ["int8"]), {"quantize": "int8"}),
-    "stages-object": (_set("tensors", "fc.weight", "stages", {"codec": "int8"}), {"quantize": "int8"}),
+    "stage-without-codec": (_rename_key("fc.weight", "codec", "codeb"), {"quantize": "int8-weight"}),
+    "stage-unknown-codec": (_stage("fc.weight", codec="lz77"), {"quantize": "int8-weight"}),
+    "stage-codec-list": (_stage("fc.weight", codec=["int8"]), {"quantize": "int8-weight"}),
+    "stage-dtype-list": (_stage("fc.weight", dtype=["float32"]), {"quantize": "int8-weight"}),
+    "stage-dtype-object": (_stage("fc.weight", dtype={}), {"quantize": "int8-weight"}),
+    "stage-dtype-qint8": (_stage("fc.weight", dtype="qint8"), {"quantize": "int8-weight"}),
+    "stage-shape-1e30-by-0": (_stage("fc.weight", shape=[10**30, 0]), {"quantize": "int8-weight"}),
+    "stage-shape-2**47-squared": (_stage("fc.weight", shape=[2**47, 2**47]), {"quantize": "int8-weight"}),
+    "stage-shape-missing": (_stage("fc.weight", shape=_DELETE), {"quantize": "int8-weight"}),
+    "stage-not-object": (_set("tensors", "fc.weight", "stages", ["int8"]), {"quantize": "int8-weight"}),
+    "stages-object": (_set("tensors", "fc.weight", "stages", {"codec": "int8"}), {"quantize": "int8-weight"}),
     "stages-repeated-1000": (
         lambda body: body["tensors"]["fc.weight"].update(
             stages=body["tensors"]["fc.weight"]["stages"] * 1000
         ),
-        {"quantize": "int8"},
+        {"quantize": "int8-weight"},
     ),
     "entry-dtype-list": (_set("tensors", "fc.bias", "dtype", ["float32"]), {}),
     "entry-shape-1e30-by-0": (_set("tensors", "fc.bias", "shape", [10**30, 0]), {}),
@@ -685,14 +685,14 @@ SLIM_EDITS: dict[str, tuple[Callable[[dict], None], dict]] = {
     "crc-string": (_set("tensors", "fc.bias", "crc32", {"": ["0"]}), {}),
     "parts-of-another-tensor": (
         _set("tensors", "fc.bias", "parts", {"": "fc.weight::scale"}),
-        {"quantize": "int8"},
+        {"quantize": "int8-weight"},
     ),
     "parts-missing-role": (
         lambda body: (
             body["tensors"]["fc.weight"]["parts"].pop("scale")
             and body["tensors"]["fc.weight"]["crc32"].pop("scale")
         ),
-        {"quantize": "int8"},
+        {"quantize": "int8-weight"},
     ),
     "tie-cycle": (_set("ties", {"a": "b", "b": "a"}), {}),
     "tie-to-missing": (_set("ties", {"a": "nowhere"}), {}),
@@ -710,9 +710,9 @@ SLIM_EDITS: dict[str, tuple[Callable[[dict], None], dict]] = {
     "checkpoint-list": (_set("checkpoint", [1]), {}),
     "tensors-list": (_set("tensors", []), {}),
     "objects-list": (_set("objects", [1]), {}),
-    "int4-group-size-0": (_stage("fc.weight", "int4", group_size=0), {"quantize": "int4"}),
-    "int4-group-size-1e18": (_stage("fc.weight", "int4", group_size=10**18), {"quantize": "int4"}),
-    "int4-flat-string": (_stage("fc.weight", "int4", flat="yes"), {"quantize": "int4"}),
+    "int4-group-size-0": (_stage("fc.weight", "int4", group_size=0), {"quantize": "int4-weight"}),
+    "int4-group-size-1e18": (_stage("fc.weight", "int4", group_size=10**18), {"quantize": "int4-weight"}),
+    "int4-flat-string": (_stage("fc.weight", "int4", flat="yes"), {"quantize": "int4-weight"}),
 }
 
 
@@ -773,7 +773,7 @@ def _truncated(kind: str, fraction: float, offset: int | None = None) -> Build:
         elif kind == "safetensors":
             save_file(_state(), good)
         else:
-            _slim(good, quantize="int8", entropy=kind == "slim-zstd")
+            _slim(good, quantize="int8-weight", entropy=kind == "slim-zstd")
         raw = good.read_bytes()
         good.unlink()
         cut = offset if offset is not None else int(len(raw) * fraction)
@@ -876,7 +876,7 @@ def _decoded_state(options: dict) -> Callable[[], dict[str, torch.Tensor]]:
 
 def _damaged_key(new_key: str) -> Build:
     def write(path: Path) -> None:
-        _slim(path, quantize="int8")
+        _slim(path, quantize="int8-weight")
         header, data = read_safetensors(path)
         header["__metadata__"][new_key] = header["__metadata__"].pop("slimtorch")
         write_safetensors_raw(path, header, data, reseal=False)
@@ -990,7 +990,7 @@ def _reserved(name: str) -> tuple[Build, Callable[[], dict[str, torch.Tensor]]]:
 
 def integrity_cases() -> list[Case]:
     cases = []
-    for kind, options, flips in (("lossless", {}, 40), ("int8", {"quantize": "int8"}, 20)):
+    for kind, options, flips in (("lossless", {}, 40), ("int8", {"quantize": "int8-weight"}, 20)):
         check = _same_tensors(_decoded_state(options))
         for seed in range(flips):
             cases += _cases(

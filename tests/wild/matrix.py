@@ -26,6 +26,7 @@ import slimtorch
 from slimtorch.cli.main import main as cli
 from slimtorch.errors import SlimtorchError
 from slimtorch.quant import kernels
+from slimtorch.schemes import scheme
 from tests.wild.classes import reference_objects
 from tests.wild.inputs import cosine_rows
 from tests.wild.models import WildModel
@@ -267,8 +268,10 @@ def _prefixes(names: Mapping[str, Any]) -> list[str]:
 
 
 def shrink_quantized(model: WildModel, workdir: Path, quantize: str) -> Outcome:
+    """The checkpoint shrunk by scheme ``quantize`` (``"int8-weight"``) and reloaded; the outcome's command
+    names the scheme's codec (``shrink-int8``), as the matrix and its results do."""
     out, report = shrunk(model, workdir, quantize)
-    command = f"shrink-{quantize}"
+    command = f"shrink-{scheme(quantize).codec}"
     return reloaded(
         model, out, command, {"size_before": report.before_bytes, "size_after": report.after_bytes}
     )
@@ -411,8 +414,8 @@ def _original(model: WildModel) -> nn.Module:
 RUNNERS: dict[str, Callable[[WildModel, Path], Outcome]] = {
     "inspect": inspect,
     "shrink-lossless": shrink_lossless,
-    "shrink-int8": lambda m, w: shrink_quantized(m, w, "int8"),
-    "shrink-int4": lambda m, w: shrink_quantized(m, w, "int4"),
+    "shrink-int8": lambda m, w: shrink_quantized(m, w, "int8-weight"),
+    "shrink-int4": lambda m, w: shrink_quantized(m, w, "int4-weight"),
     "load_model": load_model,
     "quantize": quantize,
     "prune": prune,

@@ -67,11 +67,11 @@ WRITERS = {
     # name: (writes the output, the least cosine to the original (None: the weights changed by design),
     # the least cosine between SentenceTransformer's and slimtorch's embeddings (None: within 1e-5))
     "shrink-lossless": (_shrink(ShrinkOptions()), 1.0, None),
-    "shrink-int8": (_shrink(ShrinkOptions(quantize="int8")), 0.99, None),
+    "shrink-int8": (_shrink(ShrinkOptions(quantize="int8-weight")), 0.99, None),
     # int4 groups with a zero point each, as compressed-tensors holds them (issue 45: the symmetric groups
     # written before gave 0.94 at worst over the 16 sentences, 0.88 on other CPUs); the two readers agree
     # but for float16 vs float32 decoding of (code - point) * scale
-    "shrink-int4": (_shrink(ShrinkOptions(quantize="int4")), 0.95, 0.9999),
+    "shrink-int4": (_shrink(ShrinkOptions(quantize="int4-weight")), 0.95, 0.9999),
     # transformers decodes the weights as it loads them and leaves activations float; slimtorch rounds
     # them to int8 per row, as the quantized model computes
     "quantize-int8-dynamic": (

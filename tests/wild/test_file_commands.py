@@ -60,7 +60,7 @@ def test_shrink_in_the_writers_large_file_paths_keeps_every_tensor_bit_for_bit(
     monkeypatch.setattr(writer, "STREAM_COMPACT", 0)
     slimtorch.shrink(model.path, roomy)
     monkeypatch.setattr(writer, "_header_room", lambda expected: 8)
-    slimtorch.shrink(model.path, moved, quantize="int8")
+    slimtorch.shrink(model.path, moved, quantize="int8-weight")
 
     expected, written = slimtorch.load(usual).tensors, slimtorch.load(roomy).tensors
     assert written.keys() == expected.keys() and written

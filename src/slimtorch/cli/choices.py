@@ -9,13 +9,8 @@ fails that test, never a user. The quantization schemes need no copy: their tabl
 
 from __future__ import annotations
 
-from slimtorch.schemes import ROWS
 from slimtorch.schemes import SCHEMES as SCHEMES  # what --scheme offers (each command, those it can do)
-from slimtorch.schemes import WRITTEN as WRITTEN  # what shrink and prune store
-
-SCHEME_CODECS = {row.name: row.writer_form for row in ROWS if row.writer_form}
-"""A scheme as the writers and the exporter name it (``quantize="int8"``): only the rows they store in the
-row's own form (:data:`slimtorch.schemes.WRITER_FORMS`); another would be stored in another form."""
+from slimtorch.schemes import WRITTEN as WRITTEN  # what shrink and prune store, passed on by name
 
 INT4_GROUP_SIZE = 128
 """``slimtorch.format.codecs.lossy.INT4_GROUP_SIZE``: int4 values per scale of ``slimtorch quantize``."""

@@ -17,12 +17,12 @@ from slimtorch.cli.arguments import (
     print_json,
     real,
 )
-from slimtorch.cli.choices import SCHEME_CODECS
 from slimtorch.cli.model_input import add_model_arguments, command_model
 from slimtorch.cli.output_path import check_output, model_inputs
 from slimtorch.cli.untrusted_text import as_text, printable
 from slimtorch.errors import SlimtorchError
 from slimtorch.format.units import format_bytes
+from slimtorch.schemes import scheme
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         tolerance = Tolerance(atol, rtol, f"given: within {atol:g} + {rtol:g} x max|eager|")
     options = ExportOptions(
         format=args.format,
-        quantize_to=SCHEME_CODECS.get(args.scheme),
+        quantize_to=_quantize_to(args.scheme),
         dynamic_batch=args.dynamic_batch,
         samples=args.samples,
         tolerance=tolerance,
@@ -152,6 +152,12 @@ def _tokenizer_folder(loaded: ModelInput) -> Path | None:
         )
         return None
     return folder
+
+
+def _quantize_to(name: str | None) -> str | None:
+    """The exporter's ``quantize_to`` for ``--scheme``: the codec of the scheme's row (``int8-dynamic``:
+    ``"int8"``, int8 weights and per-token int8 activations in ONNX)."""
+    return scheme(name).codec if name else None
 
 
 def _example(args: argparse.Namespace, model: torch.nn.Module) -> dict[str, torch.Tensor]:

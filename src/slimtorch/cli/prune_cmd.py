@@ -23,7 +23,7 @@ from slimtorch.cli.arguments import (
     integer,
     print_json,
 )
-from slimtorch.cli.choices import SCHEME_CODECS, WRITTEN
+from slimtorch.cli.choices import WRITTEN
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
 from slimtorch.cli.untrusted_text import as_text
@@ -199,7 +199,6 @@ def _save(args: argparse.Namespace, model: nn.Module, loaded: ModelInput) -> tup
     from slimtorch.sources.companions import source_provenance
 
     hugging_face = loaded.folder is not None
-    quantize = SCHEME_CODECS.get(args.scheme)
     problems: list[str] = []
     if hugging_face:
         companions = output_companions(loaded.folder)
@@ -209,14 +208,14 @@ def _save(args: argparse.Namespace, model: nn.Module, loaded: ModelInput) -> tup
             args.output,
             companions=companions,
             metadata=provenance,
-            quantize=quantize,
+            quantize=args.scheme,
             layout=args.layout,
         )
         assert saved.config_update is not None  # save_pretrained reports the config it wrote
         problems = saved.config_update.problems
         files = sorted(str(path) for path in Path(args.output).iterdir())
     else:
-        files = save_model(model, args.output, quantize=quantize, layout=args.layout).files
+        files = save_model(model, args.output, quantize=args.scheme, layout=args.layout).files
     size = sum(Path(f).stat().st_size for f in files if f.endswith(".safetensors"))
     return files, size, problems
 

@@ -17,7 +17,7 @@ from slimtorch.cli.arguments import (
     print_json,
     size,
 )
-from slimtorch.cli.choices import SCHEME_CODECS, SHRINK_INT4_GROUP_SIZE, WRITTEN
+from slimtorch.cli.choices import SHRINK_INT4_GROUP_SIZE, WRITTEN
 from slimtorch.cli.model_spec import PATH_HELP
 
 HELP = "write a smaller, safe copy of a checkpoint (slim format on safetensors)"
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = ShrinkOptions(
         dtype=args.dtype,
-        quantize=SCHEME_CODECS.get(args.scheme),
+        quantize=args.scheme,
         group_size=args.group_size,
         sparse=args.sparse,
         entropy=args.entropy,

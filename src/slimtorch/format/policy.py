@@ -7,13 +7,15 @@ those choices plus what a run derives (``unquantized``, ``stored_as``, the layou
   ``skip`` pattern that matches no tensor is an error (:func:`check_patterns`): a typo would otherwise
   quantize what it meant to keep.
 - ``dtype`` converts floating-point tensors (the loaded model is then in that dtype).
-- ``quantize`` applies to weights only: floating-point parameters with at least two dimensions and
-  :data:`QUANTIZE_MIN_ELEMENTS` elements. Norms, biases and small tensors keep their precision. Embeddings
-  are quantized per row like any weight (int8's output channels are their rows) unless
-  ``quantize_embeddings=False``. Names in ``unquantized`` are not quantized; names in ``stored_as`` get
-  ``"int8"`` or ``"float16"`` instead of ``quantize``: shrink and save fill it with the few weights whose
-  rounding error would dominate and with recurrent layers' weights (:mod:`slimtorch.format.sensitive`)
-  unless ``quantize_all=True``. int4 groups hold :data:`SHRINK_INT4_GROUP_SIZE` values unless told otherwise.
+- ``quantize`` (a scheme's name of :data:`slimtorch.schemes.WRITTEN`, ``"int8-weight"`` or
+  ``"int4-weight"``; stored by the row's codec, :attr:`TensorPolicy.codec`) applies to weights only:
+  floating-point parameters with at least two dimensions and :data:`QUANTIZE_MIN_ELEMENTS` elements.
+  Norms, biases and small tensors keep their precision. Embeddings are quantized per row like any weight
+  (int8's output channels are their rows) unless ``quantize_embeddings=False``. Names in ``unquantized``
+  are not quantized; names in ``stored_as`` get ``"int8"`` or ``"float16"`` instead of that codec: shrink
+  and save fill it with the few weights whose rounding error would dominate and with recurrent layers'
+  weights (:mod:`slimtorch.format.sensitive`) unless ``quantize_all=True``. int4 groups hold
+  :data:`SHRINK_INT4_GROUP_SIZE` values unless told otherwise.
 - ``sparse="auto"`` stores a tensor as bitmask + non-zeros only when that saves at least
   :data:`SPARSE_MIN_SAVING` bytes over dense (a decode costs more than reading a few KiB): after
   int8, on the codes (values that round to zero are zeros); before int4, on the weights.
@@ -44,7 +46,8 @@ from slimtorch.format.container import DTYPES
 from slimtorch.format.hf_layout import int4_fits
 from slimtorch.format.names import unmatched_pattern
 from slimtorch.format.scan import count_zeros
-from slimtorch.schemes import WRITER_FORMS
+from slimtorch.schemes import BY_NAME as SCHEME_ROWS
+from slimtorch.schemes import WRITER_FORMS, WRITTEN
 
 QUANTIZE_MIN_ELEMENTS = 4096
 SHRINK_INT4_GROUP_SIZE = 32
@@ -70,8 +73,9 @@ class CodecChoices:
     dtype: torch.dtype | None = None
     """Convert floating-point tensors: ``"fp16"``, ``"bf16"`` (or the torch dtype); None keeps them."""
     quantize: str | None = None
-    """Quantize weights: ``"int8"`` (per output channel) or ``"int4"`` (in groups); None keeps them (the
-    forms :data:`slimtorch.schemes.WRITER_FORMS` lists, for the command line)."""
+    """Quantize weights by a scheme's name, as ``--scheme`` and :func:`slimtorch.quantize` name it:
+    ``"int8-weight"`` (a scale per output channel) or ``"int4-weight"`` (in groups), the rows the writers
+    store as they say (:data:`slimtorch.schemes.WRITTEN`); None keeps them."""
     group_size: int = SHRINK_INT4_GROUP_SIZE
     """Values per int4 group."""
     sparse: str = "auto"
@@ -89,8 +93,7 @@ class CodecChoices:
             if self.dtype not in _CASTS:
                 raise OptionError(f"dtype must be fp16 or bf16, not {self.dtype!r}")
             object.__setattr__(self, "dtype", _CASTS[self.dtype])
-        if self.quantize is not None and self.quantize not in WRITER_FORMS:
-            raise OptionError(f"quantize must be {' or '.join(WRITER_FORMS)}, not {self.quantize!r}")
+        _check_quantize(self.quantize)
         if self.sparse not in ("auto", "off"):
             raise OptionError(f"sparse must be auto or off, not {self.sparse!r}")
         check_group_size(self.group_size)
@@ -104,7 +107,7 @@ class ShrinkOptions(CodecChoices):
     choices, what a recipe records. The defaults are lossless (drop nothing, convert nothing).
 
     Example:
-        >>> ShrinkOptions(quantize="int8", skip=["lm_head.*"]).skip
+        >>> ShrinkOptions(quantize="int8-weight", skip=["lm_head.*"]).skip
         ('lm_head.*',)
     """
 
@@ -141,6 +144,33 @@ class ShrinkOptions(CodecChoices):
         return next((name for name, default in READING.items() if getattr(self, name) != default), None)
 
 
+def _check_quantize(value: object) -> None:
+    """Refuse a ``quantize`` other than None or a written scheme's name, in one line saying what to write:
+    the codec names the option took before 0.1.0 (``"int8"``) point at their scheme, and a scheme the
+    writers cannot store as it says (dynamic, grouped int8) at :func:`slimtorch.quantize` and ``save_model``,
+    which store its layers as they are."""
+    if value is None or value in WRITTEN:
+        return
+    accepted = " or ".join(WRITTEN)
+    raise OptionError(f"quantize takes a scheme name: {accepted}, not {value!r}{_quantize_hint(value)}")
+
+
+def _quantize_hint(value: object) -> str:
+    """What to write instead of ``value``, in parentheses ("" when there is nothing to say)."""
+    if not isinstance(value, str):
+        return ""
+    if value in WRITER_FORMS:
+        named = " or ".join(name for name in WRITTEN if SCHEME_ROWS[name].writer_form == value)
+        return f" ({value} is {named})"
+    row = SCHEME_ROWS.get(value)
+    if row is None:
+        return ""
+    why = "is a form the writers cannot store as it says"
+    if row.dynamic:
+        why = "quantizes activations as the model runs, which no file holds"
+    return f" ({value} {why}: slimtorch.quantize(model, {value!r}), then save_model keeps its layers)"
+
+
 def _as_tuple(options: CodecChoices, name: str) -> None:
     """A sequence option held as a tuple (frozen options hash and compare); one string is refused, for it
     would be read as its characters."""
@@ -167,8 +197,8 @@ class TensorPolicy(CodecChoices):
     unquantized: frozenset[str] = frozenset()
     """Exact tensor names left unquantized (still converted by ``dtype``)."""
     stored_as: Mapping[str, str] = field(default_factory=dict)
-    """Exact tensor names stored as ``"int8"`` or ``"float16"`` instead of ``quantize``: the weights
-    quantizing would hurt most, chosen per run."""
+    """Exact tensor names stored as ``"int8"`` or ``"float16"`` instead of :attr:`codec`: the weights
+    quantizing would hurt most, chosen per run (storage forms of single tensors, not schemes)."""
     layout: str = "slim"
     """The layout being written: ``"hf"`` (parts transformers reads as they are) or ``"slim"``."""
     hf_weights: frozenset[str] = frozenset()
@@ -178,6 +208,14 @@ class TensorPolicy(CodecChoices):
     def of(cls, options: ShrinkOptions) -> TensorPolicy:
         """The policy of ``options``' codec choices, before a run adds what it derives."""
         return cls(**{f.name: getattr(options, f.name) for f in fields(CodecChoices)})
+
+    @property
+    def codec(self) -> str | None:
+        """The codec ``quantize`` stores weights with (``"int8"``, ``"int4"``: the row's
+        :attr:`~slimtorch.schemes.Scheme.writer_form`), None when not quantizing. The one place a scheme's
+        name becomes a codec: the functions below, the sensitive weights and the ``hf`` layout branch on
+        codecs, the words ``stored_as`` and the codec chains use."""
+        return None if self.quantize is None else SCHEME_ROWS[self.quantize].writer_form
 
     @property
     def lossless(self) -> bool:
@@ -258,7 +296,7 @@ def encode_tensor(
         return encode(x, ["bytes"])
     sparse = policy.sparse == "auto" and policy.layout != "hf"
     encoded = None
-    kind = policy.stored_as.get(name, policy.quantize)
+    kind = policy.stored_as.get(name, policy.codec)
     if kind is not None and quantizable(name, x, category, policy):
         try:
             encoded = _quantized(x, kind, policy, sparse, measure)
@@ -279,7 +317,7 @@ def _quantized(
     if kind == "float16":
         # Cast back to the weight's dtype on load; a weight already 16-bit stays as it is.
         return encode(x, [("cast", {"to": "float16"})]) if x.dtype.itemsize > 2 else None
-    if kind == "int8" and policy.layout == "hf" and policy.quantize == "int4":
+    if kind == "int8" and policy.layout == "hf" and policy.codec == "int4":
         return None  # one compressed-tensors format a folder: int8 codes beside int4 ones would go dense
     if kind == "int8":
         return _sparse_codes(encode(x, [("int8", {"measure": measure})]), sparse)

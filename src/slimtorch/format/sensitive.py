@@ -119,7 +119,8 @@ def recurrent_precision(name: str, quantize: str) -> str | None:
 
 @dataclass(frozen=True)
 class StoredInstead:
-    """A weight stored at a higher precision (``"float16"`` or ``"int8"``) than the one asked, and why."""
+    """A weight stored at a higher precision (``"float16"`` or ``"int8"``) than the one asked
+    (``instead_of``: the scheme named, ``"int4-weight"``), and why."""
 
     name: str
     stored: str
@@ -130,22 +131,25 @@ class StoredInstead:
         return asdict(self)
 
 
-def higher_precision(errors: Mapping[str, float], quantize: str) -> list[StoredInstead]:
-    """The weights of ``errors`` (name -> :func:`rounding_error`) that ``quantize`` would hurt most: those
-    whose error dominates (kept at float16), then recurrent layers' (:func:`recurrent_precision`).
+def higher_precision(errors: Mapping[str, float], quantize: str, asked: str) -> list[StoredInstead]:
+    """The weights of ``errors`` (name -> :func:`rounding_error`) that codec ``quantize`` would hurt most:
+    those whose error dominates (kept at float16), then recurrent layers' (:func:`recurrent_precision`).
+    ``asked`` is the writers' option as the user named it (a scheme, ``"int4-weight"``), which the report
+    says each was stored instead of.
 
     Example:
         >>> errors = {"a.weight": 1.0, "b.weight": 1.1, "c.weight": 0.9, "rnn.weight_hh_l0": 1.0}
-        >>> [(c.name, c.stored) for c in higher_precision({**errors, "first.weight": 6.0}, "int4")]
-        [('first.weight', 'float16'), ('rnn.weight_hh_l0', 'int8')]
+        >>> chosen = higher_precision({**errors, "first.weight": 6.0}, "int4", "int4-weight")
+        >>> [(c.name, c.stored, c.instead_of) for c in chosen]
+        [('first.weight', 'float16', 'int4-weight'), ('rnn.weight_hh_l0', 'int8', 'int4-weight')]
     """
     chosen = [
-        StoredInstead(k.name, "float16", quantize, f"rounding error {k.ratio:.1f}x the median weight's")
+        StoredInstead(k.name, "float16", asked, f"rounding error {k.ratio:.1f}x the median weight's")
         for k in dominant_errors(errors)
     ]
     taken = {c.name for c in chosen}
     for name in errors:
         stored = recurrent_precision(name, quantize)
         if stored and name not in taken:
-            chosen.append(StoredInstead(name, stored, quantize, "recurrent: its error compounds over time"))
+            chosen.append(StoredInstead(name, stored, asked, "recurrent: its error compounds over time"))
     return chosen

@@ -77,7 +77,7 @@ def choose_layout(
         return folder, policy
     folder.base_prefix = base_prefix(model) if model is not None else ""
     weights = ct_weights(model) if model is not None else set()
-    if policy.quantize == "int4":
+    if policy.codec == "int4":
         # compressed-tensors' int4 is for Linear layers: embeddings go int8, which it holds, not float
         int4 = ct_weights(model, 4) if model is not None else set()
         policy = replace(policy, stored_as={**dict.fromkeys(weights - int4, "int8"), **policy.stored_as})

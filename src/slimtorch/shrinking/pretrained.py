@@ -37,10 +37,10 @@ def save_pretrained(
 
     Options and ``overrides`` are :func:`save_model`'s; without ``options`` nothing is stored sparse
     (``ShrinkOptions(sparse="off")``). The folder is in the ``hf`` layout unless ``layout="slim"``
-    (:mod:`slimtorch.format.hf_layout`): with ``quantize="int8"`` or ``"int4"`` its Linear weights are in
-    the compressed-tensors format, so ``from_pretrained`` reads the folder when ``config_update`` lists no
-    problems (and refuses it when the sizes differ from the config's); the slim layout's config makes
-    ``from_pretrained`` refuse it.
+    (:mod:`slimtorch.format.hf_layout`): with ``quantize="int8-weight"`` or ``"int4-weight"`` its Linear
+    weights are in the compressed-tensors format, so ``from_pretrained`` reads the folder when
+    ``config_update`` lists no problems (and refuses it when the sizes differ from the config's); the slim
+    layout's config makes ``from_pretrained`` refuse it.
 
     Example:
         >>> slimtorch.prune.channels(bert, (input_ids,), ratio=0.5)  # doctest: +SKIP

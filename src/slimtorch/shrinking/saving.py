@@ -78,7 +78,7 @@ def shrink(
         out: a ``.safetensors`` file, or a folder (sharded by ``shard_bytes``, Hugging Face style).
         options: codecs and reading choices (:class:`~slimtorch.format.policy.ShrinkOptions`); the default
             is lossless and drops optimizer and training state. ``overrides`` replace single fields
-            (``quantize="int8"``, ``keep_optimizer=True``); an unknown one is an :class:`OptionError`.
+            (``quantize="int8-weight"``, ``keep_optimizer=True``); an unknown one is an :class:`OptionError`.
         progress: told how many bytes were written (:mod:`slimtorch.format.progress`).
 
     The layout of a folder output (``layout``): ``"hf"`` (``from_pretrained`` reads it; quantized weights
@@ -87,7 +87,7 @@ def shrink(
     Raises :class:`SlimtorchError` before writing anything when a ``skip`` pattern matches no tensor.
 
     Example:
-        >>> report = slimtorch.shrink("ckpt.pt", "slim/", quantize="int8")  # doctest: +SKIP
+        >>> report = slimtorch.shrink("ckpt.pt", "slim/", quantize="int8-weight")  # doctest: +SKIP
         >>> f"{report.ratio:.2f}"  # doctest: +SKIP
         '0.09'
     """
@@ -139,8 +139,9 @@ def save(
     """Save a state dict in the slim format (a valid safetensors file), atomically, with checksums.
 
     Lossless by default (raw, sparse where smaller): :func:`slimtorch.load` gives back equal tensors (a
-    -0.0 comes back as 0.0). ``dtype="fp16"``, ``quantize="int8"`` or ``"int4"`` are lossy within the
-    bounds documented in :mod:`slimtorch.format.codecs.lossy`. Tensors sharing memory (tied weights) are
+    -0.0 comes back as 0.0). ``dtype="fp16"``, ``quantize="int8-weight"`` or ``"int4-weight"`` (the
+    schemes' names, as :func:`slimtorch.quantize` takes them) are lossy within the bounds documented in
+    :mod:`slimtorch.format.codecs.lossy`. Tensors sharing memory (tied weights) are
     stored once and come back shared; equal tensors are stored once and come back as separate tensors.
     Options and ``overrides`` are :class:`~slimtorch.format.policy.ShrinkOptions`' codec choices
     (shrink's reading choices, such as ``keep_optimizer``, are refused: a state dict has nothing to drop).
@@ -157,7 +158,7 @@ def save(
     Example:
         >>> import torch, slimtorch
         >>> model = torch.nn.Linear(256, 256)
-        >>> slimtorch.save(model.state_dict(), "linear.safetensors", quantize="int8")  # doctest: +SKIP
+        >>> slimtorch.save(model.state_dict(), "linear.safetensors", quantize="int8-weight")  # doctest: +SKIP
         >>> slimtorch.load("linear.safetensors").tensors["weight"].shape  # doctest: +SKIP
         torch.Size([256, 256])
     """
@@ -188,7 +189,7 @@ def save_model(
     under the file's names (its prefix), and the file's other tensors as they are, so the output fits the
     class the file was made for (a body slimtorch built, and the custom heads around it) as well.
 
-    Options and ``overrides`` are :func:`save`'s (``quantize="int8"``, ``dtype="bf16"`` ...). Layers
+    Options and ``overrides`` are :func:`save`'s (``quantize="int8-weight"``, ``dtype="bf16"`` ...). Layers
     quantized by :func:`slimtorch.quantize` are stored as their codes, scales and zero points, untouched.
     Load it back with :func:`slimtorch.load_model` and the factory of the *original* model: the file tells
     how to reshape it and which layers to quantize.
@@ -371,15 +372,16 @@ def _checked(plan: Plan, policy: TensorPolicy, quantize_all: bool) -> TensorPoli
     """Refuse ``skip`` patterns that match nothing; store the weights quantizing would hurt most at a higher
     precision (unless ``quantize_all``), noting them in the plan."""
     check_patterns(policy.skip, plan.names, plan.renamed_prefix)
-    if policy.quantize is None or quantize_all:
+    codec, asked = policy.codec, policy.quantize  # what the weights are stored with, what the user named
+    if codec is None or asked is None or quantize_all:
         return policy
     errors = {}
     for item in plan.items:
         if item.encoded is None:
             value = convert(item.name, item.fetch().detach(), policy)
             if quantizable(item.name, value, item.category, policy) and not EMBEDDING.search(item.name):
-                errors[item.name] = rounding_error(value, policy.quantize, policy.group_size)
-    plan.stored_instead = higher_precision(errors, policy.quantize)
+                errors[item.name] = rounding_error(value, codec, policy.group_size)
+    plan.stored_instead = higher_precision(errors, codec, asked)
     chosen = {c.name: c.stored for c in plan.stored_instead}
     return replace(policy, stored_as={**chosen, **policy.stored_as})
 

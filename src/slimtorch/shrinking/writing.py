@@ -159,7 +159,7 @@ def _ct_bits(plan: Plan, policy: TensorPolicy) -> int:
     coded = (
         i.encoded.stages[0].get("codec") for i in plan.items if i.encoded is not None and i.encoded.stages
     )
-    return 4 if policy.quantize == "int4" or "int4" in set(coded) else 8
+    return 4 if policy.codec == "int4" or "int4" in set(coded) else 8
 
 
 def _every_name_stored(plan: Plan) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from slimtorch.errors import CheckpointError, FormatError, SlimtorchError
 from slimtorch.format.untrusted import load_json
 from slimtorch.format.writer import CARD_NAME
+from slimtorch.schemes import BY_NAME as SCHEME_ROWS
 from slimtorch.sources import folder_file
 
 MODULES_NAME = "modules.json"
@@ -124,7 +125,7 @@ def companion_files(folder: Path) -> dict[str, Path | bytes]:
 
 def source_provenance(command: str, folder: Path | None) -> dict[str, Any]:
     """What the model card says about the input: the command, the input folder's name and its weights'
-    size. Writers pass it as provenance (``save_model(..., metadata=source_provenance("quantize int8",
+    size. Writers pass it as provenance (``save_model(..., metadata=source_provenance("quantize int8-weight",
     folder))``); :func:`model_card` reads it.
 
     Example:
@@ -180,7 +181,7 @@ def _provenance_section(provenance: Mapping[str, Any], delta: Mapping[str, Any],
             for k, default in _CARD_OPTIONS.items()
             if options.get(k, default) != default
         ]
-        if options.get("quantize") == "int4":
+        if _grouped(options.get("quantize")):
             shown.append(f"group_size={options.get('group_size')}")
         if shown:
             lines.append(f"- options: `{' '.join(shown)}`")
@@ -205,6 +206,13 @@ _CARD_OPTIONS: dict[str, Any] = {
     "quantize_embeddings": True,
     "quantize_all": False,
 }
+
+
+def _grouped(quantize: Any) -> bool:
+    """Whether the writers' ``quantize`` (a scheme's name) stores weights in groups, whose size the card
+    then shows: a name of any other kind (provenance may come from a user) is none."""
+    row = SCHEME_ROWS.get(quantize) if isinstance(quantize, str) else None
+    return row is not None and row.grouped
 
 
 def _short(value: Any) -> str:
