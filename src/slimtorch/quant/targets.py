@@ -17,6 +17,7 @@ from torch.nn.utils import parametrize
 
 from slimtorch.errors import OptionError
 from slimtorch.format.names import unmatched_pattern
+from slimtorch.graph.layers import is_hf_conv1d
 from slimtorch.quant.build import float_weight
 from slimtorch.quant.conv import quantizable_conv
 from slimtorch.quant.modules import QuantizedWeight
@@ -144,11 +145,11 @@ def _why_not(
     if isinstance(module, (nn.Linear, nn.Embedding)) and not quantizable_type(module):
         base = "Linear" if isinstance(module, nn.Linear) else "Embedding"
         return f"{type(module).__name__} subclasses nn.{base}; its owner may use the weight directly"
-    convolves = scheme_row(scheme).quantizes("conv")
-    if isinstance(module, nn.modules.conv._ConvNd) and not (convolves and quantizable_conv(module)):
-        if not convolves:
-            those = " and ".join(quantizing("conv"))
-            return f"{scheme} has no convolution kernel ({those} quantize convolutions)"
+    kind = _kind(module)
+    if kind is not None and not scheme_row(scheme).quantizes(kind):
+        one, many = KIND_WORDS[kind]
+        return f"{scheme} has no {one} kernel ({' and '.join(quantizing(kind))} quantize {many})"
+    if isinstance(module, nn.modules.conv._ConvNd) and not quantizable_conv(module):
         return "transposed, or padded other than with zeros: only plain zero-padded convolutions are swapped"
     if isinstance(module, nn.RNNBase) and not is_recurrent(module):
         if type(module) is nn.RNN:
@@ -167,6 +168,26 @@ def _why_not(
         if module.max_norm is not None:
             return "max_norm renormalises rows in place on lookup"
     return None
+
+
+KIND_WORDS = {
+    "linear": ("linear", "linear layers"),
+    "embedding": ("embedding", "embeddings"),
+    "conv": ("convolution", "convolutions"),
+    "recurrent": ("LSTM / GRU", "LSTM and GRU layers"),
+}
+"""How a refusal names each kind of layer (:data:`slimtorch.schemes.LAYER_KINDS`) a scheme may leave out."""
+
+
+def _kind(module: nn.Module) -> str | None:
+    """Which of a scheme row's layer kinds ``module`` is (None: none a scheme swaps)."""
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return "conv"
+    if is_recurrent(module):
+        return "recurrent"
+    if isinstance(module, nn.Embedding):
+        return "embedding"
+    return "linear" if isinstance(module, nn.Linear) or is_hf_conv1d(module) else None
 
 
 def weight_bytes(model: nn.Module) -> int:
