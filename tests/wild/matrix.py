@@ -33,7 +33,7 @@ from tests.wild.models import WildModel
 from tests.wild.training_loop import step_peaks
 
 FILE_COMMANDS = ("inspect", "shrink-lossless", "shrink-int8", "shrink-int4")
-MODEL_COMMANDS = ("load_model", "quantize", "prune", "memory", "steady-state", "export")
+MODEL_COMMANDS = ("load_model", "quantize", "quantize-grouped", "prune", "memory", "steady-state", "export")
 COMMANDS = FILE_COMMANDS + MODEL_COMMANDS
 
 INT8_COSINE = 0.99  # the issue's bars, on the model's real output
@@ -87,6 +87,7 @@ BARS: dict[str, tuple[tuple[str, ...], float | None]] = {
     "shrink-int4": (("identical", "agrees"), INT4_COSINE),
     "load_model": (("identical",), None),
     "quantize": (("identical", "agrees"), INT8_DYNAMIC_COSINE),
+    "quantize-grouped": (("identical", "agrees"), INT8_COSINE),
     "prune": (("runs",), None),
     "memory": (("agrees",), None),
     "steady-state": (("agrees",), None),
@@ -327,6 +328,22 @@ def quantize(model: WildModel, workdir: Path) -> Outcome:
     )
 
 
+def quantize_grouped(model: WildModel, workdir: Path) -> Outcome:
+    """int8-group-weight (groups of 32) on the loaded model, saved with ``save_model`` and loaded back into
+    a fresh instance of the real class: the file's layers are compared, not the ones in memory."""
+    report = slimtorch.quantize(_original(model), "int8-group-weight", group_size=32)
+    if not report.layers:
+        return Outcome(
+            model.name, "quantize-grouped", "mismatch", message=f"nothing quantized: {report.skipped}"
+        )
+    path = workdir / f"{model.name}-int8-group.safetensors"
+    slimtorch.save_model(report.model, path)
+    network = slimtorch.load_model(path, model.build).model
+    sizes = {"size_before": report.before_bytes, "size_after": path.stat().st_size}
+    message = f"{len(report.layers)} layers, through the file"
+    return Outcome(**{**compared(model, network, "quantize-grouped", **sizes).to_dict(), "message": message})
+
+
 def prune(model: WildModel, workdir: Path) -> Outcome:
     """Structured channels at a quarter: the model still runs and its output keeps its shape."""
     network = _original(model)
@@ -418,6 +435,7 @@ RUNNERS: dict[str, Callable[[WildModel, Path], Outcome]] = {
     "shrink-int4": lambda m, w: shrink_quantized(m, w, "int4-weight"),
     "load_model": load_model,
     "quantize": quantize,
+    "quantize-grouped": quantize_grouped,
     "prune": prune,
     "memory": memory,
     "steady-state": steady_state,

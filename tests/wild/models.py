@@ -134,6 +134,10 @@ class WildModel:
 # Convolutions only (or a weight-normed linear): int8-dynamic has nothing to take; the refusal must point
 # to the weight-only schemes, which quantize convolutions.
 NO_INT8_DYNAMIC = ("int8-weight",)
+CONVOLUTIONS_ONLY: Mapping[str, tuple[str, ...]] = {
+    "quantize": NO_INT8_DYNAMIC,
+    "quantize-grouped": ("int8-group-weight has no convolution kernel", "int8-weight"),  # no conv class
+}
 
 
 # -- the suite -----------------------------------------------------------------------------------------------
@@ -150,7 +154,7 @@ def _mtcnn_model(name: str, build: Callable[[], nn.Module], size: int) -> WildMo
         original=lambda: loaded(build(), torch_load(path)),
         example=lambda: (inputs.face_crops(size),),
         rows=mtcnn_outputs,
-        refusals={"quantize": NO_INT8_DYNAMIC} if name == "PNet" else {},
+        refusals={**CONVOLUTIONS_ONLY} if name == "PNet" else {},
     )
 
 
@@ -191,7 +195,7 @@ MODELS: tuple[WildModel, ...] = (
         example=lambda: (inputs.vad_chunks(),),
         rows=vad_probabilities,
         load={"prefix": "_model.", "rename": JIT_RENAME},
-        refusals={"quantize": NO_INT8_DYNAMIC},
+        refusals={**CONVOLUTIONS_ONLY},
     ),
     WildModel(
         name="silero-vad-16k",
@@ -203,7 +207,7 @@ MODELS: tuple[WildModel, ...] = (
         original=silero_16k_original,
         example=lambda: (inputs.vad_chunks(),),
         rows=vad_probabilities,
-        refusals={"quantize": NO_INT8_DYNAMIC},
+        refusals={**CONVOLUTIONS_ONLY},
     ),
     WildModel(
         name="crepe-tiny",
@@ -227,7 +231,7 @@ MODELS: tuple[WildModel, ...] = (
         build=fcpe,
         original=lambda: loaded(fcpe(), torch_load(FCPE)["model"]),
         example=lambda: (inputs.fcpe_mels(fcpe_config()),),
-        refusals={"quantize": NO_INT8_DYNAMIC},
+        refusals={**CONVOLUTIONS_ONLY},
     ),
     WildModel(
         name="pesto",
@@ -239,7 +243,7 @@ MODELS: tuple[WildModel, ...] = (
         original=pesto_original,
         example=pesto_frames,
         load={"rename": PESTO_RENAME},
-        refusals={"quantize": NO_INT8_DYNAMIC},
+        refusals={**CONVOLUTIONS_ONLY},
     ),
     WildModel(
         name="chgnet",
@@ -298,7 +302,7 @@ MODELS += (
         example=lpips_differences,
         # convolutions to one channel: int8-dynamic has no kernel for them, and no channel can go (each
         # layer's input is the model's, its output the score)
-        refusals={"quantize": NO_INT8_DYNAMIC, "prune": ("no prunable channel group", "prune.weights")},
+        refusals={**CONVOLUTIONS_ONLY, "prune": ("no prunable channel group", "prune.weights")},
     ),
 )
 

@@ -28,6 +28,13 @@ def test_int8_dynamic_quantization_keeps_cosine_099_or_refuses_in_one_line(model
 
 
 @every_model
+def test_grouped_int8_weights_keep_cosine_099_through_a_saved_file(model: WildModel, workdir) -> None:
+    """Issue 47's scheme added as one row on the real checkpoints: quantized, saved, loaded back."""
+    outcome = run(model, "quantize-grouped", workdir)
+    assert verdict(model, outcome) is None, verdict(model, outcome)
+
+
+@every_model
 def test_structured_pruning_removes_channels_and_runs_or_refuses_in_one_line(
     model: WildModel, workdir
 ) -> None:
