@@ -308,4 +308,19 @@ def corpus() -> list[Case]:
     return cases_of(data_cases(), number_cases())
 
 
-CASES = strict(corpus())
+def _clean_export(folder: Path) -> Invocation:
+    """An export of the same model on an input of the same shape, no file given: what exporting itself
+    takes (a trace, an ONNX model, onnxruntime's session), which an example file may not add to."""
+    argv = ["export", f"{_net(folder)}:Mlp", "-o", str(folder / "bundle"), "--samples", "1"]
+    return Invocation([*argv, "--input-shape", "2,6"])
+
+
+def _exports(case: Case) -> bool:
+    return case.id.startswith("data/export-")
+
+
+# Export does more than read its example (issue 44's rule for such a command): its cases are held over a
+# clean export's peak; a fresh CLI process's, as before, let onnx's and onnxruntime's own start decide.
+CASES = strict([c for c in corpus() if not _exports(c)]) + strict(
+    [c for c in corpus() if _exports(c)], start=_clean_export
+)
