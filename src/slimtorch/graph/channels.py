@@ -113,7 +113,7 @@ class Walk:
         key = self.key(value)
         if key is not None:
             self.spaces.attach(layout, key, dim, role)
-        elif value.op == "call_function" and op_name(value) == "_weight_norm":
+        elif _weight_normed(value):
             size = shape_of(value)[dim]
             for part in value.args[:2]:  # v (the direction) and g (the magnitude, size 1 off its dim)
                 part_key = self.key(part)
@@ -144,8 +144,9 @@ class Walk:
             op = op_name(node)
             handler = HANDLERS.get(op)
             if handler is None:
-                self.freeze_inputs(node, f"op {op} (from {where(node)})")
-                self.read_without_rule(node, f"op {op} (from {where(node)})")
+                reason = f"op {op} (from {where(node)})"
+                self.freeze_inputs(node, reason)
+                self.read_without_rule(node, reason)
             else:
                 handler(self, node)
 
@@ -153,8 +154,7 @@ class Walk:
         """Note the weights (float matrices and up) an op without a rule reads: what it computes from them
         is not known, so no channel of theirs may be cut (:meth:`stop_unruled`)."""
         for value in node.all_input_nodes:
-            made = value.op == "call_function" and op_name(value) == "_weight_norm"
-            for stored in value.all_input_nodes if made else [value]:  # weight_norm's v and g
+            for stored in value.all_input_nodes if _weight_normed(value) else [value]:  # its v and g
                 key, meta = self.key(stored), stored.meta.get("val")
                 if key and isinstance(meta, torch.Tensor) and meta.dim() >= 2 and meta.is_floating_point():
                     self.unruled.setdefault(key, (reason, meta.shape[0]))
@@ -380,6 +380,11 @@ class Walk:
             return  # a statistic over the channels (RMSNorm's mean of squares): it has no channels itself
         shift = 0 if keepdim else sum(d < source.axis for d in dims)
         self.layouts[node] = Layout(source.axis - shift, source.segments)
+
+
+def _weight_normed(value: Node) -> bool:
+    """A weight the forward computes as ``weight_norm``'s ``g * v / |v|``, from the stored v and g."""
+    return value.op == "call_function" and op_name(value) == "_weight_norm"
 
 
 Handler = Callable[[Walk, Node], None]
