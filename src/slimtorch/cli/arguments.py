@@ -1,8 +1,12 @@
 """The command line's one vocabulary: every option two commands share is added here, so it has one
-spelling and one meaning everywhere (README, "The command line").
+spelling and one meaning everywhere (docs/concepts/command-line.md).
 
 Nothing here imports torch: ``--help``, ``--version`` and a mistyped option answer at once. A value that
 only torch knows (the machine's device) is resolved when the command runs.
+
+A mistyped option, choice or command is answered with the closest valid spellings on the error line
+(``unrecognized arguments: --shceme (did you mean --scheme?)``), and each command's ``--help`` ends with
+the address of its page on the documentation site (:func:`guide_url`).
 
 Numbers are checked where they are parsed (:func:`integer`, :func:`real`, :func:`size`, and
 ``model_input.shape``): whole where they count things, finite, within bounds a run can meet (a batch or an
@@ -23,10 +27,16 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from slimtorch.cli.choices import GROUP_SIZES, SCHEMES
+from slimtorch.cli.untrusted_text import printable
 from slimtorch.errors import OptionError
 from slimtorch.format.units import parse_size
 from slimtorch.schemes import scheme
 
+DOCS_URL = "https://slimtorch.github.io/slimtorch/"
+"""The documentation site (mkdocs.yml's site_url); a page docs/how-to/NAME.md is at how-to/NAME/ there."""
+SUGGEST_CUTOFF = 0.6
+"""How alike a typed name and a valid one must be to be suggested (difflib's ratio, 0 to 1): --shceme and
+--scheme are 0.88, --sheme and --scheme 0.92, --foo and --scheme 0.4."""
 DEVICE_HELP = "cpu, cuda or cuda:N (default: cuda if this machine has one, else cpu)"
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
 MAX_COUNT = 2**31 - 1
@@ -44,21 +54,167 @@ MAX_SIZE = 2**60
 """the largest byte size a --budget or --shard-size takes (an exbibyte)"""
 
 
-class CommandParser(argparse.ArgumentParser):
-    """A command's parser. A wrong value of an option (argparse's ``argument --batch: ...``) is one line,
-    ``slimtorch: error: argument --batch: ...``, and exit 2, as every other error of a command is; a
-    command called without what it needs, or with an option it does not know, keeps argparse's usage
-    above the line, which is what helps there. Options are matched whole, never by a prefix: ``--keep``
-    would otherwise be ``--keep-venv``, and a prefix that is unique today means another option tomorrow."""
+class Parser(argparse.ArgumentParser):
+    """The ``slimtorch`` parser, and (as :class:`CommandParser`) each command's. A mistyped option, choice
+    or command gets the closest valid spellings on its error line (:func:`did_you_mean`), the same on
+    every Python (3.14's own ``suggest_on_error`` is left off). Every error line is shown through
+    :func:`~slimtorch.cli.untrusted_text.printable`: it quotes what was typed, and a control character
+    there is shown as an escape, never sent to the terminal. Options are matched whole, never by a
+    prefix: ``--keep`` would otherwise be ``--keep-venv``, and a prefix that is unique today means another
+    option tomorrow."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.suggest_on_error = False  # Python 3.14+: ours instead, so every Python says the same
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """argparse's, with the options closest to each unrecognized one named on the error line. A
+        command's unknown options reach here (the top level reports them), so they are matched against
+        the options of the command that was given."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            typed = [arg for arg in extras if _looks_like_option(arg)]
+            known = _options_of(_command_parser(self, parsed) or self)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{_suggestions(typed, known)}")
+        return parsed
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's check of a value against ``choices`` (an option's, or the command's name), with the
+        closest choices named right after the value typed."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            if not isinstance(value, str) or action.choices is None:
+                raise
+            hint = did_you_mean(value, [str(choice) for choice in action.choices])
+            if not hint:
+                raise
+            message = exc.message
+            where = message.find(" (choose from")
+            where = len(message) if where < 0 else where
+            raise argparse.ArgumentError(action, message[:where] + hint + message[where:]) from None
 
     def error(self, message: str) -> NoReturn:
+        """argparse's usage and ``prog: error: message`` line, exit 2; the message shown as data."""
+        super().error(printable(message))
+
+
+class CommandParser(Parser):
+    """A command's parser. A wrong value of an option (argparse's ``argument --batch: ...``) is one line,
+    ``slimtorch: error: argument --batch: ...``, and exit 2, as every other error of a command is; a
+    command called without what it needs, or with an option it does not know, keeps argparse's usage
+    above the line, which is what helps there. Called without what it needs and with an option it does
+    not know (``shrink m.pt --shceme int8-weight``, no ``-o``), the line names both, the unknown option
+    with its closest spellings: argparse stops at the first and would never reach the typo."""
+
+    _given: list[str]
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required"):
+            unknown = self._unknown_options(getattr(self, "_given", []))
+            if unknown:
+                hint = _suggestions(unknown, _options_of(self))
+                message = f"{message}; unrecognized arguments: {' '.join(unknown)}{hint}"
         if not message.startswith("argument "):
             super().error(message)
-        self.exit(2, f"slimtorch: error: {' '.join(message.split())}\n")
+        self.exit(2, f"slimtorch: error: {printable(' '.join(message.split()))}\n")
+
+    def _unknown_options(self, given: list[str]) -> list[str]:
+        """The words of ``given`` argparse takes for options this command does not have (before ``--``;
+        ``--name=value`` by its name, ``-oFILE`` as ``-o FILE``)."""
+        known = _options_of(self)
+        words = given[: given.index("--")] if "--" in given else given
+        return [
+            word
+            for word in words
+            if _looks_like_option(word)
+            and word.split("=", 1)[0] not in known
+            and not (word[1] != "-" and word[:2] in known)
+        ]
+
+
+def did_you_mean(typed: str, valid: Sequence[str]) -> str:
+    """`` (did you mean X?)`` naming the valid name closest to ``typed`` (difflib's ratio, at least
+    :data:`SUGGEST_CUTOFF`; names equally close are all named), or ``""`` when none is close.
+
+    Example:
+        >>> did_you_mean("--shceme", ["--scheme", "--skip", "--top"])
+        ' (did you mean --scheme?)'
+        >>> did_you_mean("--frobnicate", ["--scheme", "--skip"])
+        ''
+    """
+    close = _closest(typed, valid)
+    return f" (did you mean {_either(close)}?)" if close else ""
+
+
+def _closest(typed: str, valid: Sequence[str]) -> list[str]:
+    """The valid names closest to ``typed``: the best of difflib's matches, and any as close as it, in
+    the order ``valid`` gives them."""
+    import difflib  # only when a name was mistyped
+
+    names = list(dict.fromkeys(valid))
+    close = difflib.get_close_matches(typed, names, n=3, cutoff=SUGGEST_CUTOFF)
+    ratios = {name: difflib.SequenceMatcher(None, typed, name).ratio() for name in close}
+    return [name for name in names if name in ratios and ratios[name] == max(ratios.values())]
+
+
+def _either(names: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _suggestions(typed: list[str], known: Sequence[str]) -> str:
+    """The hint for unrecognized options: ``(did you mean --scheme?)`` for one with a close spelling,
+    ``(did you mean --scheme for --shceme, --top for --tpo?)`` for several (``--name=value`` by its name)."""
+    names = [word.split("=", 1)[0] for word in typed]
+    found = [(name, close) for name in names if (close := _closest(name, known))]
+    if not found:
+        return ""
+    if len(found) == 1:
+        return f" (did you mean {_either(found[0][1])}?)"
+    return f" (did you mean {', '.join(f'{_either(close)} for {word}' for word, close in found)}?)"
+
+
+def _looks_like_option(word: str) -> bool:
+    """Whether argparse reads ``word`` as an option's name (not a value such as ``-1`` or ``-``)."""
+    if not word.startswith("-") or word == "-" or " " in word:
+        return False
+    try:
+        float(word)
+    except ValueError:
+        return True
+    return False  # a negative number is a value
+
+
+def _options_of(parser: argparse.ArgumentParser) -> list[str]:
+    return [name for action in parser._actions for name in action.option_strings]
+
+
+def _command_parser(parser: argparse.ArgumentParser, parsed: Any) -> argparse.ArgumentParser | None:
+    """The parser of the command ``parsed`` holds (``slimtorch shrink ...``: shrink's), if any."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+            if isinstance(chosen, argparse.ArgumentParser):
+                return chosen
+    return None
+
+
+def guide_url(command: str) -> str:
+    """The address of ``command``'s how-to page (docs/how-to/COMMAND.md, in mkdocs' directory URLs).
+
+    Example:
+        >>> guide_url("shrink")
+        'https://slimtorch.github.io/slimtorch/how-to/shrink/'
+    """
+    return f"{DOCS_URL}how-to/{command}/"
 
 
 def add_command(
@@ -68,12 +224,14 @@ def add_command(
     help: str,
     description: str,
 ) -> argparse.ArgumentParser:
-    """A sub-command whose ``--help`` keeps the description's own line breaks (examples stay readable); its
-    bad option values are one line where ``commands`` makes :class:`CommandParser` parsers (``main.py``)."""
+    """A sub-command whose ``--help`` keeps the description's own line breaks (examples stay readable) and
+    ends with its page's address (``Guide: https://.../how-to/NAME/``); its bad option values are one line
+    where ``commands`` makes :class:`CommandParser` parsers (``main.py``)."""
     return commands.add_parser(
         name,
         help=help,
         description=description,
+        epilog=f"Guide: {guide_url(name)}",
         parents=[common],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -67,11 +67,13 @@ DEBUG_HELP = "show the full traceback on errors"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every command's parser; ``--debug`` works before the command and after it."""
-    parser = argparse.ArgumentParser(
+    """Every command's parser; ``--debug`` works before the command and after it. A mistyped command or
+    option is answered with the closest spellings, and ``--help`` ends with the documentation's address
+    (:class:`~slimtorch.cli.arguments.Parser`)."""
+    parser = arguments.Parser(
         prog="slimtorch",
         description="Make PyTorch models physically smaller, faster to load and lighter on memory.",
-        allow_abbrev=False,
+        epilog=f"Documentation: {arguments.DOCS_URL}",
     )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("--version", action="version", version=f"slimtorch {__version__}")

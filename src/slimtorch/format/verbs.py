@@ -11,6 +11,8 @@
   ``to_dict()`` is the ``--json`` output, tagged with the report's ``SCHEMA`` name, and ``json_schema()``
   describes it (JSON Schema, derived from the dataclass's fields, so it cannot drift from them).
 - A verb that changes a model changes it in place, like torch's ``quantize_``, and its report holds it too.
+- In a notebook a report shows itself as a table of its ``to_dict()``: ``_repr_html_`` for Jupyter,
+  ``__rich__`` for rich's console (``rich.print(report)``); ``Report._display_rows`` says what a cell shows.
 """
 
 from __future__ import annotations
@@ -20,14 +22,22 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from slimtorch.errors import OptionError
+from slimtorch.format.units import format_bytes
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 Options = TypeVar("Options")
 
 NOT_JSON = {"json": False}
 """``field(metadata=NOT_JSON)``: a report field that holds a result (a model, tensors), not a fact."""
+SHOWN_ITEMS = 3
+"""How many first items of a list or a mapping a report's table shows."""
+SHOWN_CHARS = 200
+"""The longest value a report's table shows; a longer one is cut, ending in ``...``."""
 
 
 def resolve(kind: type[Options], options: Options | None, overrides: Mapping[str, Any], verb: str) -> Options:
@@ -85,6 +95,48 @@ class Report:
             **_object_schema(cls),
         }
 
+    def _display_rows(self) -> list[tuple[str, str]]:
+        """The report as its notebook table shows it: (field, value) for each of ``to_dict()``'s fields.
+
+        A number or a string is shown as it is, a field whose name ends in ``_bytes`` in binary units too
+        (``2,337 (2.28 KiB)``), a list or a mapping as its length and first :data:`SHOWN_ITEMS` items; a
+        value past :data:`SHOWN_CHARS` characters is cut (``...``). Names come from files: control
+        characters (an escape sequence, a bidi override) are written as visible escapes (``\\x1b``); the
+        HTML escapes the rest.
+        """
+        return [
+            (_visible(name), _visible(_cut(_shown(name, value))))
+            for name, value in self.to_dict().items()
+            if name != "schema"
+        ]
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: a two-column table titled with :attr:`SCHEMA`, every text HTML-escaped."""
+        import html
+
+        cells = "".join(
+            f'<tr><th style="text-align:left">{html.escape(name)}</th>'
+            f'<td style="text-align:left">{html.escape(value)}</td></tr>'
+            for name, value in self._display_rows()
+        )
+        title = html.escape(_visible(self.SCHEMA))
+        return (
+            f'<table class="slimtorch-report"><caption style="text-align:left"><b>{title}</b></caption>'
+            f"<thead><tr><th>field</th><th>value</th></tr></thead><tbody>{cells}</tbody></table>"
+        )
+
+    def __rich__(self) -> Table:
+        """rich's display (``rich.print(report)``): the same table, its text never read as markup."""
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=Text(_visible(self.SCHEMA)), title_justify="left")
+        table.add_column("field", no_wrap=True)
+        table.add_column("value", overflow="fold")
+        for name, value in self._display_rows():
+            table.add_row(Text(name), Text(value))
+        return table
+
 
 def _object_schema(kind: type) -> dict[str, Any]:
     hints = typing.get_type_hints(kind)
@@ -140,3 +192,45 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+def _shown(name: str, value: Any) -> str:
+    """One value of ``to_dict()`` as a table cell (before it is cut)."""
+    if name.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,} B" if abs(value) < 1024 else f"{value:,} ({format_bytes(value)})"
+    if isinstance(value, Mapping):
+        items = [f"{key}: {_inline(item)}" for key, item in list(value.items())[:SHOWN_ITEMS]]
+        return _summary(len(value), "entry" if len(value) == 1 else "entries", items)
+    if isinstance(value, list):
+        items = [_inline(item) for item in value[:SHOWN_ITEMS]]
+        return _summary(len(value), "item" if len(value) == 1 else "items", items)
+    return str(value)
+
+
+def _summary(count: int, noun: str, first: list[str]) -> str:
+    """``3 items: a, b, c`` and ``, ...`` when there are more than those shown."""
+    if not count:
+        return f"0 {noun}"
+    more = ", ..." if count > len(first) else ""
+    return f"{count:,} {noun}: {', '.join(first)}{more}"
+
+
+def _inline(value: Any) -> str:
+    """An item inside a list or a mapping, in one short line (nested data as compact JSON)."""
+    import json
+
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    return _cut(text, SHOWN_CHARS // SHOWN_ITEMS)
+
+
+def _cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _visible(text: str) -> str:
+    """``text`` with every character that is not printable (C0 and C1 controls, escape sequences, bidi
+    overrides, line separators) written as its escape, ``\\x1b``, ``\\u202e``: a name from a file
+    cannot move the cursor or reorder what a reader sees."""
+    return "".join(
+        c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text
+    )
