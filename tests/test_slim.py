@@ -21,6 +21,7 @@ from slimtorch.recovery.data import TaskData
 from slimtorch.slimming import SlimOptions, parse_goal, read_recipe, slim
 from slimtorch.slimming import stages as slim_stages
 from slimtorch.slimming.charts import CHARTS, unmeasured
+from slimtorch.slimming.markers import digest
 from slimtorch.slimming.recipe import Recipe
 from tests.tiny_cnn import TINY
 
@@ -95,6 +96,15 @@ def test_bad_options_fail_when_made() -> None:
         SlimOptions(goal="size=big")
     with pytest.raises(OptionError, match="unknown option 'epochs'"):
         slim(nn.Linear(2, 2), "digits", goal="size=0.5x", epochs=3)
+
+
+def test_a_whole_number_and_its_float_are_one_recipe() -> None:
+    """slim(max_drop=2) in Python and --max-drop 2 (2.0) on the command line resume each other's work: the
+    stages' digests hash the recipe's JSON, where 2 and 2.0 differ."""
+    whole = SlimOptions(goal="size=0.5x", max_drop=2, ratios=(0.5, 0.75), lr=1)
+    real = SlimOptions(goal="size=0.5x", max_drop=2.0, ratios=(0.5, 0.75), lr=1.0)
+    assert digest(whole.to_dict()) == digest(real.to_dict())
+    assert isinstance(whole.max_drop, float) and isinstance(whole.lr, float)
 
 
 def test_recipe_text_reads_back_to_the_same_recipe(tmp_path: Path) -> None:

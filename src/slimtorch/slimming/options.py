@@ -71,7 +71,10 @@ class SlimOptions:
             if isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
                 object.__setattr__(self, name, tuple(_plain(v) for v in value))
         for f in fields(self):
-            object.__setattr__(self, f.name, _plain(getattr(self, f.name)))
+            value = _plain(getattr(self, f.name))
+            if f.name in REALS:  # 2 and 2.0 are one choice: the recipe and the stages' digests agree
+                value = tuple(map(_real, value)) if isinstance(value, tuple) else _real(value)
+            object.__setattr__(self, f.name, value)
             try:
                 BOUNDS[f.name](getattr(self, f.name), f.name)
             except Invalid as error:
@@ -82,6 +85,16 @@ class SlimOptions:
     def to_dict(self) -> dict[str, Any]:
         """The options as plain values (lists for tuples), in field order: what the recipe records."""
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+
+
+REALS = ("max_drop", "ratios", "sparsities", "probe", "lr")
+"""the fields whose numbers are reals: a whole number given there is kept as a float, so the Python API's
+``max_drop=2`` and the command line's ``--max-drop 2`` (2.0) make the same recipe, and one resumes the
+other's work"""
+
+
+def _real(value: Any) -> Any:
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def _plain(value: Any) -> Any:
