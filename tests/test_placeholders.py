@@ -182,3 +182,15 @@ def test_restoring_numpy_values_from_a_file_takes_numbers_only() -> None:
     restored = restore_values(kept)
     assert restored["mean"].dtype == np.float32 and restored["mean"].tolist() == [0.5, 1.0]
     assert restored["bomb"] == kept["bomb"] and restored["misshapen"] == kept["misshapen"]
+
+
+def test_load_objects_names_a_value_it_leaves_out(tmp_path) -> None:
+    """An object built from a class the caller allowed is not plain data: load_objects leaves it out with
+    a warning naming it, where it once vanished without a word."""
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "args": argparse.Namespace(lr=0.1), "epoch": 3}, path)
+    with pytest.warns(UserWarning, match=r"left out: args \(.*Namespace.*\).*slimtorch.open"):
+        values = slimtorch.load_objects(path, allow_globals=["argparse.Namespace"])
+    assert values == {"epoch": 3}
+    with slimtorch.open(path, allow_globals=["argparse.Namespace"]) as source:
+        assert source.tree["args"].lr == 0.1

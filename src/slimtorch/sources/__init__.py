@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import tarfile
+import warnings
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -133,7 +134,8 @@ def load_objects(path: str | os.PathLike[str], *, allow_globals: Iterable[str] =
     file, or the plain data of a torch.save file (what :func:`plain_objects` keeps). numpy arrays, scalars
     and dtypes come back as numpy's; an object whose class was kept as a placeholder comes back as
     ``{"__placeholder__": "module.Class", "state": {...}}``. Formats without such values (safetensors,
-    TorchScript) give ``{}``.
+    TorchScript) give ``{}``. A value that is not plain data (an object of a class ``allow_globals``
+    built, a set, bytes) is left out with a warning naming it; ``slimtorch.open(path).tree`` holds it.
 
     Example:
         >>> import slimtorch
@@ -143,4 +145,13 @@ def load_objects(path: str | os.PathLike[str], *, allow_globals: Iterable[str] =
     """
     with open_checkpoint(path, allow_globals=allow_globals) as source:
         tree = source.tree
-    return restore_values(plain_objects(tree).values)
+    plain = plain_objects(tree)
+    if plain.dropped:  # an object built from an allowed class, a set, bytes: never a quiet gap
+        left = ", ".join(f"{key} ({why})" for key, why in list(plain.dropped.items())[:8])
+        more = f" and {len(plain.dropped) - 8} more" if len(plain.dropped) > 8 else ""
+        warnings.warn(
+            f"{os.fspath(path)}: load_objects keeps plain data only; left out: {left}{more} "
+            "(slimtorch.open(path).tree holds every value as loaded)",
+            stacklevel=2,
+        )
+    return restore_values(plain.values)
