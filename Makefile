@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck fast check bench clean
+.PHONY: demo test lint typecheck docs fast check bench clean
 
 $(STAMP): pyproject.toml constraints.txt tests/wild/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,10 +31,13 @@ demo: $(STAMP)
 # (the hostile corpora, the fresh-process writers) runs once; `make test PYTEST_ARGS=-n0` runs serially.
 # Tests marked `alone` time real work on free cores: they run afterwards, with nothing beside them.
 # `make test TESTS=slow` runs only what `make fast` leaves out: CI runs `make check` and then that.
-PYTEST_ARGS ?= -n 2 --dist loadfile
+# Each worker's torch runs on one thread (OMP_NUM_THREADS=1, passed on to the processes tests start): two
+# OpenMP pools spinning on two cores thrash (a training test ran 3x slower, a docs page's training 50x).
+PYTEST_ARGS ?= -n 2 --dist loadfile --durations=25
 TESTS ?= all
+WORKERS_ENV := OMP_NUM_THREADS=1
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m "$(if $(filter slow,$(TESTS)),slow and )not alone"
+	$(WORKERS_ENV) $(BIN)/python -m pytest -q $(PYTEST_ARGS) -m "$(if $(filter slow,$(TESTS)),slow and )not alone"
 	$(BIN)/python -m pytest -q -m alone
 
 LINTED := src tests benchmarks examples scripts
@@ -48,10 +51,16 @@ typecheck: $(STAMP)
 
 # the inner loop: every test not marked slow (nor alone), in under two minutes on two cores
 fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 -m "not slow and not alone"
+	$(WORKERS_ENV) $(BIN)/python -m pytest -q -n 2 -m "not slow and not alone"
 
-# before a commit, and first in CI: lint, types, the fast tests
-check: lint typecheck fast
+# the docs site (mkdocs.yml) into build/site, every warning an error (--strict: a broken link or anchor, a
+# page not in the nav, a docstring naming a parameter the signature lacks); quiet unless it fails.
+# Offline: the reference pages are made from the code (scripts/docs_hooks.py), no font is fetched.
+docs: $(STAMP)
+	@log=$$(NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict 2>&1) || { printf '%s\n' "$$log"; exit 1; }
+
+# before a commit, and first in CI: lint, types, the docs site, the fast tests
+check: lint typecheck docs fast
 
 # each benchmark is a module run from here: python -m benchmarks.NAME (--help lists its flags)
 bench: $(STAMP)

@@ -1,59 +1,46 @@
-"""Run the README's 2-rank sharded-load scripts (``shard.py``: ``load_model(..., mesh=...)``; ``fill.py``:
-``dcp.load`` through ``SlimStorageReader``) N times each under torchrun and count the clean exits.
+"""Run the 2-rank sharded-load scripts of docs/how-to/distributed.md (``shard.py``: ``load_model(...,
+mesh=...)``; ``fill.py``: ``dcp.load`` through ``SlimStorageReader``) N times each under torchrun and
+count the clean exits.
 
 Issue 43 reported rank 1 of such a script killed by SIGABRT at exit ("terminate called without an active
-exception") after a successful load. ``python scripts/fsdp_exit_loop.py --runs 20`` prints, per script,
-how many of the runs exited 0 on every rank; exit 1 unless all did. Each script is taken from README.md
-as written, with the checkpoint its comment says to make.
+exception") after a successful load. ``python -m scripts.fsdp_exit_loop --runs 20``, from the repository's
+root, runs the page's blocks once as the block test does (they write the scripts and the checkpoints they
+read), then each script N more times, and prints how many runs exited 0 on every rank; exit 1 unless all
+did.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.doc_blocks import ROOT, run_page
+
+PAGE = ROOT / "docs" / "how-to" / "distributed.md"
+SCRIPTS = ("shard.py", "fill.py")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
-def readme_scripts() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
-    return {
-        match.group(2): match.group(1)
-        for match in re.finditer(r"```python\n(# (shard\.py|fill\.py):.*?)```", text, re.S)
-    }
-
-
-CHECKPOINTS = {  # the files each script reads, made from its own build() as its comment says
-    "shard.py": 'slimtorch.save(build().state_dict(), "mlp.safetensors", quantize="int8-weight")',
-    "fill.py": 'slimtorch.save(build().state_dict(), "model-int8.safetensors", quantize="int8-weight")',
-}
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    shown = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=shown)
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
-    scripts = readme_scripts()
-    if set(scripts) != set(CHECKPOINTS):
-        print(f"README.md's scripts changed: found {sorted(scripts)}")
-        return 1
     failed = False
-    with tempfile.TemporaryDirectory() as folder:
-        for name, code in scripts.items():
-            (Path(folder) / name).write_text(code)
-            build = re.search(r"def build\(\):\n(?:    .*\n)+", code)  # fill.py runs its ranks on import
-            if build is None:
-                print(f"{name}: no build() in README.md's script")
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        for outcome in run_page(PAGE, folder):
+            if not outcome.ok:
+                print(f"{outcome.block.where}: {outcome.detail}")
                 return 1
-            make = f"import torch\nimport slimtorch\n{build.group(0)}{CHECKPOINTS[name]}\n"
-            subprocess.run([sys.executable, "-c", make], cwd=folder, check=True, timeout=300)
+        missing = [name for name in SCRIPTS if not (folder / name).is_file()]
+        if missing:
+            print(f"{PAGE.name} no longer writes {missing}")
+            return 1
+        for name in SCRIPTS:
             clean = 0
             for _ in range(args.runs):
                 run = subprocess.run(

@@ -1,4 +1,4 @@
-"""Every public verb has one shape, no twin survives, and every name the README uses still resolves.
+"""Every public verb has one shape, no twin survives, and every name the README and the docs use resolves.
 
 The shape (see ``slimtorch.format.verbs``): ``verb(subject, [data,] /, options=None, *, ..., **overrides)``
 where ``options`` is a frozen dataclass and the return is a :class:`~slimtorch.format.verbs.Report` with its
@@ -20,6 +20,7 @@ import pytest
 
 import slimtorch
 from slimtorch.format.verbs import Report
+from tests.support import doc_blocks
 
 VERBS = [
     "slimtorch.inspect",
@@ -43,7 +44,6 @@ VERBS = [
     "slimtorch.deploy.footprint",
     "slimtorch.deploy.operators",
 ]
-README = Path(__file__).resolve().parents[1] / "README.md"
 NOT_NAMES = {"slimtorch.crc"}  # a metadata key of the format, not a Python name
 
 
@@ -135,15 +135,16 @@ def test_a_name_renamed_before_0_1_0_is_gone(module: str, old: str) -> None:
     assert not hasattr(importlib.import_module(module), old), f"{module}.{old} (see CHANGELOG.md)"
 
 
-def _readme_names() -> list[str]:
-    text = README.read_text()
+def _documented_names() -> list[str]:
+    # the changelog names what was renamed or removed, on purpose
+    text = "\n".join(page.read_text() for page in doc_blocks.pages() if page.name != "CHANGELOG.md")
     names = set(re.findall(r"(?<![\w/.-])slimtorch(?:\.[A-Za-z_]\w*)+", text))
     return sorted(n for n in names - NOT_NAMES if not re.search(r"\.(md|json|py|toml|txt|safetensors)$", n))
 
 
-def test_every_public_name_the_readme_uses_still_resolves() -> None:
+def test_every_public_name_the_docs_use_still_resolves() -> None:
     missing = []
-    for name in _readme_names():
+    for name in _documented_names():
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)

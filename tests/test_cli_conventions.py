@@ -71,7 +71,7 @@ def test_every_shared_option_has_one_spelling_and_one_meaning() -> None:
     assert differing == {}
 
 
-def test_the_shared_vocabulary_is_where_the_readme_says() -> None:
+def test_the_shared_vocabulary_is_where_the_docs_say() -> None:
     commands = subcommands()
     with_option = {
         name: {c for c, p in commands.items() for a in own_options(p) if name in a.option_strings}
@@ -86,8 +86,8 @@ def test_the_shared_vocabulary_is_where_the_readme_says() -> None:
     for command in with_option["--scheme"]:
         scheme = next(a for a in own_options(commands[command]) if a.dest == "scheme")
         assert set(scheme.choices) <= set(choices.SCHEMES), command
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## The command line") :]
+    page = (ROOT / "docs" / "concepts" / "command-line.md").read_text()
+    section = page[page.index("## One vocabulary") :]
     section = section[: section.index("\n## ")]
     for name in with_option:
         assert f"| `{name}" in section or f"/{name} " in section, name

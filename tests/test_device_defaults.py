@@ -1,35 +1,21 @@
 """Device defaults come from the machine: ``device=None`` is CUDA when torch sees it, else the CPU, so the
-README's memory examples run as written on a CPU machine, and naming CUDA where there is none is one
+docs' memory examples run as written on a CPU machine, and naming CUDA where there is none is one
 clear error, never torch's bare AssertionError."""
 
 from __future__ import annotations
 
 import inspect
-import re
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-import slimtorch
 from slimtorch import memory
 from slimtorch.cli.main import main
 from slimtorch.errors import SlimtorchError
 from slimtorch.memory import default_device
-from slimtorch.memory.estimating import _heap_in_use
+from tests.support import doc_blocks
 from tests.support.models import Blocks
-
-README = Path(__file__).parents[1] / "README.md"
-
-
-def _readme_example(heading: str) -> str:
-    """The first ```python block after the README heading that starts with ``heading``."""
-    text = README.read_text()
-    start = text.index(f"\n{heading}")
-    block = re.search(r"```python\n(.*?)```", text[start:], re.S)
-    assert block is not None, heading
-    return block.group(1)
 
 
 def _train_step(model: nn.Module, inputs: torch.Tensor) -> None:
@@ -59,37 +45,13 @@ def test_every_memory_function_defaults_to_the_machines_device() -> None:
     assert memory.estimate(Blocks(), torch.randn(2, 256)).device == default_device()
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(_heap_in_use() is None, reason="needs glibc's mallinfo2 to read the heap")
-def test_the_readmes_find_batch_size_example_runs_as_written_on_a_cpu_machine(no_cuda) -> None:
-    code = _readme_example("### `find_batch_size`")
-    assert "budget=40 * 2**30" in code and "device" not in code
-    # the README's 40 GiB would ask this machine for a step of 40 GiB: the same call, with 64 MB
-    code = code.replace("budget=40 * 2**30", "budget=64 * 2**20")
-    names = {
-        "slimtorch": slimtorch,
-        "model": Blocks(),
-        "batch": torch.randn(8, 256),
-        "train_step": _train_step,
-        "data": lambda n: torch.randn(n, 256),
-    }
-    exec(code, names)
-    result = names["result"]
-    assert result.batch_size >= 1 and any(t.fits for t in result.trials)
-    assert names["report"].device == "cpu"
-
-
-@pytest.mark.slow
-def test_the_readmes_fit_example_runs_as_written_on_a_cpu_machine(no_cuda) -> None:
-    code = _readme_example("### `fit`")
-    assert "device" not in code
-    model = Blocks()
-    names = {"slimtorch": slimtorch, "model": model, "batch": torch.randn(8, 256)}
-    names["train"] = lambda m: _train_step(m, names["batch"])
-    exec(code, names)
-    plan = names["plan"]
-    assert plan.device == "cpu" and plan.fits and plan.precision == "fp32" and not plan.offload
-    assert "forward" not in vars(model)  # plan.remove() ran
+def test_the_docs_fit_examples_leave_the_device_to_the_machine() -> None:
+    # they run as written in tests/test_doc_blocks.py, on the machine's device: CUDA where torch sees it,
+    # else the CPU, so a CPU-only reader can run them too
+    blocks = doc_blocks.blocks(doc_blocks.DOCS / "how-to" / "fit.md")
+    code = [block.code for block in blocks if block.kind == "run" and block.language == "python"]
+    assert any("find_batch_size(" in c for c in code) and any("memory.fit(" in c for c in code)
+    assert not [c for c in code if "device" in c]
 
 
 @pytest.mark.slow

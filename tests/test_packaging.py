@@ -17,11 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from slimtorch.cli.arguments import DOCS_URL
+
 ROOT = Path(__file__).resolve().parents[1]
 SDIST_NEEDS = (
     "LICENSE",
     "README.md",
     "CHANGELOG.md",  # README links to it
+    "CONTRIBUTING.md",
+    "SECURITY.md",
+    "mkdocs.yml",  # make docs
+    "docs/getting-started.md",  # the pages whose blocks the tests run
     "Makefile",
     "constraints.txt",
     "pyproject.toml",
@@ -69,8 +75,9 @@ def test_the_wheel_metadata_has_the_license_urls_and_classifiers(built: tuple[Pa
     archive = zipfile.ZipFile(built[1])
     metadata = archive.read(next(n for n in archive.namelist() if n.endswith("METADATA"))).decode()
     assert "License-Expression: Apache-2.0" in metadata
-    for url in ("Homepage", "Documentation", "Issues"):
+    for url in ("Homepage", "Issues"):
         assert f"Project-URL: {url}, https://github.com/slimtorch/slimtorch" in metadata
+    assert f"Project-URL: Documentation, {DOCS_URL}" in metadata  # the site, which --help links to
     assert "Classifier: Typing :: Typed" in metadata
 
 

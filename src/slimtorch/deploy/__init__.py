@@ -33,7 +33,7 @@ from slimtorch.deploy.ops import Operator, OperatorList, OperatorOptions, operat
 from slimtorch.deploy.program import ExportError
 
 measure_footprint = footprint
-"""The name the README has used since the first release: the same function as :func:`footprint`."""
+"""The name the docs have used since the first release: the same function as :func:`footprint`."""
 
 __all__ = [
     "FP32",

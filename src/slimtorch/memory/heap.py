@@ -26,7 +26,7 @@ smallest freed block large enough is reused, never merged with a neighbour, else
 comes down when the block at its edge is freed. (Taking the first block by address instead fragments the
 heap step after step where a model's blocks come in a few sizes, such as a U-Net's: +36 MiB in the third
 step at batch 16, against a real heap flat from the second.) What is not malloc's, library code paged in
-on first use, is :data:`CODE_PAGES`. Against real loops (the measured table is in the README) it is
+on first use, is :data:`CODE_PAGES`. Against real loops (the measured table is in docs/how-to/memory.md) it is
 within 15% in every case measured (CNNs, transformers, an LSTM); oneDNN's compiled kernels (mapped code)
 are not counted.
 """
