@@ -418,3 +418,60 @@ def test_the_random_inputs_verified_on_are_the_same_whatever_ran_before(tmp_path
         seen.append([x for x in model.seen if not torch.equal(x, torch.ones(1, 4))])
     assert len(seen[0]) >= 3 and len(seen[0]) == len(seen[1])
     assert all(torch.equal(a, b) for a, b in zip(*seen, strict=True))
+
+
+class RowSums(nn.Module):
+    """Sums 20,000 rows into 64 by a fixed index: ``index_add``, which ONNX writes as a ScatterND with
+    reduction=add, the operator onnxruntime's CPU kernel races on when it has more than one thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer(
+            "rows", torch.randint(0, 64, (20_000,), generator=torch.Generator().manual_seed(3))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(64, x.shape[1]).index_add(0, self.rows, x)
+
+
+@pytest.mark.slow
+def test_a_graph_onnxruntime_races_on_runs_on_one_thread_verified_and_in_the_bundle(tmp_path) -> None:
+    model, x = RowSums(), torch.randn(20_000, 32)
+    report = export(model, x, tmp_path / "sums", samples=2)
+    assert report.passed and report.threads == 1
+    assert any("one thread" in note and "ScatterND (reduction=add)" in note for note in report.notes)
+    manifest = json.loads((tmp_path / "sums" / "manifest.json").read_text())
+    assert manifest["model"]["threads"] == 1
+    bundle, want = Bundle(tmp_path / "sums"), model(x).numpy()
+    worst = max(float(np.abs(bundle.predict([x.numpy()])["output"] - want).max()) for _ in range(10))
+    assert worst < 1e-3  # on two threads: off by up to 13, differently each run
+    assert _run_predict(tmp_path / "sums", "--check").returncode == 0
+
+
+def test_racy_operators_are_found_in_subgraphs_and_only_with_a_reduction(tmp_path) -> None:
+    from onnx import TensorProto, helper
+
+    from slimtorch.deploy.onnx_model import racy_on_threads
+
+    def scatter(reduction: str, out: str) -> onnx.NodeProto:
+        return helper.make_node("ScatterND", ["d", "i", "u"], [out], reduction=reduction)
+
+    floats = helper.make_tensor_value_info("d", TensorProto.FLOAT, [4])
+    branch = helper.make_graph(
+        [scatter("add", "a")], "then", [], [helper.make_tensor_value_info("a", 1, [4])]
+    )
+    plain = helper.make_graph(
+        [scatter("none", "b")], "else", [], [helper.make_tensor_value_info("b", 1, [4])]
+    )
+    nodes = [
+        scatter("none", "n"),
+        scatter("max", "m"),
+        helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=plain),
+    ]
+    graph = helper.make_graph(nodes, "g", [floats], [helper.make_tensor_value_info("y", 1, [4])])
+    onnx.save(helper.make_model(graph), tmp_path / "m.onnx")
+    assert racy_on_threads(tmp_path / "m.onnx") == ["ScatterND (reduction=add)", "ScatterND (reduction=max)"]
+    onnx.save(
+        helper.make_model(helper.make_graph([scatter("none", "y")], "g", [floats], [])), tmp_path / "n.onnx"
+    )
+    assert racy_on_threads(tmp_path / "n.onnx") == []

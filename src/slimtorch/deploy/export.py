@@ -129,6 +129,10 @@ class ExportReport(Report):
     notes: tuple[str, ...] = ()
     embedding: fidelity.EmbeddingAgreement | None = None
     """a text model's sentence embeddings against eager's (decides where ``tolerance.min_cosine`` is set)"""
+    threads: int | None = None
+    """the threads onnxruntime runs the bundle on (verification included): 1 for a graph that runtime
+    computes wrong on more (:data:`~slimtorch.deploy.onnx_model.RACY_ON_THREADS`); None: its default,
+    every core"""
 
     @property
     def passed(self) -> bool:
@@ -208,8 +212,17 @@ def export(
     with BundleWriter(out) as bundle:
         path = bundle.path(MODEL_FILE[how.format])
         start = time.perf_counter()
+        threads = None
         if how.format == "onnx":
-            run = _to_onnx(program, path, names_in, names_out, model_bytes(target), int8, say, seconds)
+            _to_onnx(program, path, names_in, names_out, model_bytes(target), int8, say, seconds)
+            racy = onnx_model.racy_on_threads(path)
+            if racy:
+                threads = 1
+                notes += (
+                    f"runs on one thread: onnxruntime's {', '.join(racy)} loses updates when its threads "
+                    "race (microsoft/onnxruntime#18048); predict.py runs it on one thread too",
+                )
+            run = runner.load_runtime(path, "onnx", threads)
         else:
             say("saving the ExportedProgram")
             torch.export.save(program, str(path))
@@ -246,6 +259,7 @@ def export(
             seconds=seconds,
             notes=notes,
             embedding=embedding,
+            threads=threads,
         )
         if text:
             text.copy_files(bundle.path)
@@ -269,6 +283,7 @@ def _manifest(
             "files": files,
             "format": report.format,
             "bytes": report.model_bytes,
+            **({"threads": report.threads} if report.threads else {}),
         },
         "quantized": report.quantized,
         "inputs": [asdict(s) for s in report.inputs],
@@ -320,8 +335,8 @@ def _to_onnx(
     int8: bool,
     say: Callable[[str], None],
     seconds: dict[str, float],
-) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
-    """Write ``path`` (int8 through a float file that is removed), and a function that runs it."""
+) -> None:
+    """Write ``path`` (int8 through a float file that is removed)."""
     say("translating to ONNX")
     float_path = path.with_name("float." + path.name) if int8 else path
     onnx_model.write_onnx(program, float_path, names_in, names_out, weight_bytes)
@@ -332,7 +347,6 @@ def _to_onnx(
         for leftover in (float_path, float_path.with_name(float_path.name + ".data")):
             leftover.unlink(missing_ok=True)
         seconds["quantize"] = time.perf_counter() - start
-    return runner.load_runtime(path, "onnx")
 
 
 def _prepared(model: nn.Module, format: str, quantize_to: str | None, held: list[str]) -> nn.Module:

@@ -21,6 +21,12 @@ from slimtorch.errors import SlimtorchError
 EXTERNAL_DATA_BYTES = 1 << 30  # protobuf cannot hold a model over 2 GiB: larger weights go beside it
 ONNXRUNTIME_INT8 = ("Conv", "LSTM")
 """left to onnxruntime's dynamic int8 (ConvInteger, DynamicQuantizeLSTM) after the per-token rewrite"""
+RACY_ON_THREADS = "ScatterND"
+"""onnxruntime's CPU ScatterND with a reduction (what ``index_add``, ``scatter_add`` over rows and
+``index_put(accumulate=True)`` become) splits the updates over its threads, and updates to the same row
+race: onnxruntime 1.32 adding 20,000 rows into 64 on two threads was off by up to 13, and by a different
+amount each run (microsoft/onnxruntime#18048, #23396). On one thread it is exact. ScatterElements, which
+applies its updates in order, is not affected."""
 
 
 def require_onnx() -> None:
@@ -88,6 +94,29 @@ def quantize_int8(source: Path, target: Path) -> None:
         )
     for leftover in (staged, staged.with_name(staged.name + ".data")):
         leftover.unlink(missing_ok=True)
+
+
+def racy_on_threads(path: Path) -> list[str]:
+    """The operators of the ONNX file ``path`` (its subgraphs and functions too) that onnxruntime gets
+    wrong on more than one thread (:data:`RACY_ON_THREADS`), as ``"ScatterND (reduction=add) x3"``;
+    empty when it runs right on any number. Reads the graph only, not external weights."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    found: dict[str, int] = {}
+    pending = [model.graph.node, *(function.node for function in model.functions)]
+    while pending:
+        for node in pending.pop():
+            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            for value in attributes.values():  # the bodies of If, Loop and Scan
+                graphs = value if isinstance(value, list) else [value]
+                pending += [g.node for g in graphs if isinstance(g, onnx.GraphProto)]
+            reduction = attributes.get("reduction", b"none")
+            reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+            if node.op_type == RACY_ON_THREADS and reduction != "none":
+                name = f"{node.op_type} (reduction={reduction})"
+                found[name] = found.get(name, 0) + 1
+    return [f"{name} x{count}" if count > 1 else name for name, count in sorted(found.items())]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -137,7 +137,9 @@ class Bundle:
         model = self.folder / self.manifest["model"]["file"]
         try:  # the runtime's own errors on a model or input it cannot take: one line, not its traceback
             if self._run is None:
-                self._run = load_runtime(model, self.manifest["model"]["format"])
+                self._run = load_runtime(
+                    model, self.manifest["model"]["format"], self.manifest["model"].get("threads")
+                )
             outputs = self._run(arrays)
         except Exception as exc:
             raise BundleError(f"{model}: the runtime failed: {_first_line(exc)}") from None
@@ -585,6 +587,7 @@ SCHEMA = {
         "files": _Each(FILE, MAX_FILES),
         "format": ("onnx or pt2", lambda value: value in ("onnx", "pt2")),
         "bytes?": SIZE,
+        "threads?": ("a count of 1 to 4,096 threads", lambda value: _count(value, 4096) and value >= 1),
     },
     "quantized?": _Null(TEXT),
     "inputs": TENSORS,
@@ -901,14 +904,17 @@ def _read_json(path: Path, max_bytes: int, what: str) -> object:
         raise BundleError(f"{path}: cannot read {what} ({_first_line(exc)})") from None
 
 
-def load_runtime(path: Path, kind: str):
+def load_runtime(path: Path, kind: str, threads: int | None = None):
     """A function from input arrays (in the model's input order) to output arrays, on the bundle's
-    runtime: onnxruntime on the CPU for ``"onnx"``, ``torch.export.load`` for ``"pt2"``."""
+    runtime: onnxruntime on the CPU for ``"onnx"`` (on ``threads`` threads; None: its default, every
+    core), ``torch.export.load`` for ``"pt2"``."""
     if kind == "onnx":
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3  # errors only: the session warns about every unused initializer
+        if threads:  # the manifest's: a graph onnxruntime computes wrong on more (a racy ScatterND)
+            options.intra_op_num_threads = threads
         session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
         return lambda arrays: session.run(None, dict(zip(names, arrays, strict=False)))
