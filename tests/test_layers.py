@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"format"},
     {"sources"},
     {"inspection", "memory", "data"},
-    {"models"},
+    {"models", "calibration"},  # calibration: what layers see of sample inputs, block by block
     {"prune", "quant"},
     {"recovery", "shrinking", "loading"},
     {"deploy"},

@@ -64,3 +64,20 @@ def test_cli_prunes_a_hugging_face_folder_into_a_folder(tmp_path, capsys) -> Non
     rebuilt = type(TRANSFORMERS["llama"]()).from_pretrained(out).eval()
     assert rebuilt.model.layers[0].self_attn.q_proj.out_features == 32
     assert main_output(rebuilt(*example("llama"))).shape == (2, 8, 100)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_quantized_model_from_a_config_saves_as_a_folder_that_opens_as_its_own_class(
+    name, tmp_path
+) -> None:
+    """save_pretrained read each layer's float weight for the config's sizes (a quantized layer has codes),
+    and wrote no ``architectures`` for a model built from a config, so open_model built the base class."""
+    model = TRANSFORMERS[name]().eval()
+    slimtorch.quantize(model, "int4-weight", group_size=32)
+    slimtorch.save_pretrained(model, tmp_path / name, slimtorch.ShrinkOptions(layout="slim"))
+    written = json.loads((tmp_path / name / "config.json").read_text())["slimtorch"]["config"]  # slim layout
+    assert written["architectures"] == [type(model).__name__]
+    back = slimtorch.open_model(tmp_path / name, check_example=False).model
+    inputs = example(name)
+    with torch.no_grad():
+        assert torch.equal(main_output(back(*inputs)), main_output(model(*inputs)))

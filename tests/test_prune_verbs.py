@@ -144,7 +144,7 @@ def test_a_bad_sparsity_option_fails_when_the_options_are_made() -> None:
     with pytest.raises(OptionError, match="n:m needs 0 < n < m, not 4:4"):
         SparsityOptions(0.5, method="n:m", n=4)
     with pytest.raises(
-        OptionError, match=r"unknown option 'amout'.*SparsityOptions has: amount, m, method, n, skip"
+        OptionError, match=r"unknown option 'amout'.*SparsityOptions has: amount, m, method, n, n_m, skip"
     ):
         weights(Net(), amout=0.5)
     with pytest.raises(OptionError, match="needs an amount"):
@@ -179,7 +179,19 @@ def test_the_sparsity_report_holds_the_model_and_its_json_fits_the_schema() -> N
     assert isinstance(report, SparsityReport) and report.model is model
     data = _json_fits_schema(report)
     assert data["schema"] == "slimtorch.sparsity/1"
-    assert set(data) == {"schema", "layers", "sparsity", "skipped", "model_sparsity", "untouched"}
+    assert set(data) == {
+        "schema",
+        "layers",
+        "sparsity",
+        "skipped",
+        "model_sparsity",
+        "untouched",
+        "method",
+    } | {
+        "by_magnitude",
+        "notes",
+    }
+    assert data["method"] == "global_magnitude" and data["by_magnitude"] == {} and data["notes"] == []
 
 
 # -- scan ----------------------------------------------------------------------------------------------------

@@ -54,7 +54,8 @@ def test_an_unknown_override_is_an_option_error_naming_the_fields_and_changes_no
         slimtorch.quantize(model, "int4-weight", gruop_size=64)
     message = str(caught.value)
     assert "quantize: unknown option 'gruop_size'" in message
-    fields = "embeddings, group_size, integer_zero, keep_sensitive, kernel, scheme, skip, symmetric"
+    fields = "awq, embeddings, gptq, group_size, integer_zero, keep_sensitive, kernel, scheme, skip, "
+    fields += "symmetric"
     assert f"QuantizeOptions has: {fields}" in message
     assert type(model.up) is torch.nn.Linear
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slimtorch.cli.arguments import (
+    MAX_SAMPLES,
     MAX_STEPS,
     add_command,
     add_json,
@@ -23,6 +24,7 @@ from slimtorch.cli.arguments import (
     integer,
     print_json,
 )
+from slimtorch.cli.calibration_data import add_calibration_data, calibration_samples, open_calibration
 from slimtorch.cli.choices import WRITTEN
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
@@ -44,6 +46,9 @@ MAX_GROUP = 1024
 """the largest M of --n-m: 2:4 and 4:8 are what hardware runs"""
 CHANNEL_ONLY = {"importance": "l2", "scope": "layer", "round_to": None, "steps": 1, "input_shape": None}
 """options of channel pruning, with their defaults: given to --unstructured or --n-m, they are refused"""
+SPARSE_ONLY = {"method": "magnitude", "data": None, "samples": 64, "length": 512}
+"""options of --unstructured / --n-m, with their defaults: given to channel pruning, they are refused"""
+
 DESCRIPTION = """\
 Builds the model, captures its graph with torch.export (no autograd needed), groups the channels that
 must go together (residual adds, concatenations, flatten -> Linear, depthwise convolutions, norms),
@@ -63,6 +68,14 @@ inputs (2:4, the pattern sparse tensor cores run). Nothing is removed, so the mo
 speed; the file stores the zeros sparsely (a bitmask and the non-zeros). Prints the zeros before and
 after and the file size against the same model saved dense; layers N:M cannot group are named.
 
+--method wanda or sparsegpt chooses those zeros from calibration data (--data) instead of by magnitude,
+one block of a language model at a time: Wanda by |weight| x the norm of the input it multiplies,
+SparseGPT by the output error each costs, updating the weights kept to make up for it. Each Linear layer
+loses the same share (or keeps N:M). --data is a .txt file for a Hugging Face causal language model (read
+with the folder's tokenizer: --samples sequences of --length tokens, the file's last fifth held out, and
+the perplexity on it printed before and after), or any data recover takes (its training inputs). Skip
+a language model's output head (--skip lm_head): a head tied to the token embeddings is left dense anyway.
+
 examples:
   slimtorch prune mypkg.models:resnet18 -o r18-half.safetensors --ratio 0.5
   slimtorch prune ./train.py:Net --weights ckpt.pt -o small.safetensors --ratio 0.3 --importance bn_scale
@@ -71,6 +84,8 @@ examples:
   slimtorch prune ./llama-folder -o ./llama-half --ratio 0.5   (a Hugging Face folder: writes a folder)
   slimtorch prune ./train.py:Net --weights ckpt.pt -o sparse.safetensors --unstructured 0.9 --skip head
   slimtorch prune mypkg.models:mlp -o mlp-24.safetensors --n-m 2:4 --scheme int8-weight
+  slimtorch prune ./llama -o ./llama-half --unstructured 0.5 --method wanda --data text.txt --skip lm_head
+  slimtorch prune ./llama -o ./llama-24 --n-m 2:4 --method sparsegpt --data text.txt --skip lm_head
 """
 
 
@@ -101,6 +116,20 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         type=integer(1, MAX_STEPS),
         default=1,
         help="reach the ratio in this many steps (default 1)",
+    )
+    parser.add_argument(
+        "--method",
+        choices=("magnitude", "wanda", "sparsegpt"),
+        default="magnitude",
+        help="how --unstructured / --n-m choose the zeros (default magnitude; wanda, sparsegpt need --data)",
+    )
+    add_calibration_data(parser, "calibration for wanda / sparsegpt")
+    parser.add_argument(
+        "--samples",
+        type=integer(1, MAX_SAMPLES),
+        default=64,
+        metavar="N",
+        help="calibration sequences (batches for other data) read from --data (default 64)",
     )
     add_skip(parser, "module names whose outputs stay (with --unstructured, --n-m: whose weights stay)")
     add_scheme(parser, WRITTEN, "also quantize the saved weights (as shrink --scheme does)")
@@ -140,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.unstructured is not None or args.n_m is not None:
         return _run_sparse(args)
+    given = [f"--{k.replace('_', '-')}" for k, default in SPARSE_ONLY.items() if getattr(args, k) != default]
+    if given:
+        raise SlimtorchError(f"{', '.join(given)}: with --unstructured or --n-m only, not channel pruning")
     check_output(args.output, model_inputs(args.model, args.weights))
     options = ChannelOptions(  # a bad option fails before the model loads
         ratio=args.ratio,
@@ -275,30 +307,48 @@ def _run_sparse(args: argparse.Namespace) -> int:
     from slimtorch.format.progress import announcer
     from slimtorch.prune import SparsityOptions, weights
     from slimtorch.prune.unstructured import sparsity_of
+    from slimtorch.recovery import evaluate
 
     given = [f"--{k.replace('_', '-')}" for k, default in CHANNEL_ONLY.items() if getattr(args, k) != default]
     if given:
         raise SlimtorchError(f"{', '.join(given)}: channel pruning only, not --unstructured or --n-m")
     check_output(args.output, model_inputs(args.model, args.weights))
     n, m = args.n_m or (2, 4)
+    calibrated = args.method != "magnitude"
+    if calibrated != (args.data is not None):
+        raise SlimtorchError(
+            f"--method {args.method} chooses the zeros from calibration data: give --data"
+            if calibrated
+            else "--data is read by --method wanda or sparsegpt only"
+        )
     options = SparsityOptions(  # a bad option fails before the model loads
-        amount=args.unstructured if args.unstructured is not None else 0.0,  # n:m: 0 selects every layer
-        method="n:m" if args.n_m else "global_magnitude",
+        amount=args.unstructured if args.unstructured is not None else (None if calibrated else 0.0),
+        method=args.method if calibrated else "n:m" if args.n_m else "global_magnitude",
         n=n,
         m=m,
         skip=tuple(args.skip),
+        n_m=f"{n}:{m}" if calibrated and args.n_m else None,
     )
     progress = TerminalProgress()
     stage = announcer(progress)
+    perplexity: list[float] = []
     with progress:
         stage("loading the model")
         loaded = command_model(args, check_example=False)  # no forward: zeros need no input
         model = loaded.model
         before = sparsity_of(model)
+        data = open_calibration(args) if calibrated else None
         stage("saving the dense model, to measure its file")
         dense_bytes = _dense_bytes(args, model, loaded)
+        if data is not None and data.metric == "perplexity":
+            stage("measuring the perplexity before")
+            perplexity.append(evaluate(model, data))
         stage("zeroing weights")
-        report = weights(model, options)
+        samples = calibration_samples(args, data) if data is not None else None
+        report = weights(model, options, data=samples, progress=progress if calibrated else None)
+        if data is not None and data.metric == "perplexity":
+            stage("measuring the perplexity after")
+            perplexity.append(evaluate(model, data))
         stage(f"saving {args.output}")
         files, size, problems = _save(args, model, loaded)
     zeros_before = _zeros_of(before, report, model)
@@ -306,7 +356,9 @@ def _run_sparse(args: argparse.Namespace) -> int:
         print_json(
             {
                 **report.to_dict(),
-                "method": options.method,
+                "method": report.method,
+                "perplexity": dict(zip(("before", "after"), perplexity, strict=True)) if perplexity else None,
+                "data": data.notes[0] if data is not None and data.notes else None,
                 "amount": args.unstructured,
                 "n_m": f"{n}:{m}" if args.n_m else None,
                 "sparsity_before": zeros_before,
@@ -318,7 +370,9 @@ def _run_sparse(args: argparse.Namespace) -> int:
             }
         )
         return 0
-    _render_sparse(args, report, (zeros_before, before.model_sparsity), (dense_bytes, size), files, problems)
+    _render_sparse(
+        args, report, (zeros_before, before.model_sparsity), (dense_bytes, size), files, problems, perplexity
+    )
     return 0
 
 
@@ -347,6 +401,7 @@ def _render_sparse(
     sizes: tuple[int, int],
     files: list[str],
     problems: list[str],
+    perplexity: list[float],
 ) -> None:
     from rich.table import Table
 
@@ -368,8 +423,15 @@ def _render_sparse(
     ratio = f"{sizes[1] / sizes[0]:.3f}x" if sizes[0] else "-"
     label = f"file, {args.scheme}" if args.scheme else "file"  # both saved the same way
     table.add_row(label, format_bytes(sizes[0]), format_bytes(sizes[1]), ratio)
+    if perplexity:
+        before, after = perplexity
+        table.add_row("perplexity, held-out text", f"{before:.3f}", f"{after:.3f}", f"{after / before:.3f}x")
     console.print(table)
-    console.print(as_text(report.summary))
+    console.print(as_text(f"{report.summary} ({report.method})"))
+    for note in report.notes:
+        console.print(as_text(f"  {note}"))
+    for name, reason in report.by_magnitude.items():
+        console.print(as_text(f"  by magnitude: {name}: {reason}"))
     for name, reason in report.skipped.items():
         console.print(as_text(f"  left dense: {name}: {reason}"))
     if sizes[1] >= sizes[0]:

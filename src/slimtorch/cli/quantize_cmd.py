@@ -21,6 +21,7 @@ from slimtorch.cli.arguments import (
     integer,
     print_json,
 )
+from slimtorch.cli.calibration_data import add_calibration_data, calibration_samples, open_calibration
 from slimtorch.cli.choices import INT4_GROUP_SIZE, SCHEMES
 from slimtorch.cli.model_input import add_model_arguments, command_model, output_companions
 from slimtorch.cli.output_path import check_output, model_inputs
@@ -55,12 +56,19 @@ schemes:
 Prints the model's size before and after, CPU latency (median +- IQR, the two models timed in turns),
 how closely the outputs agree with the float model on --samples random inputs (cosine similarity, largest
 difference) and each layer's error: the relative error of its weight and of its output against the float
-layer on the same inputs.
+layer on the same inputs. int4 chooses its codes by GPTQ on those inputs.
+
+--data gives calibration inputs instead of random ones: a .txt file for a Hugging Face causal language
+model (read with the folder's tokenizer: --samples sequences of --length tokens, and the perplexity on the
+file's held-out tail printed before and after), or any data recover takes. --awq (int4) scales each
+Linear's salient input channels before rounding and folds the inverse into the norm or Linear before it
+(Llama-family names; other layers are rounded as they are, and said).
 
 examples:
   slimtorch quantize ./bert-folder -o bert-int8 --scheme int8-dynamic
   slimtorch quantize mypkg.models:mlp --input-shape 8,4096 -o mlp-int4.safetensors --scheme int4-weight
   slimtorch quantize ./train.py:Net --weights ckpt.pt -o net.safetensors --skip "classifier" --layers 20
+  slimtorch quantize ./llama -o ./llama-int4 --scheme int4-weight --awq --data text.txt --samples 64
 """
 
 
@@ -82,7 +90,13 @@ def register(commands: argparse._SubParsersAction, common: argparse.ArgumentPars
         type=integer(1, MAX_SAMPLES),
         default=4,
         metavar="N",
-        help="random inputs to compare on (default 4)",
+        help="calibration inputs: random ones to compare on, or sequences of --data (default 4)",
+    )
+    add_calibration_data(parser, "calibration inputs instead of random ones")
+    parser.add_argument(
+        "--awq",
+        action="store_true",
+        help="int4: scale salient input channels before rounding (AWQ), folded into the layer before",
     )
     parser.add_argument(
         "--layers", type=integer(0), default=10, metavar="N", help="layers listed, worst first"
@@ -99,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     from slimtorch.format.progress import announcer
     from slimtorch.inspection.measure import compare
     from slimtorch.quant import QuantizeOptions, quantize
+    from slimtorch.recovery import evaluate
     from slimtorch.shrinking.saving import save_model
     from slimtorch.sources.companions import source_provenance
 
@@ -109,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         skip=args.skip,
         embeddings=not args.keep_embeddings,
         keep_sensitive=not args.quantize_all,
+        awq=args.awq,
     )
     bar = TerminalProgress()  # each stage named as it starts, on a terminal
     stage = announcer(bar)
@@ -120,10 +136,19 @@ def run(args: argparse.Namespace) -> int:
         extra = output_companions(loaded.folder) if folder_out else {}
         layout = resolve_layout(args.layout, "config.json" in extra, out)
         model = loaded.model.eval()
-        samples = loaded.samples(max(1, args.samples))
+        data = open_calibration(args) if args.data else None
+        samples = calibration_samples(args, data) if data else loaded.samples(max(1, args.samples))
+        perplexity = []
+        if data is not None and data.metric == "perplexity":
+            stage("measuring the perplexity before")
+            perplexity.append(evaluate(model, data))
         original = copy.deepcopy(model) if args.runs > 0 else None  # timed beside the quantized one, in turns
         # int4 codes on the grid compressed-tensors reads as they are, for a Hugging Face folder
         report = quantize(model, options, calibration=samples, progress=bar, integer_zero=layout == "hf")
+        if perplexity:
+            assert data is not None
+            stage("measuring the perplexity after")
+            perplexity.append(evaluate(model, data))
         if original is not None:
             stage(f"timing the quantized model against the original ({args.runs} rounds)")
         latency = (
@@ -142,9 +167,11 @@ def run(args: argparse.Namespace) -> int:
     size = sum(Path(f).stat().st_size for f in files if f.endswith(".safetensors"))
     if args.json:
         timing = latency.to_dict() if latency else None
-        print_json({**report.to_dict(), "latency": timing, "file_bytes": size, "files": files})
+        held = dict(zip(("before", "after"), perplexity, strict=True)) if perplexity else None
+        record = {"latency": timing, "file_bytes": size, "files": files, "perplexity": held}
+        print_json({**report.to_dict(), **record, "data": data.notes[0] if data and data.notes else None})
         return 0
-    _render(args, report, latency, files, size)
+    _render(args, report, latency, files, size, perplexity)
     return 0
 
 
@@ -154,6 +181,7 @@ def _render(
     latency: LatencyComparison | None,
     files: list[str],
     size: int,
+    perplexity: list[float],
 ) -> None:
     from rich.table import Table
 
@@ -172,12 +200,16 @@ def _render(
     if latency:
         label = f"latency, input {','.join(str(s) for s in args.input_shape)}"
         table.add_row(label, latency.before.describe(), latency.after.describe(), latency.verdict())
+    if perplexity:
+        before, after = perplexity
+        table.add_row("perplexity, held-out text", f"{before:.3f}", f"{after:.3f}", f"{after / before:.3f}x")
     console.print(table)
     if latency:
         console.print(f"  latency: {latency.how}", highlight=False)
     if report.output_cosine is not None:
         console.print(
-            f"outputs on {report.samples} random input(s): cosine similarity {report.output_cosine:.5f}, "
+            f"outputs on {report.samples} {'calibration' if args.data else 'random'} input(s): "
+            f"cosine similarity {report.output_cosine:.5f}, "
             f"largest difference {report.output_max_abs:.3g}",
             highlight=False,
         )
@@ -203,7 +235,7 @@ def _kept_float_lines(report: QuantizeReport, shown: int = 8) -> list[str]:
         ]
     return (
         lines
-        + [f"  kept float: {note}" for note in report.notes]
+        + [f"  note: {note}" for note in report.notes]
         + [f"  kernels: {line}" for line in report.kernels]
     )
 

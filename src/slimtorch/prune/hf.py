@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from slimtorch.errors import SlimtorchError
-from slimtorch.graph.layers import head_size, is_hf_conv1d, query_heads
+from slimtorch.graph.layers import head_size, output_width, query_heads
 
 FEED_FORWARD_UP = ("intermediate.dense", "mlp.up_proj", "mlp.c_fc", "mlp.fc1", "intermediate.dense_act")
 HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
@@ -46,19 +46,15 @@ def config_update(model: nn.Module) -> ConfigUpdate:
             if isinstance(getattr(config, key, None), int):
                 values[key] = embeddings.weight.shape[1]
     modules = dict(model.named_modules())
-    widths = {
-        m.weight.shape[-1 if is_hf_conv1d(m) else 0]
-        for n, m in modules.items()
-        if n.endswith(FEED_FORWARD_UP)
-    }
+    widths = {width for n, m in modules.items() if n.endswith(FEED_FORWARD_UP) and (width := output_width(m))}
     _single(values, problems, config, INTERMEDIATE_KEYS, widths, "feed-forward width", unset_too=True)
     heads = {count for m in modules.values() if (count := query_heads(m)) is not None}
     _single(values, problems, config, HEAD_KEYS, heads, "attention head count")
     if isinstance(getattr(config, "num_key_value_heads", None), int):
         kv = {
-            m.k_proj.weight.shape[0] // head_size(m)
+            width // size
             for m in modules.values()
-            if _has(m, "k_proj", "head_dim")
+            if _has(m, "k_proj", "head_dim") and (width := output_width(m.k_proj)) and (size := head_size(m))
         }
         _single(values, problems, config, ("num_key_value_heads",), kv, "key/value head count")
     sizes = {

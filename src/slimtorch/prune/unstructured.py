@@ -13,22 +13,28 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.utils import prune as torch_prune
 
+from slimtorch.calibration.moments import out_in
 from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.format.pending import wait_for_checks
+from slimtorch.format.progress import Progress, announcer
 from slimtorch.format.verbs import NOT_JSON, Report, resolve
+from slimtorch.graph.layers import is_hf_conv1d
+from slimtorch.prune.calibrated import calibrated
 
 PRUNABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 RECURRENT = (nn.LSTM, nn.GRU, nn.RNN)
 RECURRENT_MATRICES = ("weight_ih_l", "weight_hh_l", "weight_hr_l")  # each pruned as a matrix of its own
-METHODS = ("global_magnitude", "layer_magnitude", "n:m")
+CALIBRATED = ("wanda", "sparsegpt")
+"""methods that choose the zeros from calibration data (:mod:`slimtorch.prune.calibrated`)"""
+METHODS = ("global_magnitude", "layer_magnitude", "n:m", *CALIBRATED)
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,11 @@ class SparsityOptions:
     wins; each weight then loses its own share); :func:`weights` needs one"""
     method: str = "global_magnitude"
     """``"global_magnitude"`` (one threshold over all weights), ``"layer_magnitude"`` (each weight loses
-    ``amount``) or ``"n:m"`` (at most ``n`` non-zeros in every ``m`` consecutive weights along the input
-    dimension; ``amount`` then only selects the weights)"""
+    ``amount``), ``"n:m"`` (at most ``n`` non-zeros in every ``m`` consecutive weights along the input
+    dimension, the smallest zeroed; ``amount`` then only selects the weights), or from calibration data
+    (:func:`weights`'s ``data``) ``"wanda"`` (the lowest ``|w| * ||x||`` of each output row) or
+    ``"sparsegpt"`` (chosen by the output error they cost, the weights kept updated to make up for them):
+    each layer loses ``amount``, or with ``n_m`` keeps that pattern"""
     n: int = 2
     """non-zeros kept in every ``m`` consecutive weights (``method="n:m"``)"""
     m: int = 4
@@ -56,6 +65,10 @@ class SparsityOptions:
     """glob patterns of layers (or of modules holding them, or recurrent matrices) whose weights stay
     dense; the rest are pruned as if the skipped ones were not there; a pattern that matches none is an
     error"""
+    n_m: str | None = None
+    """an N:M pattern (``"2:4"``) for ``"wanda"``, ``"sparsegpt"`` or the magnitude methods: at most N
+    non-zeros in every M consecutive inputs, the lowest scores of each group zeroed; ``amount`` then only
+    selects the weights (None: every one)"""
 
     def __post_init__(self) -> None:
         if isinstance(self.amount, Mapping):
@@ -69,6 +82,30 @@ class SparsityOptions:
             raise OptionError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
         if self.method == "n:m" and not 0 < self.n < self.m:
             raise OptionError(f"n:m needs 0 < n < m, not {self.n}:{self.m}")
+        if self.n_m is not None:
+            if self.method == "n:m":
+                raise OptionError('n_m names the pattern of another method: method="n:m" has n and m')
+            parse_n_m(self.n_m)
+
+    @property
+    def pattern(self) -> tuple[int, int] | None:
+        """``(n, m)`` where the weights keep an N:M pattern, else None."""
+        if self.method == "n:m":
+            return self.n, self.m
+        return parse_n_m(self.n_m) if self.n_m is not None else None
+
+
+def parse_n_m(text: object) -> tuple[int, int]:
+    """``"2:4"`` -> ``(2, 4)``; an :class:`OptionError` for anything but N:M with 0 < N < M.
+
+    Example:
+        >>> parse_n_m("2:4")
+        (2, 4)
+    """
+    n, sep, m = str(text).partition(":")
+    if not (sep and n.isdigit() and m.isdigit() and 0 < int(n) < int(m)):
+        raise OptionError(f"n_m must be N:M with 0 < N < M, such as 2:4, not {str(text)[:40]!r}")
+    return int(n), int(m)
 
 
 @dataclass(frozen=True)
@@ -80,7 +117,10 @@ class SparsityReport(Report):
     weights N:M could not group, with the reason; ``model_sparsity``: zeros among all the model's
     parameters (biases, norms, embeddings included); ``untouched``: the share of the model's parameters
     that were not pruned, by the type of layer holding them (``{"Embedding": 0.23, "Linear": 0.002}``,
-    the Linear share being biases); ``model``: the model, pruned in place.
+    the Linear share being biases); ``method``: how the zeros were chosen (with ``:2:4`` for a pattern
+    other than ``"n:m"``'s); ``by_magnitude``: with ``"wanda"`` or ``"sparsegpt"``, the weights pruned by
+    magnitude instead, with the reason; ``notes``: how the calibration ran; ``model``: the model, pruned
+    in place.
     """
 
     SCHEMA = "slimtorch.sparsity/1"
@@ -90,6 +130,9 @@ class SparsityReport(Report):
     skipped: dict[str, str]
     model_sparsity: float = 0.0
     untouched: dict[str, float] | None = None
+    method: str = ""
+    by_magnitude: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
     model: nn.Module | None = field(default=None, repr=False, compare=False, metadata=NOT_JSON)
 
     @property
@@ -110,12 +153,20 @@ def weights(
     model: nn.Module,
     /,
     options: SparsityOptions | float | Mapping[str, float] | None = None,
+    *,
+    data: Iterable[Any] | None = None,
+    progress: Progress | None = None,
     **overrides: Any,
 ) -> SparsityReport:
-    """Zero the smallest-magnitude weights of every Linear, Conv and recurrent layer, in place.
+    """Zero weights of every Linear, Conv and recurrent layer in place: the smallest magnitudes, or those
+    Wanda or SparseGPT choose from calibration ``data``.
 
     ``options`` is a :class:`SparsityOptions`, or for short its ``amount`` alone (``weights(model, 0.9)``,
     ``weights(model, {"features.*": 0.5})``); ``overrides`` replace its fields (``method="n:m"``).
+    ``data``: sample inputs for ``method="wanda"`` or ``"sparsegpt"`` (each a tensor, a tuple of
+    arguments or a dict of keyword arguments; a language model's: a few batches of token ids, 128
+    sequences of 2048 tokens in the papers); a model of repeated blocks is calibrated one block at a time
+    (:mod:`slimtorch.calibration.sequential`). ``progress`` is told which block is calibrated.
 
     Example:
         >>> model = nn.Sequential(nn.LSTM(16, 64), nn.Linear(64, 10))
@@ -129,25 +180,46 @@ def weights(
         options = SparsityOptions(amount=options)
     options = resolve(SparsityOptions, options, overrides, "prune.weights")
     wait_for_checks(model)  # magnitudes are read outside a forward
-    if options.amount is None:
+    amount, method, pattern = options.amount, options.method, options.pattern
+    if amount is None and pattern is None:
         raise OptionError("prune.weights needs an amount: weights(model, 0.9) or amount={'layer.*': 0.5}")
-    amount, method = options.amount, options.method
-    targets = _targets(model, amount, options.skip)
-    skipped: dict[str, str] = {}
+    if method in CALIBRATED and data is None:
+        raise OptionError(
+            f"{method} chooses the zeros from calibration data: weights(model, 0.5, method={method!r}, "
+            "data=batches)"
+        )
+    if method not in CALIBRATED and data is not None:
+        raise OptionError(f"data is read by wanda and sparsegpt only, not by {method}")
+    share = 1 - pattern[0] / pattern[1] if pattern else 0.0  # with a pattern, amount only selects
+    targets = _as_matrices(model, _targets(model, share if amount is None else amount, options.skip))
+    skipped = _tied_elsewhere(model, targets)
+    targets = {name: target for name, target in targets.items() if name not in skipped}
+    by_magnitude: dict[str, str] = {}
+    notes: list[str] = []
     with torch.no_grad():
-        if method == "n:m":
+        if pattern is not None:
             for name, (weight, _) in targets.items():
-                problem = _n_of_m(weight, options.n, options.m)
+                problem = _groups_problem(weight, pattern)
                 if problem:
                     skipped[name] = problem
+            targets = {name: target for name, target in targets.items() if name not in skipped}
+        if method in CALIBRATED:
+            assert data is not None  # refused above
+            say = announcer(progress)
+            by_magnitude, notes = calibrated(model, targets, method, pattern, data, say)
+        elif pattern is not None:
+            for weight, _ in targets.values():
+                _n_of_m(weight, *pattern)
         elif method == "layer_magnitude" or not isinstance(amount, (int, float)):
-            for weight, share in targets.values():
-                zero_up_to(weight, magnitude_threshold([weight], share))
+            for weight, layer_share in targets.values():
+                zero_up_to(weight, magnitude_threshold([weight], layer_share))
         else:
             threshold = magnitude_threshold([weight for weight, _ in targets.values()], float(amount))
             for weight, _ in targets.values():
                 zero_up_to(weight, threshold)
-    return sparsity_of(model, [name for name in targets if name not in skipped], skipped)
+    label = method if pattern is None or method == "n:m" else f"{method}:{pattern[0]}:{pattern[1]}"
+    report = sparsity_of(model, list(targets), skipped)
+    return replace(report, method=label, by_magnitude=by_magnitude, notes=tuple(notes))
 
 
 def prunable_weights(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -162,7 +234,7 @@ def prunable_weights(model: nn.Module) -> dict[str, nn.Parameter]:
     found: dict[str, nn.Parameter] = {}
     seen: set[int] = set()
     for name, module in model.named_modules():
-        if isinstance(module, PRUNABLE):
+        if isinstance(module, PRUNABLE) or is_hf_conv1d(module):
             candidates = [(name, module.weight)]
         elif isinstance(module, RECURRENT):
             candidates = [
@@ -212,7 +284,7 @@ def sparsity_of(
         dict(skipped or {}),
         model_zeros / model_total if model_total else 0.0,
         dict(sorted(shares.items(), key=lambda item: -item[1])),
-        model,
+        model=model,
     )
 
 
@@ -273,11 +345,49 @@ def zero_up_to(weight: torch.Tensor, threshold: float | None) -> None:
         weight.masked_fill_(weight.abs() <= threshold, 0)
 
 
+def _tied_elsewhere(model: nn.Module, targets: dict[str, tuple[torch.Tensor, float]]) -> dict[str, str]:
+    """The targets whose weight another kind of module also holds (a language model's output head tied
+    to its token embeddings), with why they are left dense: zeroing them would zero that table too."""
+    holders: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, PRUNABLE + RECURRENT) or is_hf_conv1d(module):
+            continue
+        for param in module.parameters(recurse=False):
+            holders.setdefault(id(param), []).append(name)
+    found = {}
+    for name, (weight, _) in targets.items():
+        base = weight._base if weight._base is not None else weight  # a Conv1D weight is seen transposed
+        others = holders.get(id(base))
+        if others:
+            kind = type(model.get_submodule(others[0])).__name__
+            found[name] = (
+                f"its weight is also {others[0]}'s ({kind}): pruning it would zero that too; left dense"
+            )
+    return found
+
+
+def _groups_problem(weight: torch.Tensor, pattern: tuple[int, int]) -> str | None:
+    """Why ``weight``'s inputs cannot be grouped ``pattern[1]`` at a time (None: they can)."""
+    inputs = weight.shape[1]
+    return f"{inputs} inputs are not a multiple of {pattern[1]}" if inputs % pattern[1] else None
+
+
+def _as_matrices(
+    model: nn.Module, targets: dict[str, tuple[torch.Tensor, float]]
+) -> dict[str, tuple[torch.Tensor, float]]:
+    """``targets`` with each GPT-2 ``Conv1D`` weight (stored inputs first) seen as (outputs, inputs)."""
+    modules = dict(model.named_modules())
+    return {
+        name: (out_in(modules[name]) if name in modules and is_hf_conv1d(modules[name]) else weight, share)
+        for name, (weight, share) in targets.items()
+    }
+
+
 def _n_of_m(weight: torch.Tensor, n: int, m: int) -> str | None:
     """Keep the ``n`` largest of every ``m`` consecutive input weights; returns why a layer was skipped."""
-    inputs = weight.shape[1]
-    if inputs % m:
-        return f"{inputs} inputs are not a multiple of {m}"
+    problem = _groups_problem(weight, (n, m))
+    if problem:
+        return problem
     grouped = weight.movedim(1, -1).reshape(-1, m)  # [out, (kh, kw,) in] -> groups of m inputs
     smallest = grouped.abs().topk(m - n, dim=1, largest=False).indices
     pruned = grouped.scatter(1, smallest, 0.0)

@@ -11,62 +11,15 @@ nothing downstream (saving, loading, kernels) knows the codes were chosen this w
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from typing import Any
 
 import torch
-from torch import nn
 
+from slimtorch.calibration.moments import inverse_cholesky
 from slimtorch.format.codecs import Encoded
 from slimtorch.format.codecs.lossy import fits_fp16, symmetric_scale, zero_points, zeros_at
 from slimtorch.format.source import dtype_name
-from slimtorch.quant.readers import wrapping_forward
 
-DAMPING = 0.01  # of the mean diagonal, added to H: keeps it invertible, as in the paper
 BLOCK = 128  # columns updated together before their error is pushed to the rest (lazy batch updates)
-
-
-class InputMoments:
-    """``X^T X`` and the row count of each watched layer's inputs, gathered while ``recording``."""
-
-    def __init__(self, layers: dict[str, nn.Module]) -> None:
-        self.layers = layers
-        self.sums: dict[str, torch.Tensor] = {}
-        self.rows: dict[str, int] = {}
-
-    @contextmanager
-    def recording(self) -> Iterator[InputMoments]:
-        """Inside, each call of a watched layer adds its input. The layers' forwards are wrapped, not
-        hooked: this pass is also the one that finds the weights a model reads itself
-        (:mod:`slimtorch.quant.readers`), and a hook would hide some (``nn.TransformerEncoderLayer`` leaves
-        its fused path when any of its modules has one)."""
-        with ExitStack() as stack:
-            for name, layer in self.layers.items():
-                stack.enter_context(wrapping_forward(layer, self._recorded(name)))
-            yield self
-
-    def _recorded(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def record(x: torch.Tensor) -> None:
-            x = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
-            product = x.t() @ x
-            self.sums[name] = self.sums[name] + product if name in self.sums else product
-            self.rows[name] = self.rows.get(name, 0) + x.shape[0]
-
-        def wrap(forward: Callable[..., Any]) -> Callable[..., Any]:
-            def call(*args: Any, **kwargs: Any) -> Any:
-                record(args[0] if args else next(iter(kwargs.values())))
-                return forward(*args, **kwargs)
-
-            return call
-
-        return wrap
-
-    def hessian(self, name: str) -> torch.Tensor | None:
-        """``X^T X / n`` of the layer's inputs (None: the layer never ran during calibration)."""
-        if name not in self.sums:
-            return None
-        return self.sums[name] / max(self.rows[name], 1)
 
 
 def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, grid: str = "") -> Encoded | None:
@@ -77,7 +30,7 @@ def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, grid
     rows, cols = weight.shape
     if cols % group_size:
         return None
-    inverse = _inverse_cholesky(hessian.clone(), weight)
+    inverse = inverse_cholesky(hessian.clone())
     if inverse is None:
         return None
     # Columns of the weight are rows here: each step reads and updates contiguous memory.
@@ -143,18 +96,3 @@ def _group_range(values: torch.Tensor, grid: str = "") -> tuple[torch.Tensor, to
     if fits_fp16(scale.unsqueeze(1), zero.unsqueeze(1)):
         scale, zero = scale.half().float(), zero.half().float()
     return scale, zero
-
-
-def _inverse_cholesky(hessian: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-    """The upper Cholesky factor of ``H^-1`` (what the column updates read), with damping."""
-    dead = torch.diag(hessian) == 0
-    hessian[dead, dead] = 1
-    damping = DAMPING * float(torch.diag(hessian).mean())
-    for _ in range(4):  # more damping if H is too ill-conditioned to factor
-        try:
-            lower = torch.linalg.cholesky(hessian + damping * torch.eye(len(hessian)))
-            inverse = torch.cholesky_inverse(lower)
-            return torch.linalg.cholesky(inverse, upper=True)
-        except RuntimeError:
-            damping *= 10
-    return None

@@ -46,6 +46,13 @@ class QuantizeOptions:
     :func:`slimtorch.save_model` needs to hold them quantized, as accurate as the slim layout
     (``slimtorch quantize`` and ``slim`` set it for such folders). No effect on int8."""
 
+    gptq: bool = True
+    """int4 with ``calibration``: codes chosen by GPTQ (each rounding error spread where the inputs feel it
+    least); False rounds each weight to nearest (with ``awq``: AWQ alone)."""
+    awq: bool = False
+    """int4: scale each Linear's input channels by how large its calibration inputs are before rounding,
+    the inverse folded into the layer before (AWQ, :mod:`slimtorch.quant.awq`); needs ``calibration``."""
+
     @property
     def int4_grid(self) -> str:
         """Where int4 zero points go (:data:`slimtorch.quant.build.INT4_GRIDS`)."""
@@ -56,6 +63,8 @@ class QuantizeOptions:
         check_group_size(self.group_size)
         if self.symmetric and self.integer_zero:
             raise OptionError("int4 zero points are symmetric or integer, not both")
+        if self.awq and row.codec != "int4":
+            raise OptionError(f"awq scales int4 weights (int4-weight), not {self.scheme}")
         if isinstance(self.skip, str):  # one pattern, not its characters
             raise OptionError(f"skip takes a list of patterns, not the string {self.skip!r}")
         object.__setattr__(self, "skip", tuple(self.skip))

@@ -26,6 +26,8 @@ from typing import Any
 
 from torch import nn
 
+from slimtorch.calibration.moments import wrapping_forward
+
 
 def removed_by_swap(module: nn.Module) -> frozenset[str]:
     """The attributes a quantized layer no longer has: its weight matrices (biases stay parameters)."""
@@ -46,24 +48,6 @@ def watching_weight_reads(candidates: dict[str, nn.Module]) -> Iterator[dict[str
                 seen.add(id(module))
                 stack.enter_context(_watching(module, name, removed, found))
         yield found
-
-
-@contextlib.contextmanager
-def wrapping_forward(
-    module: nn.Module, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
-) -> Iterator[None]:
-    """While the block runs, ``module(...)`` and ``module.forward(...)`` call ``wrap(forward)``; the
-    module's own ``forward`` (an instance attribute some libraries set, or its class's) is back after.
-    Unlike a hook, nothing that looks at the module's hooks can tell."""
-    previous = module.__dict__.get("forward")
-    module.__dict__["forward"] = wrap(module.forward)
-    try:
-        yield
-    finally:
-        if previous is None:
-            del module.__dict__["forward"]
-        else:
-            module.__dict__["forward"] = previous
 
 
 @contextlib.contextmanager

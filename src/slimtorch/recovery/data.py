@@ -8,12 +8,15 @@
   :mod:`slimtorch.format.numpy_files` (headers and sizes checked before anything is allocated);
 - ``pkg.module:factory`` or ``path/file.py:factory`` (the import rules of model specs): it returns a
   DataLoader (or any re-iterable of ``(inputs, targets)`` batches), a ``(train, eval)`` pair, or a dict with
-  ``train`` and ``eval``; a ``metric`` key or module attribute chooses the metric.
+  ``train`` and ``eval``; a ``metric`` key or module attribute chooses the metric;
+- a ``.txt`` file, for a causal language model, with its ``tokenizer``: token sequences, the file's tail
+  held out (:mod:`slimtorch.recovery.text`), scored by perplexity.
 
-:func:`evaluate` measures a model on the held-out batches: accuracy (percent of argmax hits) or the cosine
-of its outputs to a reference model's. Data that does not fit the model is one error naming the data, not
-a traceback from deep in torch: inputs the model rejects (a wrong width, token ids given to a float
-model), class ids outside its outputs, float targets where accuracy needs class ids.
+:func:`evaluate` measures a model on the held-out batches: accuracy (percent of argmax hits), the cosine
+of its outputs to a reference model's, or a causal language model's perplexity (lower is better). Data
+that does not fit the model is one error naming the data, not a traceback from deep in torch: inputs the
+model rejects (a wrong width, token ids given to a float model), class ids outside its outputs, float
+targets where accuracy needs class ids.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from torch import nn
 from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.format.numpy_files import read_npy, read_npz
 from slimtorch.models.spec import resolve_factory
+from slimtorch.recovery import text
 
-METRICS = ("accuracy", "cosine")
+METRICS = ("accuracy", "cosine", "perplexity")
 DIGITS = "digits"
 BATCH = 64
 """samples per batch unless told"""
@@ -60,7 +64,8 @@ class TaskData:
     eval: Iterable[tuple[torch.Tensor, torch.Tensor]]
     """held-out ``(inputs, targets)`` batches, re-iterable, in a fixed order"""
     metric: str
-    """``accuracy`` (targets are class ids) or ``cosine`` (outputs against a reference model's)"""
+    """``accuracy`` (targets are class ids), ``cosine`` (outputs against a reference model's) or
+    ``perplexity`` (a causal language model on token sequences; lower is better)"""
     example: torch.Tensor
     """the inputs of one held-out batch (graph capture, latency)"""
     notes: tuple[str, ...] = field(default=())
@@ -84,11 +89,21 @@ class Batches:
             yield self.x[start : start + self.batch], self.y[start : start + self.batch]
 
 
-def open_data(spec: str, *, batch: int = BATCH, seed: int = 0) -> TaskData:
+def open_data(
+    spec: str,
+    *,
+    batch: int = BATCH,
+    seed: int = 0,
+    tokenizer: Any = None,
+    length: int = text.LENGTH,
+    sequences: int = text.MAX_SEQUENCES,
+) -> TaskData:
     """The task data ``spec`` names (see the module's docstring for the forms).
 
     ``batch`` and ``seed`` (the training order; the split of one set of arrays) apply to ``digits`` and to
     arrays; a factory is given them as keywords when it takes ``batch`` / ``seed``, else it batches alone.
+    A ``.txt`` file needs the model's ``tokenizer`` (see :func:`slimtorch.recovery.text.open_text`) and is
+    cut into ``sequences`` sequences of ``length`` tokens at most, ``batch`` to a batch.
 
     Example:
         >>> data = open_data("digits", batch=32)  # doctest: +SKIP
@@ -101,6 +116,14 @@ def open_data(spec: str, *, batch: int = BATCH, seed: int = 0) -> TaskData:
         x, y = _digits_arrays(spec)
         return _from_arrays(spec, _train_eval_digits(x, y, seed), batch)
     path = Path(spec)
+    if path.suffix.lower() == ".txt" and (path.is_file() or tokenizer is not None):
+        if tokenizer is None:
+            raise SlimtorchError(
+                f"data {spec!r}: text is read with the model's tokenizer, and none was given (a Hugging Face "
+                "folder's own is used on the command line)"
+            )
+        train, held, note = text.open_text(path, tokenizer, length=length, sequences=sequences, batch=batch)
+        return TaskData(spec, train, held, "perplexity", next(iter(held))[0], notes=(note,))
     if path.exists():
         return _from_arrays(spec, _arrays(spec, path, seed), batch)
     if ":" in spec:
@@ -113,9 +136,10 @@ def open_data(spec: str, *, batch: int = BATCH, seed: int = 0) -> TaskData:
 def evaluate(
     model: nn.Module, data: TaskData, *, reference: nn.Module | None = None, metric: str | None = None
 ) -> float:
-    """``model`` scored on ``data.eval``: accuracy in percent (0..100), or the mean cosine (0..1) of its
+    """``model`` scored on ``data.eval``: accuracy in percent (0..100), the mean cosine (0..1) of its
     outputs to ``reference``'s (each vector along the last dimension: a token's embedding, a sample's
-    logits). Runs in eval mode without gradients; each model's training mode is put back after.
+    logits), or a causal language model's perplexity on held-out token sequences (1 and up, lower is
+    better). Runs in eval mode without gradients; each model's training mode is put back after.
 
     Example:
         >>> evaluate(pruned, data)  # doctest: +SKIP
@@ -126,6 +150,14 @@ def evaluate(
     metric = metric or data.metric
     if metric not in METRICS:
         raise OptionError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
+    if metric == "perplexity":
+        was_training = model.training
+        try:
+            model.eval()
+            with torch.no_grad():
+                return text.perplexity(model, data.eval)
+        finally:
+            model.train(was_training)
     if metric == "cosine" and reference is None:
         raise SlimtorchError(f"data {data.spec!r}: the cosine metric needs a reference model to compare to")
     models = [model] if reference is None else [model, reference]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from slimtorch.errors import OptionError
+from slimtorch.errors import OptionError, SlimtorchError
 from slimtorch.format.progress import Progress, task
 from slimtorch.format.verbs import resolve
 from slimtorch.recovery.data import TaskData, open_data
@@ -74,6 +74,12 @@ def slim(
     if not options.goal:
         raise OptionError("slim needs a goal: size=50MB, size=0.05x, latency=2x or params=0.5")
     goal = parse_goal(options.goal)
+    text = data.metric == "perplexity" if isinstance(data, TaskData) else str(data).lower().endswith(".txt")
+    if text:  # every stage compares scores as higher-is-better
+        raise SlimtorchError(
+            f"data {getattr(data, 'spec', data)!r}: slim does not steer by a language model's perplexity "
+            "yet; prune it with slimtorch prune --method wanda --data TEXT, quantize with --awq --data TEXT"
+        )
     torch.manual_seed(options.seed)
     original, spec, hf_folder, untrained = _model(model, weights)
     task_data = (
