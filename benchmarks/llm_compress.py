@@ -33,8 +33,10 @@ non-zeros), and every perplexity in the table is scored from those files by one 
 imports slimtorch alone (``slimtorch.open_model`` + ``slimtorch.recovery.evaluate``); the dense model is
 scored in this process too, and the two must agree.
 
-Peers: llm-compressor (0.14) does not install beside this project's transformers (it needs
-transformers <= 5.17, the project is on 5.24); it runs in a venv of its own, not compared in this run.
+Peers: llm-compressor 0.14's own Wanda, SparseGPT, GPTQ and AWQ, on the same model and calibration
+sequences (``benchmarks/llm_compress_anchor.py``): it needs transformers <= 5.17 (the project runs 5.24),
+so it runs in a venv of its own, by ``--anchor-python``; its folders are scored by the same child.
+``--rescore`` scores the last run's rows again with whatever anchor rows are there.
 
 Scale (``--scale``, on by default): a Llama built from a config (random weights: time and memory only, no
 perplexity), hidden 2048, MLP 5632, 8 layers (0.6B parameters, 2.4 GB), pruned by Wanda and SparseGPT in
