@@ -150,14 +150,6 @@ def evaluate(
     metric = metric or data.metric
     if metric not in METRICS:
         raise OptionError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
-    if metric == "perplexity":
-        was_training = model.training
-        try:
-            model.eval()
-            with torch.no_grad():
-                return text.perplexity(model, data.eval)
-        finally:
-            model.train(was_training)
     if metric == "cosine" and reference is None:
         raise SlimtorchError(f"data {data.spec!r}: the cosine metric needs a reference model to compare to")
     models = [model] if reference is None else [model, reference]
@@ -173,6 +165,8 @@ def evaluate(
 
 
 def _score(model: nn.Module, reference: nn.Module | None, data: TaskData, metric: str) -> float:
+    if metric == "perplexity":
+        return text.perplexity(model, data.eval)
     device = _device_of(model)
     total, count = 0.0, 0
     for inputs, targets in data.eval:
